@@ -1,0 +1,285 @@
+"""Turning text (command line, YAML) into values of an item's declared type.
+
+    coerce_text('1e-3', float) == 0.001        coerce_text('.5', float) == 0.5
+    coerce_text('yes', bool) is True            coerce_text('null', Optional[int]) is None
+    coerce_text('[1, 2]', List[int]) == [1, 2]  coerce_text('(0.9, 0.98)', Tuple[float, float]) == (0.9, 0.98)
+    coerce_text('b', Literal['a', 'b']) == 'b'  coerce_text('RED', Color) is Color.RED
+
+:func:`coerce_text` raises :class:`TypeMismatch` (a plain ``ValueError`` with a description of what was
+expected); callers that know the item turn it into :class:`~.errors.BadValueError` naming the key.
+:func:`conform` does the same for values YAML already parsed (an int for a float item, a list for a tuple).
+"""
+import json
+from enum import Enum
+from typing import Any, Literal, Tuple, Union, get_args, get_origin
+
+_TRUE = frozenset({'true', 'yes', 'on', '1', 'y', 't'})
+_FALSE = frozenset({'false', 'no', 'off', '0', 'n', 'f'})
+_NULL = frozenset({'null', 'none', '~'})
+
+_UNION_ORIGINS = {Union}
+try:  # `int | None` (PEP 604)
+    from types import UnionType
+    _UNION_ORIGINS.add(UnionType)
+except ImportError:  # pragma: no cover - Python < 3.10
+    pass
+
+
+class TypeMismatch(ValueError):
+    """Text or a value that does not fit a type; ``str(e)`` says what was expected."""
+
+
+def is_any(annotation: Any) -> bool:
+    """Annotations that accept anything: missing, ``Any``, ``object``, labml's ``any``, unresolved strings."""
+    return (annotation is None or annotation is Any or annotation is object or annotation is any
+            or isinstance(annotation, str))
+
+
+def accepts_str(annotation: Any, value: str) -> bool:
+    """Whether the string ``value`` is a valid value of ``annotation`` as it is (no parsing)."""
+    if is_any(annotation) or annotation is str:
+        return True
+    origin = get_origin(annotation)
+    if origin in _UNION_ORIGINS:
+        return any(accepts_str(a, value) for a in get_args(annotation))
+    if origin is Literal:
+        return value in get_args(annotation)
+    if isinstance(annotation, type):
+        return isinstance(value, annotation)  # e.g. a str subclass, or object
+    return True  # typing constructs we do not understand: do not second-guess the user
+
+
+def describe_type(annotation: Any) -> str:
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace('typing.', '')
+
+
+def coerce_text(text: str, annotation: Any) -> Any:
+    """Parse ``text`` as a value of ``annotation``.
+
+    Raises:
+        TypeMismatch: the text is not a valid value of that type.
+    """
+    if is_any(annotation) or annotation is str:
+        return text
+    origin = get_origin(annotation)
+    stripped = text.strip()
+    if origin in _UNION_ORIGINS:
+        members = get_args(annotation)
+        if type(None) in members and stripped.lower() in _NULL:
+            return None
+        for member in members:  # first member that parses wins; str last so '5' stays an int for Union[int, str]
+            if member is type(None) or member is str:
+                continue
+            try:
+                return coerce_text(text, member)
+            except TypeMismatch:
+                pass
+        if str in members:
+            return text
+        raise TypeMismatch(f'expected {describe_type(annotation)}')
+    if origin is Literal:
+        for choice in get_args(annotation):
+            if isinstance(choice, str) and choice == text:
+                return choice
+            if not isinstance(choice, str):
+                try:
+                    if coerce_text(text, type(choice)) == choice:
+                        return choice
+                except TypeMismatch:
+                    pass
+        raise TypeMismatch('expected one of ' + ', '.join(repr(c) for c in get_args(annotation)))
+    if annotation is type(None):
+        if stripped.lower() in _NULL:
+            return None
+        raise TypeMismatch('expected null')
+    if annotation is bool:
+        low = stripped.lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise TypeMismatch('expected bool (true/false, yes/no, 1/0)')
+    if annotation is int:
+        try:
+            return int(stripped)
+        except ValueError:
+            pass
+        try:  # '1e3' or '2.0' are fine when they are whole numbers
+            f = float(stripped)
+        except ValueError:
+            raise TypeMismatch('expected int') from None
+        if f.is_integer():
+            return int(f)
+        raise TypeMismatch('expected int')
+    if annotation is float:
+        try:
+            return float(stripped)
+        except ValueError:
+            raise TypeMismatch('expected float') from None
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return _coerce_enum(stripped, annotation)
+    if origin in (list, tuple, set, frozenset) or annotation in (list, tuple, set, frozenset):
+        return _coerce_sequence(stripped, annotation)
+    if origin is dict or annotation is dict:
+        try:
+            value = _parse_structured(stripped)
+        except ValueError:
+            raise TypeMismatch(f'expected {describe_type(annotation)}') from None
+        if not isinstance(value, dict):
+            raise TypeMismatch(f'expected {describe_type(annotation)}')
+        return conform(value, annotation)
+    raise TypeMismatch(f'a {describe_type(annotation)} cannot be given as text')
+
+
+def _coerce_enum(text: str, enum: type) -> Any:
+    for member in enum:
+        if member.name == text or member.name.lower() == text.lower():
+            return member
+    for member in enum:
+        try:
+            if member.value == coerce_text(text, type(member.value)):
+                return member
+        except TypeMismatch:
+            pass
+    raise TypeMismatch('expected one of ' + ', '.join(m.name for m in enum))
+
+
+def _split_items(text: str):
+    """'[1, 2]', '(1, 2)', '1,2' -> ['1', '2']; nested brackets and quotes are kept together."""
+    if text[:1] in '[(' and text[-1:] in '])':
+        text = text[1:-1]
+    if not text.strip():
+        return []
+    items, depth, quote, start = [], 0, None, 0
+    for i, ch in enumerate(text):
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in '\'"':
+            quote = ch
+        elif ch in '[(':
+            depth += 1
+        elif ch in '])':
+            depth -= 1
+        elif ch == ',' and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    out = []
+    for item in items:
+        item = item.strip()
+        if len(item) >= 2 and item[0] == item[-1] and item[0] in '\'"':
+            item = item[1:-1]
+        out.append(item)
+    if out and out[-1] == '':  # trailing comma: '(1,)'
+        out.pop()
+    return out
+
+
+def _coerce_sequence(text: str, annotation: Any) -> Any:
+    origin = get_origin(annotation) or annotation
+    args = get_args(annotation)
+    items = _split_items(text)
+    if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+        if len(items) != len(args):
+            raise TypeMismatch(f'expected {describe_type(annotation)} ({len(args)} values, got {len(items)})')
+        return tuple(coerce_text(t, a) for t, a in zip(items, args))
+    element = args[0] if args else Any
+    try:
+        values = [coerce_text(t, element) for t in items]
+    except TypeMismatch as e:
+        raise TypeMismatch(f'expected {describe_type(annotation)}: {e}') from None
+    return origin(values)
+
+
+def _parse_structured(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        import yaml  # only for flow-style YAML mappings given on the command line
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ValueError(str(e)) from None
+
+
+def conform(value: Any, annotation: Any) -> Any:
+    """Fit an already-parsed value (from YAML) to ``annotation``: strings are parsed as text, ints become
+    floats, lists become tuples, names become enum members; values of unknown types pass unchanged.
+
+    Raises:
+        TypeMismatch: the value clearly does not fit (e.g. a float for an int item).
+    """
+    if isinstance(value, str):
+        return coerce_text(value, annotation)
+    if is_any(annotation):
+        return value
+    origin = get_origin(annotation)
+    if value is None:
+        if origin in _UNION_ORIGINS and type(None) in get_args(annotation):
+            return None
+        if annotation is type(None):
+            return None
+        raise TypeMismatch(f'expected {describe_type(annotation)}, not null')
+    if origin in _UNION_ORIGINS:
+        for member in get_args(annotation):
+            try:
+                return conform(value, member)
+            except TypeMismatch:
+                pass
+        raise TypeMismatch(f'expected {describe_type(annotation)}')
+    if origin is Literal:
+        if value in get_args(annotation):
+            return value
+        raise TypeMismatch('expected one of ' + ', '.join(repr(c) for c in get_args(annotation)))
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        if value in (0, 1):
+            return bool(value)
+        raise TypeMismatch('expected bool')
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeMismatch('expected int')
+        if isinstance(value, float) and not value.is_integer():
+            raise TypeMismatch('expected int')
+        return int(value)
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeMismatch('expected float')
+        return float(value)
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        if isinstance(value, annotation):
+            return value
+        for member in annotation:
+            if member.value == value:
+                return member
+        raise TypeMismatch('expected one of ' + ', '.join(m.name for m in annotation))
+    if origin in (list, tuple, set, frozenset) or annotation in (list, tuple, set, frozenset):
+        if not isinstance(value, (list, tuple, set, frozenset)):
+            raise TypeMismatch(f'expected {describe_type(annotation)}')
+        container = origin or annotation
+        args = get_args(annotation)
+        if container is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+            if len(value) != len(args):
+                raise TypeMismatch(f'expected {describe_type(annotation)} ({len(args)} values, got {len(value)})')
+            return tuple(conform(v, a) for v, a in zip(value, args))
+        element = args[0] if args else Any
+        return container(conform(v, element) for v in value)
+    if origin is dict or annotation is dict:
+        if not isinstance(value, dict):
+            raise TypeMismatch(f'expected {describe_type(annotation)}')
+        args = get_args(annotation)
+        if len(args) == 2:
+            return {conform(k, args[0]): conform(v, args[1]) for k, v in value.items()}
+        return dict(value)
+    return value
+
+
+def split_annotation(annotation: Any) -> Tuple[Any, ...]:
+    """The members of a Union/Optional, or ``(annotation,)``."""
+    if get_origin(annotation) in _UNION_ORIGINS:
+        return get_args(annotation)
+    return (annotation,)

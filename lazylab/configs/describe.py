@@ -1,0 +1,117 @@
+"""Listing every item of a config class or object, for ``lazylab options`` and ``--help``.
+
+:func:`describe` returns one row per item (sub-config items under dotted names); :func:`format_description`
+renders the rows as text.
+"""
+from typing import Any, Dict, List, Optional, Set
+
+from .coerce import describe_type
+from .comments import item_help
+from .declarations import spec_of
+from .report import plain
+from .state import state_of
+
+
+def describe(configs_or_class: Any) -> List[Dict[str, Any]]:
+    """One row per item: ``name`` (dotted path), ``type``, ``default`` (class default, or the first option, or
+    ``None``), ``options``, ``help`` (comment above the declaration), ``is_hyperparam``, ``is_meta``; for a
+    config object also ``value`` (its computed value, or ``None``) and ``computed``.
+
+    Items of sub-configs appear under dotted names: for a class, those whose annotation is a config class; for an
+    object, the sub-configs created so far (or annotated ones not created yet).
+    """
+    rows: List[Dict[str, Any]] = []
+    if isinstance(configs_or_class, type):
+        _describe_class(configs_or_class, '', rows, set())
+    else:
+        _describe_object(configs_or_class, '', rows, set())
+    return rows
+
+
+def _row(cls: type, key: str, prefix: str, help_text: Dict[str, str]) -> Dict[str, Any]:
+    spec = spec_of(cls)
+    options = spec.option_names(key)
+    if key in spec.defaults:
+        default = spec.defaults[key]
+        default = type(default).__name__ + '()' if getattr(type(default), '_lazylab_is_configs', False) \
+            else plain(default)
+    elif spec.options.get(key):
+        default = next(iter(spec.options[key]))
+    else:
+        default = None
+    return {
+        'name': prefix + key,
+        'type': describe_type(spec.annotations[key]),
+        'default': default,
+        'options': options,
+        'help': help_text.get(key, ''),
+        'is_hyperparam': bool(spec.hyperparams.get(key, False)),
+        'is_meta': bool(spec.meta.get(key, False)),
+    }
+
+
+def _sub_class(cls: type, key: str) -> Optional[type]:
+    annotation = spec_of(cls).annotations[key]
+    if isinstance(annotation, type) and getattr(annotation, '_lazylab_is_configs', False):
+        return annotation
+    return None
+
+
+def _describe_class(cls: type, prefix: str, rows: List[Dict[str, Any]], seen: Set[type]):
+    seen = seen | {cls}
+    help_text = item_help(cls)
+    subs = []
+    for key in spec_of(cls).annotations:
+        rows.append(_row(cls, key, prefix, help_text))
+        sub = _sub_class(cls, key)
+        if sub is not None and sub not in seen:
+            subs.append((key, sub))
+    for key, sub in subs:
+        _describe_class(sub, f'{prefix}{key}.', rows, seen)
+
+
+def _describe_object(configs: Any, prefix: str, rows: List[Dict[str, Any]], seen: Set[type]):
+    st = state_of(configs)
+    cls = type(configs)
+    seen = seen | {cls}
+    help_text = item_help(cls)
+    subs = []
+    for key in st.spec.annotations:
+        row = _row(cls, key, prefix, help_text)
+        row['computed'] = key in st.cache
+        row['value'] = plain(st.cache[key]) if key in st.cache else None
+        rows.append(row)
+        if key in st.children:
+            subs.append((key, st.children[key], None))
+        else:
+            sub = _sub_class(cls, key)
+            if sub is not None and sub not in seen:
+                subs.append((key, None, sub))
+    for key, child, sub in subs:
+        if child is not None:
+            _describe_object(child, f'{prefix}{key}.', rows, seen)
+        else:
+            _describe_class(sub, f'{prefix}{key}.', rows, seen)
+
+
+def format_description(rows: List[Dict[str, Any]]) -> str:
+    """Text listing of :func:`describe` rows, one item a line plus an indented help line::
+
+        d_model: int = 512  [hyperparam]
+            Number of features in the embedding
+        activation: Module = 'ReLU'  options: ReLU, GELU
+    """
+    lines = []
+    for row in rows:
+        line = f'{row["name"]}: {row["type"]}'
+        if row['default'] is not None:
+            line += f' = {row["default"]!r}'
+        if row['options']:
+            line += f'  options: {", ".join(map(str, row["options"]))}'
+        flags = [f for f, on in (('hyperparam', row['is_hyperparam']), ('meta', row['is_meta'])) if on]
+        if flags:
+            line += f'  [{", ".join(flags)}]'
+        lines.append(line)
+        if row['help']:
+            lines.append(f'    {row["help"]}')
+    return '\n'.join(lines)

@@ -1,0 +1,199 @@
+"""Giving values to items before they are computed: overrides, assignments and ``set_default``.
+
+Overrides (``conf._set_values(d)``, :func:`~lazylab.configs.apply_overrides`) are all-or-nothing: every key
+is checked first (declared? not yet computed? a known option? text that parses as the declared type?) and
+only then is anything applied. Dotted keys (``'optimizer.learning_rate'``) go to the sub-config at once if it
+exists, and otherwise wait in the parent until it is created; when the sub-config's class is known from the
+annotation they are checked against it up front.
+"""
+from typing import Any, Dict, Tuple
+
+from .coerce import TypeMismatch, accepts_str, coerce_text, conform, describe_type
+from .declarations import ItemRef, Spec, spec_of
+from .errors import (AlreadyComputedError, BadValueError, UnknownItemError, UnknownOptionError, suggestion,
+                     unknown_item)
+from .state import State, state_of
+
+
+class _Unborn:
+    """Stands in for a sub-config not created yet, so dotted keys can be checked against its class."""
+    cache: Dict[str, Any] = {}
+    children: Dict[str, Any] = {}
+
+    def __init__(self, spec: Spec, path: str):
+        self.spec = spec
+        self.path = path
+        self.class_name = spec.name
+
+    def path_of(self, key: str) -> str:
+        return f'{self.path}.{key}'
+
+
+class Plan:
+    """Checked overrides, ready to apply: direct values, plans for existing sub-configs, and dotted values
+    waiting for sub-configs not created yet (``top -> {sub_key: (value, from_text)}``)."""
+
+    def __init__(self):
+        self.direct: Dict[str, Any] = {}
+        self.children: Dict[str, 'Plan'] = {}
+        self.pending: Dict[str, Dict[str, Tuple[Any, bool]]] = {}
+
+
+def check_option_name(view: Any, key: str, value: Any):
+    """Reject a string that is not an option of an item with options, unless the item's type takes strings.
+
+    Raises:
+        UnknownOptionError: naming the path, the nearest option and all options.
+    """
+    options = view.spec.options.get(key)
+    if not options or not isinstance(value, str) or value in options or value == '__aggregate__':
+        return
+    if accepts_str(view.spec.annotations[key], value):
+        return
+    path = view.path_of(key)
+    hint = suggestion(value, options)
+    listing = f'options: {", ".join(options)}'
+    raise UnknownOptionError(f'unknown option {value!r} for {path} ({view.class_name})'
+                             + (f'{hint} {listing}' if hint else f'; {listing}'), path)
+
+
+def typed_value(view: Any, key: str, value: Any) -> Any:
+    """The value an override from text/YAML stands for: an option name stays a string, other text is parsed
+    as the declared type, parsed YAML values are fitted to it.
+
+    Raises:
+        UnknownOptionError: text that is neither an option nor a value of the type, for an item with options.
+        BadValueError: a value that does not fit the type (names the key, the type and the text).
+    """
+    spec = view.spec
+    annotation = spec.annotations[key]
+    options = spec.options.get(key)
+    if isinstance(value, str) and options and value in options:
+        return value
+    try:
+        return coerce_text(value, annotation) if isinstance(value, str) else conform(value, annotation)
+    except TypeMismatch as e:
+        if options and isinstance(value, str):
+            check_option_name(view, key, value)
+        path = view.path_of(key)
+        raise BadValueError(f'bad value for {path}: {e} ({describe_type(annotation)}), got {value!r}',
+                            path) from None
+
+
+def plan(view: Any, values: Dict[str, Any], from_text: bool) -> Plan:
+    """Check ``values`` against ``view`` (a :class:`State` or an unborn sub-config) without changing anything.
+
+    Raises:
+        UnknownItemError: an undeclared key (with the nearest declared names).
+        AlreadyComputedError: a key whose item was already computed.
+        UnknownOptionError, BadValueError: see :func:`check_option_name`, :func:`typed_value`.
+    """
+    spec = view.spec
+    result = Plan()
+    grouped: Dict[str, Dict[str, Any]] = {}
+    for key, value in values.items():
+        if not isinstance(key, str) or not key or key.startswith('_'):
+            raise UnknownItemError(f'invalid config key {key!r} for {view.class_name}', view.path)
+        top, dot, rest = key.partition('.')
+        if top not in spec.annotations:
+            raise unknown_item(view.class_name, view.path_of(key), top, spec.annotations)
+        if dot:
+            if not rest:
+                raise UnknownItemError(f'invalid config key {view.path_of(key)!r}', view.path_of(key))
+            grouped.setdefault(top, {})[rest] = value
+            continue
+        if top in view.cache:
+            raise AlreadyComputedError(f'cannot set {view.path_of(top)}: it was already computed',
+                                       view.path_of(top))
+        if from_text:
+            value = typed_value(view, top, value)
+        else:
+            check_option_name(view, top, value)
+        result.direct[top] = value
+    for top, sub in grouped.items():
+        child = view.children.get(top)
+        if child is not None:
+            result.children[top] = plan(state_of(child), sub, from_text)
+            continue
+        path = view.path_of(top)
+        if top in view.cache:
+            raise UnknownItemError(f'{path} is not a sub-config, so {path}.{next(iter(sub))} does not exist',
+                                   path)
+        _check_unborn(view, top, sub, from_text)
+        result.pending[top] = {k: (v, from_text) for k, v in sub.items()}
+    return result
+
+
+def _check_unborn(view: Any, top: str, sub: Dict[str, Any], from_text: bool):
+    """Check dotted keys for a sub-config not created yet against its annotated class, when that is known.
+
+    An option may return a subclass with more items, so unknown keys wait (and are checked on creation)
+    unless the item can only be constructed from its annotation.
+    """
+    spec = view.spec
+    annotation = spec.annotations[top]
+    if not (isinstance(annotation, type) and getattr(annotation, '_lazylab_is_configs', False)):
+        return
+    try:
+        plan(_Unborn(spec_of(annotation), view.path_of(top)), sub, from_text)
+    except UnknownItemError:
+        if top in spec.options or top in spec.defaults or top in spec.by_target:
+            return
+        raise
+
+
+def apply(st: State, p: Plan):
+    """Apply a checked :class:`Plan`."""
+    st.overrides.update(p.direct)
+    st.explicit.update(p.direct)
+    for top, child_plan in p.children.items():
+        apply(state_of(st.children[top]), child_plan)
+    for top, sub in p.pending.items():
+        st.pending.setdefault(top, {}).update(sub)
+
+
+def set_overrides(st: State, values: Dict[str, Any], from_text: bool = False):
+    """Check all of ``values``, then apply all of them (see module docstring)."""
+    apply(st, plan(st, values, from_text))
+
+
+def apply_pending(st: State, pending: Dict[str, Tuple[Any, bool]]):
+    """Apply the dotted overrides that waited for this sub-config to be created."""
+    python_values = {k: v for k, (v, text) in pending.items() if not text}
+    text_values = {k: v for k, (v, text) in pending.items() if text}
+    plans = [plan(st, python_values, False), plan(st, text_values, True)]
+    for p in plans:
+        apply(st, p)
+
+
+def assign(st: State, key: str, value: Any):
+    """``conf.key = value``.
+
+    Raises:
+        UnknownItemError: ``key`` is not declared (an AttributeError).
+        AlreadyComputedError: the item was already computed (a ValueError, as in labml).
+        UnknownOptionError: a string that is not an option (see :func:`check_option_name`).
+    """
+    if key not in st.spec.annotations:
+        raise unknown_item(st.class_name, st.path_of(key), key, st.spec.annotations)
+    if key in st.cache:
+        raise AlreadyComputedError(f'cannot set {st.path_of(key)}: it was already computed', st.path_of(key))
+    check_option_name(st, key, value)
+    st.assigned[key] = value
+
+
+def set_default(st: State, item: Any, value: Any = None, func: Any = None):
+    """``conf.set_default(Cls.item, value=..., func=...)``: a per-instance default (``func()`` wins over value).
+
+    Raises:
+        UnknownItemError: the item is not declared on this config.
+        AlreadyComputedError: the item was already computed.
+    """
+    key = item.key if isinstance(item, ItemRef) else item
+    if not isinstance(key, str) or key not in st.spec.annotations:
+        name = key if isinstance(key, str) else repr(item)
+        raise unknown_item(st.class_name, st.path_of(name), name, st.spec.annotations)
+    if key in st.cache:
+        raise AlreadyComputedError(f'cannot set the default of {st.path_of(key)}: it was already computed',
+                                   st.path_of(key))
+    st.defaults[key] = (value, func)

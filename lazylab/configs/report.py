@@ -1,0 +1,99 @@
+"""Reports about a config object: labml's ``_to_json`` view and per-item provenance (:func:`explain`).
+
+Both walk computed sub-configs and name their items by full dotted path.
+"""
+from typing import Any, Dict, Iterator, List, Tuple
+
+from .state import State, state_of
+
+_MAX_TEXT = 5000
+
+
+def plain(value: Any, depth: int = 0) -> Any:
+    """A YAML/JSON-friendly rendering: primitives as they are, containers element-wise, other objects as
+    their ``str`` (or ``module.Class`` when that is only the default ``<... object at 0x...>``)."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        return value if len(value) <= _MAX_TEXT else value[:_MAX_TEXT] + ' [[...]]'
+    if depth > 8:
+        return '[[...]]'
+    if isinstance(value, (list, tuple)):
+        return [plain(v, depth + 1) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v, depth + 1) for k, v in value.items()}
+    return object_name(value)
+
+
+def object_name(value: Any) -> str:
+    cls = type(value)
+    text = str(value)
+    if text.startswith('<') and ' object at 0x' in text:
+        return cls.__name__ if cls.__module__ == '__main__' else f'{cls.__module__}.{cls.__qualname__}'
+    return text if len(text) <= _MAX_TEXT else text[:_MAX_TEXT] + ' [[...]]'
+
+
+def walk(st: State, prefix: str = '') -> Iterator[Tuple[str, State, str]]:
+    """(dotted path, state, key) for every declared item, sub-configs after their parent's items."""
+    for key in st.spec.annotations:
+        yield prefix + key, st, key
+    for key, child in st.children.items():
+        yield from walk(state_of(child), f'{prefix}{key}.')
+
+
+def labml_json(st: State) -> Dict[str, Dict[str, Any]]:
+    """labml.configs' ``_to_json`` structure (see ``BaseConfigs._to_json``)."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for path, s, key in walk(st):
+        given = s.overrides.get(key, s.assigned.get(key))
+        options = s.spec.option_names(key)
+        if key in s.from_type:
+            options = options + ['from_type']
+        out[path] = {
+            'name': key,
+            'type': str(s.spec.annotations[key]),
+            'value': plain(given),
+            'order': s.order.get(key, -1),
+            'options': options,
+            'computed': plain(s.cache.get(key)),
+            'is_hyperparam': s.spec.hyperparams.get(key),
+            'is_meta': s.spec.meta.get(key),
+            'is_explicitly_specified': key in s.explicit,
+        }
+    return out
+
+
+def explain(configs: Any) -> Dict[str, Dict[str, Any]]:
+    """Where every computed item's value came from, by full dotted path, in declaration order
+    (a sub-config's items after its parent's).
+
+    Each entry: ``source`` (override / assigned / set_default / aggregate / default / option / from_type),
+    ``detail`` (option name; ``'selector=option'`` for an aggregate; ``'value'``/``'func'`` for set_default),
+    ``selected_by`` (for an option: what named it, e.g. ``default``, ``override``, ``first option``),
+    ``reads`` (dotted paths its calculator read), and ``value`` (a plain rendering).
+    """
+    rows = []
+    for path, s, key in walk(state_of(configs)):
+        p = s.provenance.get(key)
+        if p is None:
+            continue
+        rows.append((s.order.get(key, 0), path, {
+            'source': p.source, 'detail': p.detail, 'selected_by': p.selected_by,
+            'reads': list(p.reads), 'value': plain(s.cache.get(key)),
+        }))
+    return {path: row for _, path, row in rows}
+
+
+def format_explain(report: Dict[str, Dict[str, Any]]) -> str:
+    """Text table of :func:`explain`'s report, one item a line."""
+    lines: List[str] = []
+    width = max((len(p) for p in report), default=0)
+    for path, row in report.items():
+        source = row['source']
+        if row['detail']:
+            source += f' {row["detail"]}'
+        if row['selected_by']:
+            source += f' (selected by {row["selected_by"]})'
+        reads = f'  reads: {", ".join(row["reads"])}' if row['reads'] else ''
+        lines.append(f'{path:<{width}}  {source}{reads}')
+    return '\n'.join(lines)

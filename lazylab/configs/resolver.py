@@ -1,0 +1,286 @@
+"""Computing item values lazily, once, in labml's order of precedence.
+
+On first read an item's value comes from, in order:
+
+1. an override (``_set_values`` / :func:`~lazylab.configs.apply_overrides`);
+2. a value assigned as an attribute;
+3. ``set_default(Cls.item, value=..., func=...)``;
+4. an aggregate: its selector currently equals the aggregate's option;
+5. the class default;
+6. the first registered option;
+7. constructing the annotated class (``T()``, or ``T(configs)`` when its constructor takes one argument).
+
+A value that is a string naming one of the item's options runs that calculator. A value that is a config
+object becomes a sub-config (dotted overrides waiting for it are applied; with ``_primary`` the parent sees
+that item of it). Values are cached, so each item is computed at most once, and nothing is computed unless read.
+
+While an item is computed its frame sits on :data:`ACTIVE`; that gives cycle detection with the full chain and
+records, for provenance, which items each calculator read. (Like labml.configs, this is not thread-safe.)
+"""
+import copy
+from enum import Enum
+from typing import Any, List, Optional, Set, Tuple
+
+from .declarations import Calculator
+from .errors import CalculatorError, ConfigError, CycleError, NoValueError, DeclarationError, unknown_item
+from .state import Provenance, State, state_of
+
+# Types labml never constructs from an annotation.
+PLAIN_TYPES = frozenset({int, float, str, bool, bytes, complex, dict, list, tuple, set, frozenset, object,
+                         type(None)})
+
+# A direct value equal to this falls through to the aggregates (labml's convention).
+AGGREGATE_MARKER = '__aggregate__'
+
+
+class Frame:
+    """One computation in progress."""
+    __slots__ = ('state', 'key', 'path', 'reads', 'read_set')
+
+    def __init__(self, state: State, key: str, path: str):
+        self.state = state
+        self.key = key
+        self.path = path
+        self.reads: List[str] = []
+        self.read_set: Set[str] = set()
+
+
+# Computations in progress, innermost last.
+ACTIVE: List[Frame] = []
+
+
+def is_configs(value: Any) -> bool:
+    return getattr(type(value), '_lazylab_is_configs', False)
+
+
+def constructible(annotation: Any) -> bool:
+    """Whether an annotation is a class labml would construct when an item has no other value."""
+    return (isinstance(annotation, type) and annotation not in PLAIN_TYPES
+            and not issubclass(annotation, Enum))
+
+
+def read(st: State, key: str) -> Any:
+    """The value of item ``key`` of ``st``, computing (and caching) it on first read.
+
+    Raises:
+        UnknownItemError: ``key`` is not declared.
+        NoValueError, CycleError, CalculatorError, UnknownOptionError: see :func:`compute`.
+    """
+    if ACTIVE:
+        frame = ACTIVE[-1]
+        path = st.path_of(key)
+        if path not in frame.read_set:
+            frame.read_set.add(path)
+            frame.reads.append(path)
+    cache = st.cache
+    if key in cache:
+        return cache[key]
+    if key not in st.spec.annotations:
+        raise unknown_item(st.class_name, st.path_of(key), key, st.spec.annotations)
+    compute(st, key)
+    if st.update_callback is not None:
+        st.update_callback()
+    return cache[key]
+
+
+def compute(st: State, key: str):
+    """Compute item ``key`` and store it in ``st.cache`` (with its provenance).
+
+    Raises:
+        CycleError: the item is already being computed further up the chain.
+        NoValueError: nothing gives the item a value.
+        CalculatorError: a calculator or ``set_default`` function raised (chained).
+        UnknownOptionError: the value is a string that is not an option of the item (nor of its type).
+    """
+    path = st.path_of(key)
+    if key in st.computing:
+        start = next(i for i, f in enumerate(ACTIVE) if f.state is st and f.key == key)
+        raise CycleError([f.path for f in ACTIVE[start:]] + [path])
+    frame = Frame(st, key, path)
+    st.computing.add(key)
+    ACTIVE.append(frame)
+    try:
+        if key not in st.order:
+            st.order[key] = len(st.order)
+        value, source, detail = find_source(st, key, path)
+        calculators = st.spec.options.get(key)
+        if isinstance(value, Calculator):  # constructing the annotated type
+            _run(st, key, path, value, 'from_type', source, frame)
+        elif isinstance(value, str) and calculators and value in calculators:
+            _run(st, key, path, calculators[value], 'option', source, frame)
+        else:
+            if isinstance(value, str) and calculators:
+                from .overrides import check_option_name
+                check_option_name(st, key, value)
+            st.provenance[key] = Provenance(source, detail, '', frame.reads)
+            store(st, key, value)
+    finally:
+        ACTIVE.pop()
+        st.computing.discard(key)
+
+
+def _run(st: State, key: str, path: str, calc: Calculator, source: str, selected_by: str, frame: Frame):
+    name = calc.option_name
+    try:
+        result = calc(st.owner, lambda k: read(st, k))
+    except ConfigError:
+        raise  # already names its own path
+    except Exception as e:
+        via = 'constructing' if source == 'from_type' else 'option'
+        raise CalculatorError(f'{path}: {via} {name!r} failed: {type(e).__name__}: {e}', path, name) from e
+    detail = name if source == 'option' else getattr(calc.func, '__qualname__', name)
+    targets = calc.targets
+    if len(targets) == 1:
+        st.provenance[key] = Provenance(source, detail, selected_by, frame.reads)
+        store(st, key, result)
+        return
+    if not isinstance(result, (list, tuple)) or len(result) != len(targets):
+        got = f'{len(result)} values' if isinstance(result, (list, tuple)) else type(result).__name__
+        raise DeclarationError(f'{path}: option {name!r} computes {", ".join(targets)} and must return a '
+                               f'tuple or list of {len(targets)} values, got {got}', path)
+    for target, value in zip(targets, result):
+        if target == key or target not in st.cache:
+            if target not in st.order:
+                st.order[target] = len(st.order)
+            st.provenance[target] = Provenance(source, detail, selected_by, frame.reads)
+            store(st, target, value)
+
+
+def find_source(st: State, key: str, path: str) -> Tuple[Any, str, str]:
+    """(value, source, detail) for an item, following the precedence in the module docstring.
+
+    For rule 7 the value is the :class:`Calculator` that constructs the type.
+    """
+    for source, values in (('override', st.overrides), ('assigned', st.assigned)):
+        if key in values:
+            value = values[key]
+            if not (isinstance(value, str) and value == AGGREGATE_MARKER):
+                return value, source, ''
+    if key in st.defaults:
+        value, func = st.defaults[key]
+        if func is not None:
+            return _call_default(st, key, path, func), 'set_default', 'func'
+        if not (isinstance(value, str) and value == AGGREGATE_MARKER):
+            return value, 'set_default', 'value'
+    spec = st.spec
+    for selector, table in spec.by_target.get(key, ()):
+        selected, has = peek(st, selector, set())
+        if has and _in(selected, table):
+            read(st, selector)
+            return table[selected], 'aggregate', f'{selector}={selected}'
+    if key in spec.defaults:
+        value = spec.defaults[key]
+        if is_configs(value):  # a class-level instance is a template; each parent gets its own copy
+            value = copy.deepcopy(value)
+        return value, 'default', ''
+    options = spec.options.get(key)
+    if options:
+        return next(iter(options)), 'first option', ''
+    annotation = spec.annotations[key]
+    if constructible(annotation):
+        st.from_type.add(key)
+        return Calculator(annotation, [key], 'from_type', construct=True), 'from_type', ''
+    raise NoValueError(f'{path} ({st.class_name}) has no value: no override, default or option, '
+                       f'and its type {_type_name(annotation)} is not constructed automatically', path)
+
+
+def _call_default(st: State, key: str, path: str, func) -> Any:
+    try:
+        return func()
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise CalculatorError(f'{path}: set_default function failed: {type(e).__name__}: {e}',
+                              path, 'set_default') from e
+
+
+def peek(st: State, key: str, seen: Set[str]) -> Tuple[Any, bool]:
+    """The value an item would start from (an option name is not run), without caching it.
+
+    Used to test an aggregate's selector, as labml does.
+    """
+    if key in st.cache:
+        return st.cache[key], True
+    if key in seen:
+        return None, False
+    seen.add(key)
+    for values in (st.overrides, st.assigned):
+        if key in values and not (isinstance(values[key], str) and values[key] == AGGREGATE_MARKER):
+            return values[key], True
+    if key in st.defaults:
+        value, func = st.defaults[key]
+        if func is not None:
+            return _call_default(st, key, st.path_of(key), func), True
+        if not (isinstance(value, str) and value == AGGREGATE_MARKER):
+            return value, True
+    for selector, table in st.spec.by_target.get(key, ()):
+        selected, has = peek(st, selector, seen)
+        if has and _in(selected, table):
+            return table[selected], True
+    if key in st.spec.defaults:
+        return st.spec.defaults[key], True
+    options = st.spec.options.get(key)
+    if options:
+        return next(iter(options)), True
+    return None, False
+
+
+def _in(value: Any, table: dict) -> bool:
+    try:
+        return value in table
+    except TypeError:  # unhashable values select nothing
+        return False
+
+
+def store(st: State, key: str, value: Any):
+    """Cache a computed value; a config object becomes a sub-config (see module docstring)."""
+    if is_configs(value):
+        attach(st, key, value)
+        primary = value.__dict__.get('_primary')
+        if primary is not None:
+            value = read(state_of(value), primary)
+    st.cache[key] = value
+
+
+def attach(st: State, key: str, child: Any):
+    """Make ``child`` the sub-config at ``key``: set its path and apply dotted overrides waiting for it."""
+    cst = state_of(child)
+    set_path(cst, st.path_of(key))
+    _reset_explicit(cst)
+    st.children[key] = child
+    pending = st.pending.pop(key, None)
+    if pending:
+        from .overrides import apply_pending
+        apply_pending(cst, pending)
+
+
+def set_path(st: State, path: str):
+    st.path = path
+    for key, child in st.children.items():
+        set_path(state_of(child), st.path_of(key))
+
+
+def _reset_explicit(st: State):
+    st.explicit.clear()
+    for child in st.children.values():
+        _reset_explicit(state_of(child))
+
+
+def _type_name(annotation: Any) -> str:
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace('typing.', '')
+
+
+def type_name(annotation: Any) -> str:
+    """A short readable name for a declared type (``int``, ``Optional[int]``, ``FeedForward``)."""
+    return _type_name(annotation)
+
+
+def chain_paths() -> List[str]:
+    """The dotted paths of the computations in progress (outermost first); for error messages."""
+    return [f.path for f in ACTIVE]
+
+
+def active_frame() -> Optional[Frame]:
+    return ACTIVE[-1] if ACTIVE else None

@@ -1,0 +1,90 @@
+"""The per-instance state of a config object: what was given, and what has been computed.
+
+A :class:`State` is plain data kept in the instance's ``__dict__`` under ``_lazylab``, so config objects
+pickle and deep-copy like ordinary objects. The resolver reads and fills it.
+"""
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+from .declarations import Spec, spec_of
+
+
+class Provenance:
+    """Where a computed value came from.
+
+    Attributes:
+        source: ``'override'`` (``_set_values``/overrides), ``'assigned'`` (attribute assignment),
+            ``'set_default'``, ``'aggregate'``, ``'default'`` (class default), ``'option'`` (a calculator ran),
+            or ``'from_type'`` (the annotated class was constructed).
+        detail: for ``'option'`` the option name; for ``'aggregate'`` ``'selector=option'``; for
+            ``'set_default'`` ``'value'`` or ``'func'``; otherwise ``''``.
+        selected_by: for ``'option'``, the source that named the option (``'default'``, ``'override'``,
+            ``'first option'``, ...).
+        reads: the full dotted paths of the items read while computing the value, in first-read order.
+    """
+    __slots__ = ('source', 'detail', 'selected_by', 'reads')
+
+    def __init__(self, source: str, detail: str = '', selected_by: str = '', reads: Optional[List[str]] = None):
+        self.source = source
+        self.detail = detail
+        self.selected_by = selected_by
+        self.reads = reads if reads is not None else []
+
+    def __repr__(self):
+        return f'Provenance({self.source!r}, {self.detail!r}, selected_by={self.selected_by!r}, reads={self.reads!r})'
+
+
+class State:
+    """Everything one config instance knows.
+
+    Attributes:
+        owner: the config object.
+        spec: the merged declarations of its class.
+        path: its dotted path from the root config (``''`` for the root), set when it becomes a sub-config.
+        overrides: values given with ``_set_values`` / ``apply_overrides`` (highest precedence).
+        assigned: values given by attribute assignment.
+        defaults: ``set_default`` values, item -> (value, func).
+        cache: computed values (for a sub-config with ``_primary``, its primary item's value).
+        children: item -> the sub-config object it computed to.
+        pending: dotted overrides for sub-configs not created yet, item -> {sub_key: (value, from_text)}.
+        explicit: items given through ``_set_values`` (labml's ``is_explicitly_specified``).
+        order: item -> order in which its computation started.
+        provenance: item -> :class:`Provenance`.
+        computing: items whose computation is in progress (for cycle detection).
+    """
+
+    def __init__(self, owner: Any, primary: Optional[str] = None):
+        self.owner = owner
+        self.spec: Spec = spec_of(type(owner))
+        self.path = ''
+        self.primary = primary
+        self.overrides: Dict[str, Any] = {}
+        self.assigned: Dict[str, Any] = {}
+        self.defaults: Dict[str, Tuple[Any, Optional[Callable]]] = {}
+        self.cache: Dict[str, Any] = {}
+        self.children: Dict[str, Any] = {}
+        self.pending: Dict[str, Dict[str, Tuple[Any, bool]]] = {}
+        self.explicit: Set[str] = set()
+        self.order: Dict[str, int] = {}
+        self.provenance: Dict[str, Provenance] = {}
+        self.computing: Set[str] = set()
+        self.from_type: Set[str] = set()
+        self.rescue: Optional[Tuple[str, BaseException]] = None
+        self.update_callback: Optional[Callable[[], None]] = None
+
+    @property
+    def class_name(self) -> str:
+        return self.spec.name
+
+    def path_of(self, key: str) -> str:
+        return f'{self.path}.{key}' if self.path else key
+
+
+def state_of(configs: Any) -> State:
+    """The :class:`State` of a config object, created if a subclass's ``__init__`` skipped ``super().__init__``."""
+    d = configs.__dict__
+    st = d.get('_lazylab')
+    if st is None:
+        st = State(configs, d.get('_primary'))
+        d['_lazylab'] = st
+        d.setdefault('_primary', None)
+    return st
