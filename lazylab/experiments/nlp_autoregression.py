@@ -1,0 +1,61 @@
+"""Character-level autoregressive language modelling: what every experiment here shares.
+
+`NLPAutoRegressionConfigs` adds to the trainer's items the text, the model width, the optimizer and sampling.
+Experiments subclass it and add `@option(Configs.model, 'name')` functions that build an
+`AutoregressiveModel(n_tokens, d_model, core_transformer)` on `device_of(c)`.
+"""
+import torch
+from torch import nn
+
+from lazylab.configs import BaseConfigs, option
+
+from lazylab.data import TINY_SHAKESPEARE, TextDataset
+from lazylab.experiments.optimizers import OptimizerConfigs
+from lazylab.experiments.trainer import TrainerConfigs, resolve_device
+
+
+class NLPAutoRegressionConfigs(TrainerConfigs):
+    """Trainer items plus data, model width, optimizer and sampling."""
+    text: str = TINY_SHAKESPEARE      # tiny_shakespeare (bundled) or the path of a UTF-8 text file
+    dataset: TextDataset              # the tokenized 90% / 10% split of `text`
+    n_tokens: int                     # vocabulary size (from the dataset)
+    model: nn.Module                  # the autoregressive model (options per experiment)
+    d_model: int = 128                # model width
+    optimizer: OptimizerConfigs       # optimizer.optimizer, optimizer.learning_rate, …
+    total_steps: int                  # optimizer steps this run takes (from epochs and max_steps)
+    prompt: str = 'It is'             # start of the text sampled at each validation
+    sample_tokens: int = 200          # characters sampled at each validation
+    sample_temperature: float = 0.8   # temperature of that sampling (0: greedy)
+
+
+def device_of(c: TrainerConfigs) -> torch.device:
+    """The torch.device that `c.device` names ('auto' picks cuda, mps or cpu)."""
+    return resolve_device(c.device)
+
+
+@option(NLPAutoRegressionConfigs.dataset)
+def _dataset(c: NLPAutoRegressionConfigs):
+    data = TextDataset.load(c.text)
+    data.check_seq_len(c.seq_len)
+    return data
+
+
+@option(NLPAutoRegressionConfigs.n_tokens)
+def _n_tokens(c: NLPAutoRegressionConfigs):
+    return c.dataset.n_tokens
+
+
+@option(NLPAutoRegressionConfigs.total_steps)
+def _total_steps(c: NLPAutoRegressionConfigs):
+    per_epoch = -(-((len(c.dataset.train) - 1) // c.seq_len) // c.batch_size)
+    steps = c.epochs * per_epoch
+    return min(steps, c.max_steps) if c.max_steps > 0 else steps
+
+
+@option(NLPAutoRegressionConfigs.optimizer)
+def _optimizer(c: NLPAutoRegressionConfigs):
+    conf = OptimizerConfigs()
+    conf.parameters = c.model.parameters()
+    conf.d_model = c.d_model
+    conf.total_steps = c.total_steps
+    return conf

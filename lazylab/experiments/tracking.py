@@ -1,0 +1,77 @@
+"""labml's `experiment`/`tracker` API for a lazylab run: the place where labml's writers are chosen.
+
+Every run records its configs and metrics through labml, so the same run shows in labml's tools and, when a labml
+server is configured, live in the labml dashboard:
+
+- the `file` writer always (labml's own files go to RUN_DIR/labml/, never inside site-packages);
+- the `app` writer only when an app URL is configured: the trainer's `dashboard=URL` key, or else `app_url` in the
+  nearest `.labml.yaml` at or above the working directory (labml's own convention).
+
+labml's `screen` writer is not used: lazylab prints its own progress line, and both would redraw the same
+terminal line.
+
+Dashboard hook: `lazylab.dashboard.configure_app_writer(url)` decides whether the app writer is used (a quick
+socket check; an unreachable server costs one warning, never a hang or retries) and sets labml's app URL.
+"""
+import contextlib
+from pathlib import Path
+from typing import Any, Dict
+
+
+class LabmlRun:
+    """One labml experiment whose files live in `run_dir / 'labml'`.
+
+    Use as a context manager around the training loop; `log(step, values)` sends numeric indicators
+    (labml names: `loss.train`, `loss.valid`, …) with `step` as labml's global step.
+    """
+
+    def __init__(self, run_dir: Path, name: str, uuid: str, configs: Dict[str, Any], dashboard: str = ''):
+        from labml import experiment, lab
+        from labml.internal import lab as labml_lab
+
+        from lazylab.dashboard import configure_app_writer
+
+        run_dir = Path(run_dir).resolve()
+        # A .labml.yaml in the run directory makes labml's own config search stop here (no warning that none was
+        # found, no lookups next to the installed package); `lab.configure` then pins the paths and the app URL.
+        (run_dir / '.labml.yaml').write_text('experiments_path: labml\n', encoding='utf-8')
+        labml_lab._internal = labml_lab.Lab(path=run_dir)
+        lab.configure({'path': str(run_dir), 'experiments_path': 'labml', 'data_path': 'labml/data'})
+        use_app = configure_app_writer(dashboard or None, search_from=Path.cwd())
+        writers = {'file', 'app'} if use_app else {'file'}
+        with _without_git_notices():
+            experiment.create(uuid=uuid, name=name, writers=writers,
+                              python_file=str(run_dir / 'configs.yaml'), disable_screen=True)
+        experiment.configs(configs)
+        self._experiment = experiment
+        self._started = None
+
+    def __enter__(self) -> 'LabmlRun':
+        self._started = self._experiment.start()
+        self._started.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._started.__exit__(*exc)
+
+    def log(self, step: int, values: Dict[str, float]) -> None:
+        from labml import tracker
+        tracker.save(step, values)
+
+
+@contextlib.contextmanager
+def _without_git_notices():
+    """labml warns when the run directory is not a git repository (it never is); drop only that notice."""
+    import labml.internal.experiment as labml_experiment
+    original = labml_experiment.labml_notice
+
+    def notice(message, **kwargs):
+        text = message if isinstance(message, str) else ''.join(m if isinstance(m, str) else m[0] for m in message)
+        if 'git' not in text.lower():
+            original(message, **kwargs)
+
+    labml_experiment.labml_notice = notice
+    try:
+        yield
+    finally:
+        labml_experiment.labml_notice = original
