@@ -26,12 +26,16 @@ from .base import BaseConfigs
 from .errors import (AlreadyComputedError, BadValueError, CalculatorError, ConfigError, CycleError,
                      DeclarationError, NoValueError, OverrideSyntaxError, UnknownItemError, UnknownOptionError)
 from .registration import aggregate, calculate, hyperparams, meta_config, option
-from .describe import describe, format_description
+from .cli import apply_overrides, parse_overrides
+from .coerce import coerce_text
+from .listing import describe, format_description
+from .yaml_io import dump, load, to_dict
 from .report import explain, format_explain
 
 __all__ = [
     'BaseConfigs', 'option', 'calculate', 'aggregate', 'hyperparams', 'meta_config',
-    'explain', 'format_explain', 'describe', 'format_description',
+    'explain', 'format_explain', 'describe', 'format_description', 'to_dict', 'dump', 'load',
+    'apply_overrides', 'parse_overrides', 'coerce_text',
     'ConfigError', 'UnknownItemError', 'NoValueError', 'AlreadyComputedError', 'UnknownOptionError',
     'BadValueError', 'CycleError', 'CalculatorError', 'DeclarationError', 'OverrideSyntaxError',
 ]

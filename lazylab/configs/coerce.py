@@ -35,18 +35,15 @@ def is_any(annotation: Any) -> bool:
             or isinstance(annotation, str))
 
 
-def accepts_str(annotation: Any, value: str) -> bool:
-    """Whether the string ``value`` is a valid value of ``annotation`` as it is (no parsing)."""
-    if is_any(annotation) or annotation is str:
+def takes_any_string(annotation: Any) -> bool:
+    """Whether every string is a value of ``annotation`` by declaration: ``str``, a Union with ``str``, or an
+    unresolved (postponed) annotation. ``Any``/``object`` do not count here, so a mistyped option name for an
+    item declared ``Any`` with options is still caught."""
+    if annotation is str or isinstance(annotation, str):
         return True
-    origin = get_origin(annotation)
-    if origin in _UNION_ORIGINS:
-        return any(accepts_str(a, value) for a in get_args(annotation))
-    if origin is Literal:
-        return value in get_args(annotation)
-    if isinstance(annotation, type):
-        return isinstance(value, annotation)  # e.g. a str subclass, or object
-    return True  # typing constructs we do not understand: do not second-guess the user
+    if get_origin(annotation) in _UNION_ORIGINS:
+        return any(takes_any_string(a) for a in get_args(annotation))
+    return isinstance(annotation, type) and issubclass(annotation, str)
 
 
 def describe_type(annotation: Any) -> str:

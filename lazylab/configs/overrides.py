@@ -6,9 +6,9 @@ only then is anything applied. Dotted keys (``'optimizer.learning_rate'``) go to
 exists, and otherwise wait in the parent until it is created; when the sub-config's class is known from the
 annotation they are checked against it up front.
 """
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Literal, Tuple, get_args, get_origin
 
-from .coerce import TypeMismatch, accepts_str, coerce_text, conform, describe_type
+from .coerce import TypeMismatch, coerce_text, conform, takes_any_string
 from .declarations import ItemRef, Spec, spec_of
 from .errors import (AlreadyComputedError, BadValueError, UnknownItemError, UnknownOptionError, suggestion,
                      unknown_item)
@@ -40,7 +40,8 @@ class Plan:
 
 
 def check_option_name(view: Any, key: str, value: Any):
-    """Reject a string that is not an option of an item with options, unless the item's type takes strings.
+    """Reject a string that is not an option of an item with options, unless the item is declared ``str``
+    (or a Union with ``str``, or a Literal containing it).
 
     Raises:
         UnknownOptionError: naming the path, the nearest option and all options.
@@ -48,7 +49,8 @@ def check_option_name(view: Any, key: str, value: Any):
     options = view.spec.options.get(key)
     if not options or not isinstance(value, str) or value in options or value == '__aggregate__':
         return
-    if accepts_str(view.spec.annotations[key], value):
+    annotation = view.spec.annotations[key]
+    if takes_any_string(annotation) or (get_origin(annotation) is Literal and value in get_args(annotation)):
         return
     path = view.path_of(key)
     hint = suggestion(value, options)
@@ -76,7 +78,7 @@ def typed_value(view: Any, key: str, value: Any) -> Any:
         if options and isinstance(value, str):
             check_option_name(view, key, value)
         path = view.path_of(key)
-        raise BadValueError(f'bad value for {path}: {e} ({describe_type(annotation)}), got {value!r}',
+        raise BadValueError(f'bad value for {path}: {e}, got {value!r}',
                             path) from None
 
 

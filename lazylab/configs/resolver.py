@@ -128,7 +128,10 @@ def _run(st: State, key: str, path: str, calc: Calculator, source: str, selected
     except Exception as e:
         via = 'constructing' if source == 'from_type' else 'option'
         raise CalculatorError(f'{path}: {via} {name!r} failed: {type(e).__name__}: {e}', path, name) from e
-    detail = name if source == 'option' else getattr(calc.func, '__qualname__', name)
+    if source == 'option':
+        detail = name
+    else:
+        detail, selected_by = getattr(calc.func, '__qualname__', name), ''
     targets = calc.targets
     if len(targets) == 1:
         st.provenance[key] = Provenance(source, detail, selected_by, frame.reads)
