@@ -14,10 +14,10 @@ The client side is for the trainer: :func:`configure_app_writer` points labml's 
 import argparse
 import atexit
 import os
+import re
 import signal
 import socket
 import sys
-import threading
 from pathlib import Path
 from typing import Dict, Optional
 from urllib.parse import urlsplit
@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 DEFAULT_PORT = 5005
 DEFAULT_HOST = '127.0.0.1'
 DEFAULT_STORE = os.path.join('runs', '.dashboard')
-# The path segment labml's app wants before /track; the app itself ignores it (it reads a token from the query only).
+# The path segment labml's app wants before /track; the app ignores it (it reads a token from the query string only).
 LABML_TOKEN = 'default'
 INSTALL_HINT = "pip install 'lazylab[dashboard]'"
 # Seconds the end of a run may wait for the last metrics to reach the dashboard (the app answers each post after a
@@ -72,22 +72,59 @@ def install_file_store(store: Path) -> None:
                               for i in db.indexes])
         project.create_project(settings.FLOAT_PROJECT_TOKEN, 'float project')
         project.create_project(settings.SAMPLES_PROJECT_TOKEN, 'samples project')
-        # A local app has no login: every page acts as the user 'local', and lists that user's first project.
-        # labml clients cannot send a project token (labml rejects '?' in app_url and the app reads the token
-        # from the query string only), so streamed runs land in the app's floating project: make that project the
-        # local user's first, so those runs are listed on the home page.
+        # A local app has no login: every page acts as the user 'local' and lists that user's first project.
+        # labml clients send no project token (labml rejects '?' in app_url, and the app reads the token from the
+        # query string only), so the app would file their runs as unclaimed, in its floating project ("will be
+        # deleted in 12 hours"). Register the empty token as the local user's project: runs are then claimed by
+        # that user and listed on the home page.
         local = user.get_or_create_user(identifier='local', is_local_user=True)
-        floating = project.ProjectIndex.get(settings.FLOAT_PROJECT_TOKEN)
-        if local.projects[:1] != [floating]:
-            local.projects = [floating] + [k for k in local.projects if k != floating]
-            local.save()
+        if project.ProjectIndex.get('') is None:
+            project.ProjectIndex.set('', local.projects[0])
         return None
 
     db.init_mongo_db = init_file_db
 
 
-def create_app(store: Path, host: str, port: int):
-    """Import the labml app (a FastAPI object) over the file store in `store`; returns it."""
+# The labml web page loads three files from CDNs; `--assets DIR` serves them from DIR instead (no internet needed).
+# URL in labml-app 0.5.14's index.html → file under DIR (npm: d3@6.7.0 dist/d3.min.js, bootstrap@5.0.0-beta2
+# dist/css/bootstrap.min.css, @fortawesome/fontawesome-free@5.9.0 css/ and webfonts/).
+CDN_ASSETS = {
+    'https://d3js.org/d3.v6.min.js': 'd3.v6.min.js',
+    'https://cdn.jsdelivr.net/npm/bootstrap@5.0.0-beta2/dist/css/bootstrap.min.css': 'bootstrap.min.css',
+    'https://cdnjs.cloudflare.com/ajax/libs/font-awesome/5.9.0/css/all.css': 'fontawesome/css/all.css',
+}
+
+
+def missing_assets(assets: Path):
+    """Files of CDN_ASSETS (and Font Awesome's webfonts folder) that `assets` lacks."""
+    needed = list(CDN_ASSETS.values()) + ['fontawesome/webfonts']
+    return [name for name in needed if not (Path(assets) / name).exists()]
+
+
+def _offline_static(static: Path, assets: Path, dest: Path) -> Path:
+    """A copy of the app's static folder (as symlinks) whose index.html loads the CDN files from /vendor/."""
+    import shutil
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for entry in static.iterdir():
+        if entry.name != 'index.html':
+            (dest / entry.name).symlink_to(entry.resolve())
+    (dest / 'vendor').symlink_to(Path(assets).resolve())
+    html = (static / 'index.html').read_text(encoding='utf-8')
+    for url, name in CDN_ASSETS.items():
+        html = html.replace(url, f'/vendor/{name}')
+    # Subresource-integrity hashes name the CDN's bytes; a local copy is trusted as it is.
+    html = re.sub(r'\s(integrity|crossorigin)="[^"]*"', '', html)
+    (dest / 'index.html').write_text(html, encoding='utf-8')
+    return dest
+
+
+def create_app(store: Path, host: str, port: int, assets: Optional[Path] = None):
+    """Import the labml app (a FastAPI object) over the file store in `store`; returns it.
+
+    `assets`: a folder with the page's CDN files (see CDN_ASSETS) to serve instead of the internet ones.
+    """
     # labml_app.settings reads these at import.
     os.environ['LABML_APP_SERVER_IP'] = host
     os.environ['LABML_APP_SERVER_PORT'] = str(port)
@@ -101,13 +138,16 @@ def create_app(store: Path, host: str, port: int):
     from labml_app.logger import logger as app_logger
     app_logger.setLevel(logging.WARNING)  # the app logs every request's timing at INFO
     from labml_app import flask_app
+    if assets is not None:
+        # The app's routes read this module global on every request.
+        flask_app.STATIC_PATH = _offline_static(Path(flask_app.STATIC_PATH), assets, Path(store) / 'web')
     return flask_app.app
 
 
-def serve(store: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
+def serve(store: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, assets: Optional[Path] = None) -> None:
     """Serve the labml app until SIGINT/SIGTERM (uvicorn handles both and shuts down cleanly)."""
     import uvicorn
-    app = create_app(store, host, port)
+    app = create_app(store, host, port, assets)
     config = uvicorn.Config(app, host=host, port=port, workers=1, log_level='warning', access_log=False,
                             lifespan='off')
     server = uvicorn.Server(config)
@@ -130,6 +170,9 @@ def main(argv=None) -> int:
                         help=f'address to bind (default {DEFAULT_HOST}: this machine only)')
     parser.add_argument('--store', default=DEFAULT_STORE,
                         help=f'folder holding the dashboard\'s data (default {DEFAULT_STORE})')
+    parser.add_argument('--assets', default=None,
+                        help='folder with the web page\'s CDN files (d3.v6.min.js, bootstrap.min.css, '
+                             'fontawesome/css/all.css + fontawesome/webfonts/), for machines without internet')
     args = parser.parse_args(argv)
     error = _require_app()
     if error is not None:
@@ -141,8 +184,12 @@ def main(argv=None) -> int:
     if not _port_is_free(args.host, args.port):
         print(f'lazylab: error: {args.host}:{args.port} is already in use; choose another --port', file=sys.stderr)
         return 2
+    if args.assets is not None and missing_assets(Path(args.assets)):
+        print(f'lazylab: error: --assets {args.assets} lacks {", ".join(missing_assets(Path(args.assets)))}',
+              file=sys.stderr)
+        return 2
     try:
-        serve(Path(args.store), args.host, args.port)
+        serve(Path(args.store), args.host, args.port, None if args.assets is None else Path(args.assets))
     except KeyboardInterrupt:
         pass
     print('labml dashboard stopped', flush=True)
@@ -236,15 +283,31 @@ def app_writer_settings(url: Optional[str] = None, *, search_from: Optional[Path
     return {'app_url': app_url, 'app_open_browser': False, 'app_track_frequency': 0}
 
 
+def app_writer(url: str) -> Optional[str]:
+    """The trainer's hook: the labml `app_url` to give labml's ``app`` writer for dashboard `url`, or None.
+
+    `url` is the `dashboard=` key or a `.labml.yaml` `app_url`. None (after ONE warning on stderr) when the server
+    does not accept a TCP connection within a second: train without the app writer. When a URL is returned, the
+    labml client is also adjusted for this process (see :func:`_adjust_labml_client`): no web browser is opened,
+    and the end of the program waits at most ``FLUSH_TIMEOUT_S`` seconds for the last upload.
+
+    Raises:
+        ValueError: `url` is not an http(s) URL (the message names it).
+    """
+    settings = app_writer_settings(url)
+    if settings is None:
+        return None
+    _adjust_labml_client()
+    return settings['app_url']
+
+
 def configure_app_writer(url: Optional[str] = None, *, search_from: Optional[Path] = None,
                          timeout: float = 1.0) -> bool:
     """Point labml's ``app`` writer at the dashboard; True when the run should add ``'app'`` to its writers.
 
-    Call before ``labml.experiment.create(..., writers={'screen', 'file', 'app'})``. When the dashboard is not
-    reachable (one warning, see :func:`app_writer_settings`) or none is configured, sets labml's `app_url` to
-    nothing and returns False: leave ``'app'`` out of the writers. When True, the labml upload thread is made a
-    daemon and the end of the program waits at most ``FLUSH_TIMEOUT_S`` seconds for it, so a dashboard that dies
-    mid-run cannot keep the process alive.
+    For scripts that drive labml themselves: call before ``labml.experiment.create(..., writers={..., 'app'})``.
+    When no dashboard is configured or it is unreachable (one warning), sets labml's `app_url` to nothing and
+    returns False: leave ``'app'`` out of the writers.
     """
     from labml.internal.lab import lab_singleton
     settings = app_writer_settings(url, search_from=search_from, timeout=timeout)
@@ -252,45 +315,61 @@ def configure_app_writer(url: Optional[str] = None, *, search_from: Optional[Pat
         lab_singleton().set_configurations({'app_url': ''})  # also silences a .labml.yaml app_url
         return False
     lab_singleton().set_configurations(settings)
-    _bound_app_upload()
+    _adjust_labml_client()
     return True
 
 
-_BOUNDED = False
+_ADJUSTED = False
+_UPLOADS = []  # labml upload threads of the runs this process streamed to a dashboard
 
 
-def _bound_app_upload() -> None:
-    """Make labml's app upload thread a daemon and join it at exit with a time limit.
+def _adjust_labml_client() -> None:
+    """Make labml's app client safe to run from a training command (idempotent, this process only).
 
-    labml retries a failed upload forever (sleeping 10 s, 20 s, ...) on a non-daemon thread; if the dashboard goes
-    away during a run, that would keep the finished training process alive indefinitely.
+    - labml retries a failed upload forever (sleeping 10 s, 20 s, ...) on a non-daemon thread: a dashboard that
+      goes away mid-run would keep the finished process alive. The thread becomes a daemon, and at exit we wait at
+      most ``FLUSH_TIMEOUT_S`` for it (:func:`wait_for_app_upload`).
+    - labml opens a web browser on the run's page by default; a training command prints the URL instead.
     """
-    global _BOUNDED
-    if _BOUNDED:
+    global _ADJUSTED
+    if _ADJUSTED:
         return
-    _BOUNDED = True
-    import labml.internal.app as labml_app_client
+    _ADJUSTED = True
+    import labml.internal.app as labml_client
+    import labml.internal.app.experiment as labml_client_experiment
 
-    base = labml_app_client.AppTracker
-
-    class DaemonAppTracker(base):
+    class DaemonAppTracker(labml_client.AppTracker):
         def __init__(self, app_track_url, params, *, timeout_seconds=15, daemon=True):
             super().__init__(app_track_url, params, timeout_seconds=timeout_seconds, daemon=True)
 
-    # labml's experiment imports AppTracker from this module when the run starts.
-    labml_app_client.AppTracker = DaemonAppTracker
+        def _check(self) -> bool:
+            ok = super()._check()
+            if self.thread is not None and self.thread not in _UPLOADS:
+                _UPLOADS.append(self.thread)
+            return ok
+
+    class PrintOnlyUrlHandler(labml_client_experiment.AppUrlResponseHandler):
+        def __init__(self, open_browser: bool, label: str):
+            super().__init__(False, label)
+
+    # labml's experiment looks AppTracker up in this module when a run starts; AppExperiment looks the handler up
+    # in its own module.
+    labml_client.AppTracker = DaemonAppTracker
+    labml_client_experiment.AppUrlResponseHandler = PrintOnlyUrlHandler
     atexit.register(wait_for_app_upload, FLUSH_TIMEOUT_S)
 
 
-def wait_for_app_upload(timeout: float = FLUSH_TIMEOUT_S) -> bool:
-    """Wait up to `timeout` seconds for labml's app upload threads to send what they hold; True when done."""
+def wait_for_app_upload(timeout: float = FLUSH_TIMEOUT_S, threads=None) -> bool:
+    """Wait up to `timeout` seconds in all for labml upload threads to send what they hold; True when all did.
+
+    `threads`: labml ``_AppTrackThread`` objects (default: those of the runs this process streamed). Only threads
+    whose run has finished are waited for (labml stops them then); an unfinished run's thread waits on its queue
+    forever. Prints one warning when giving up.
+    """
     import time
-    import labml.internal.app as labml_app_client
     deadline = time.monotonic() + timeout
-    for t in threading.enumerate():
-        # Only threads whose run has finished (labml calls stop() then) still owe data; an unfinished one waits
-        # on its queue forever.
-        if isinstance(t, labml_app_client._AppTrackThread) and t.is_stopped:
+    for t in list(_UPLOADS if threads is None else threads):
+        if t.is_alive() and t.is_stopped:
             t.join(max(0.0, deadline - time.monotonic()))
             if t.is_alive():
                 print(f'lazylab: warning: gave up sending the last metrics to the labml dashboard after '

@@ -54,8 +54,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _env():
+def _env(tmp_path: Path = None):
     env = dict(os.environ, LABML_DISABLE_GIT='1', PYTHONUNBUFFERED='1')
+    if tmp_path is not None:
+        # labml opens a web browser on the run's page unless told not to; this "browser" would leave a mark.
+        env['BROWSER'] = f'touch {tmp_path / "browser-opened"}'
+
     env['PYTHONPATH'] = os.pathsep.join([str(REPO), env.get('PYTHONPATH', '')])
     return env
 
@@ -66,7 +70,8 @@ def _train(tmp_path: Path, url: str, steps: int = STEPS):
     script.write_text(_TRAIN_SCRIPT)
     run_root = tmp_path / ('runs_' + (url.rsplit(':', 1)[-1] if url else 'none'))
     start = time.monotonic()
-    res = subprocess.run([sys.executable, str(script), url, str(run_root), str(steps)], cwd=tmp_path, env=_env(),
+    res = subprocess.run([sys.executable, str(script), url, str(run_root), str(steps)], cwd=tmp_path,
+                         env=_env(tmp_path),
                          capture_output=True, text=True, timeout=120)
     seconds = time.monotonic() - start
     assert res.returncode == 0, res.stderr[-3000:]
@@ -155,6 +160,8 @@ def test_run_streams_configs_metrics_and_sample_to_dashboard(server, tmp_path):
     _, runs = _get(f'{url}/api/v1/runs/null')
     assert [r['run_uuid'] for r in runs['runs']] == [uuid]
     assert (store / 'indexes' / 'RunIndex.yaml').read_text().count(uuid) == 1
+    assert run['is_claimed'] and run['is_project_run']  # not "will be deleted in 12 hours"
+    assert not (tmp_path / 'browser-opened').exists()
 
 
 def test_closed_port_warns_once_and_trains_normally(tmp_path):
@@ -194,3 +201,32 @@ def test_missing_extra_says_what_to_install(monkeypatch, capsys):
     assert dashboard.main(['--port', str(_free_port())]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pip install 'lazylab[dashboard]'" in err[0]
+
+
+def test_app_writer_returns_labml_url_only_when_reachable(capsys):
+    with socket.socket() as listener:
+        listener.bind(('127.0.0.1', 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert dashboard.app_writer(f'http://127.0.0.1:{port}') == f'http://127.0.0.1:{port}/api/v1/default'
+    assert capsys.readouterr().err == ''
+    assert dashboard.app_writer(f'http://127.0.0.1:{port}') is None  # the listener is closed now
+    assert capsys.readouterr().err.count('lazylab: warning') == 1
+
+
+def test_wait_for_app_upload_gives_up_on_a_hung_server(capsys):
+    """A finished run whose last upload never completes must not keep the process alive: the wait is bounded."""
+    import threading
+    import labml.internal.app as labml_client
+
+    class HungUpload(labml_client._AppTrackThread):
+        def _process(self, packets):  # a server that accepted the connection and never answers
+            threading.Event().wait()
+
+    thread = HungUpload('http://127.0.0.1:9/api/v1/default/track?', timeout_seconds=1, daemon=True)
+    thread.push_data_source(labml_client.SimpleAppTrackDataSource({'time': 0.0}))
+    thread.start()
+    thread.stop()  # what labml does when the run finishes
+    assert dashboard.wait_for_app_upload(timeout=0.5, threads=[thread]) is False
+    assert 'gave up sending the last metrics' in capsys.readouterr().err
+    assert dashboard.wait_for_app_upload(timeout=0.5, threads=[]) is True
