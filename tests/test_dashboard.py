@@ -58,7 +58,10 @@ def _env(tmp_path: Path = None):
     env = dict(os.environ, LABML_DISABLE_GIT='1', PYTHONUNBUFFERED='1')
     if tmp_path is not None:
         # labml opens a web browser on the run's page unless told not to; this "browser" would leave a mark.
-        env['BROWSER'] = f'touch {tmp_path / "browser-opened"}'
+        browser = tmp_path / 'fake-browser'
+        browser.write_text(f'#!/bin/sh\ntouch {tmp_path / "browser-opened"}\n')
+        browser.chmod(0o755)
+        env['BROWSER'] = str(browser)
 
     env['PYTHONPATH'] = os.pathsep.join([str(REPO), env.get('PYTHONPATH', '')])
     return env
