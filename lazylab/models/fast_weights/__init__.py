@@ -1,0 +1,273 @@
+"""Fast Weights Transformer: linear attention as a fast-weight programmer with the delta rule.
+
+Schlag, Irie & Schmidhuber 2021, "Linear Transformers Are Secretly Fast Weight Programmers" (ICML 2021).
+
+A linear transformer keeps, per head, a matrix of "fast weights" W that each token writes to and reads from.
+The paper (i) replaces the purely additive write W ← W + v ⊗ φ(k) by the delta rule, which first reads the value
+v̄ stored under the key and replaces it by a β-mix of old and new, and (ii) introduces the DPFP feature map φ,
+normalised by its sum so that no attention denominator is needed:
+
+    kᵢ, vᵢ, qᵢ = W_k xᵢ, W_v xᵢ, W_q xᵢ
+    v̄ᵢ = W⁽ⁱ⁻¹⁾ φ'(kᵢ)
+    βᵢ = σ(W_β xᵢ)                                    (one scalar per head)
+    W⁽ⁱ⁾ = W⁽ⁱ⁻¹⁾ + βᵢ (vᵢ − v̄ᵢ) ⊗ φ'(kᵢ)
+    yᵢ = W⁽ⁱ⁾ φ'(qᵢ)                                  (no 1/√d scaling)
+
+The modules here equal labml-nn 0.5.1's `labml_nn.transformers.fast_weights` (names, arguments, state-dict
+keys, sequence-first layout), including two of its choices worth knowing:
+
+* the layer adds attention to the *un-normalised* input, x + Attn(x): `norm_self_attn` exists (so state dicts
+  match) but is not applied; only the FFN gets a pre-norm;
+* `FastWeightsAttention.dropout` exists but is not applied; the layer's dropout on the attention output is the
+  only dropout on that path.
+
+What is new: the delta rule can be computed three ways (`kernel=` on `FastWeightsAttention`, see
+`lazylab.models.fast_weights.delta_rule`): `'chunked'` (chunkwise-parallel, the default, fast for training),
+`'loop'` (the token-by-token reference) and `'step'` (the recurrent step that generation uses); and the fast
+weights can be carried between calls with `forward_with_state(x, state) -> (y, state)`.
+
+State layout: per layer, W of shape [batch_size, heads, d_k, d_dot] (values × features, labml_nn's 'bhvk'
+order), with d_dot = 2 · d_k · ν for DPFP. The transformer's state is a list with one such tensor per layer.
+
+The token-wise variants (one step per call, as labml_nn's `token_wise.py`) are in
+`lazylab.models.fast_weights.token_wise`.
+"""
+import copy
+from typing import List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from lazylab.models.fast_weights.delta_rule import delta_rule_chunked, delta_rule_loop, delta_rule_step
+from lazylab.models.feed_forward import FeedForward  # re-exported, as labml_nn does (its experiment imports it here)
+from lazylab.models.mha import PrepareForMultiHeadAttention
+
+__all__ = ['DPFP', 'FastWeightsAttention', 'FastWeightsAttentionTransformerLayer', 'FeedForward',
+           'FastWeightsAttentionTransformer', 'KERNELS', 'DEFAULT_CHUNK_SIZE']
+
+KERNELS = ('chunked', 'loop', 'step')
+DEFAULT_CHUNK_SIZE = 32  # fastest on CPU at d_dot = 64 (see benchmarks/fast_weights.py); 64 suits GPUs
+
+
+class DPFP(nn.Module):
+    """Deterministic Parameter-Free Projection φ' (Schlag et al. 2021, §5.4), normalised by its sum.
+
+    With r = ReLU([k, −k]) (size 2·d_key), φ is the concatenation over i = 1..ν of r ⊙ roll(r, i):
+
+        φ_{2·d_key·(i−1) + j}(k) = r_j · r_{(j − i) mod 2·d_key}
+
+    (`torch.roll` by +i: element j of the rolled copy is r_{j−i}). The result has d_dot = 2·d_key·ν features, is
+    sparse and nearly orthogonal for different keys. It is normalised so that its entries sum to one:
+    φ'(k) = φ(k) / (Σⱼ φ(k)ⱼ + eps).
+
+    Args:
+        nu: ν ≥ 1, the number of rolled products (the paper uses ν ∈ {1, 2, 3}).
+        eps: added to the sum to avoid dividing by zero (φ(0) = 0).
+
+    Shapes:
+        k: [..., d_key] → [..., 2 · d_key · ν]
+
+    Raises:
+        ValueError: nu < 1.
+    """
+
+    def __init__(self, nu: int = 1, eps: float = 1e-6):
+        super().__init__()
+        if nu < 1:
+            raise ValueError(f"DPFP needs nu >= 1, got nu={nu}")
+        self.nu = nu
+        self.relu = nn.ReLU()
+        self.eps = eps
+
+    def forward(self, k: torch.Tensor) -> torch.Tensor:
+        phi = self.dpfp(k)
+        return phi / (phi.sum(dim=-1, keepdim=True) + self.eps)
+
+    def dpfp(self, k: torch.Tensor) -> torch.Tensor:
+        """The un-normalised φ(k): [..., d_key] → [..., 2 · d_key · ν]."""
+        r = self.relu(torch.cat([k, -k], dim=-1))
+        rolled = torch.cat([r.roll(shifts=i, dims=-1) for i in range(1, self.nu + 1)], dim=-1)
+        return r.repeat(*([1] * (r.dim() - 1)), self.nu) * rolled
+
+
+def _check_kernel(kernel: str, chunk_size: int):
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {', '.join(KERNELS)}; got kernel={kernel!r}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got chunk_size={chunk_size}")
+
+
+def run_delta_rule(kernel: str, chunk_size: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   beta: torch.Tensor, state: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Run the delta rule over a sequence with the named kernel (shapes as in `delta_rule`).
+
+    A single token always takes the recurrent step: it is the same computation, without the chunking set-up.
+    """
+    if kernel == 'loop':
+        return delta_rule_loop(q, k, v, beta, state)
+    if kernel == 'step' or q.shape[0] == 1:
+        ys = []
+        for i in range(q.shape[0]):
+            y, state = delta_rule_step(q[i], k[i], v[i], beta[i], state)
+            ys.append(y)
+        if not ys:
+            return delta_rule_loop(q, k, v, beta, state)
+        return torch.stack(ys), state
+    return delta_rule_chunked(q, k, v, beta, state, chunk_size=chunk_size)
+
+
+class FastWeightsAttention(nn.Module):
+    """Delta-rule fast-weight attention over a whole sequence (Schlag, Irie & Schmidhuber 2021, eq. 21-25).
+
+    Per head, with φ' the sum-normalised feature map:
+        v̄ᵢ = W⁽ⁱ⁻¹⁾ φ'(kᵢ),   W⁽ⁱ⁾ = W⁽ⁱ⁻¹⁾ + βᵢ (vᵢ − v̄ᵢ) ⊗ φ'(kᵢ),   yᵢ = W⁽ⁱ⁾ φ'(qᵢ),   βᵢ = σ(W_β xᵢ)
+    followed by the output projection W_o [y₁; …; y_h] + b_o.
+
+    Args:
+        heads: number of heads h; d_model must be divisible by it (d_k = d_model / h).
+        d_model: model width d.
+        dropout_prob: kept for labml_nn compatibility; not applied here (the layer drops the attention output).
+        phi: the feature map φ', e.g. DPFP(nu=1), mapping d_k → d_dot.
+        kernel: 'chunked' (default; chunkwise-parallel), 'loop' (reference) or 'step' (recurrent step per token).
+        chunk_size: tokens per chunk for 'chunked'; any seq_len works.
+
+    Parameters (labml_nn's names): query.linear, key.linear, value.linear (no bias), interpolation_weight.0.linear
+    (W_β, no bias), output (with bias).
+
+    Shapes:
+        x: [seq_len, batch_size, d_model] → [seq_len, batch_size, d_model]
+        state (forward_with_state, in and out): [batch_size, heads, d_k, d_dot]
+
+    Raises:
+        ValueError: d_model not divisible by heads; unknown kernel; chunk_size < 1.
+    """
+
+    def __init__(self, heads: int, d_model: int, dropout_prob: float, phi: nn.Module, *,
+                 kernel: str = 'chunked', chunk_size: int = DEFAULT_CHUNK_SIZE):
+        super().__init__()
+        if heads <= 0 or d_model % heads != 0:
+            raise ValueError(f"FastWeightsAttention: d_model={d_model} must be divisible by heads={heads}")
+        _check_kernel(kernel, chunk_size)
+        self.d_k = d_model // heads
+        self.heads = heads
+        # Creation order as in labml_nn, so the same seed gives the same initial weights.
+        self.query = PrepareForMultiHeadAttention(d_model, heads, self.d_k, bias=False)
+        self.key = PrepareForMultiHeadAttention(d_model, heads, self.d_k, bias=False)
+        self.value = PrepareForMultiHeadAttention(d_model, heads, self.d_k, bias=False)
+        self.interpolation_weight = nn.Sequential(PrepareForMultiHeadAttention(d_model, heads, 1, bias=False),
+                                                  nn.Sigmoid())
+        self.phi = phi
+        self.output = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout_prob)
+        self.kernel = kernel
+        self.chunk_size = chunk_size
+
+    def set_kernel(self, kernel: str, chunk_size: Optional[int] = None):
+        """Switch how the delta rule is computed (the result is the same up to float rounding)."""
+        chunk_size = self.chunk_size if chunk_size is None else chunk_size
+        _check_kernel(kernel, chunk_size)
+        self.kernel, self.chunk_size = kernel, chunk_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [seq_len, batch_size, d_model] → [seq_len, batch_size, d_model], starting from zero fast weights."""
+        return self.forward_with_state(x)[0]
+
+    def forward_with_state(self, x: torch.Tensor, state: Optional[torch.Tensor] = None
+                           ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Continue from fast weights `state` ([batch_size, heads, d_k, d_dot], None = zeros).
+
+        Returns the output [seq_len, batch_size, d_model] and the fast weights after the last token.
+        """
+        if x.dim() != 3:
+            raise ValueError(f"FastWeightsAttention expects x of shape [seq_len, batch_size, d_model], "
+                             f"got {tuple(x.shape)}")
+        seq_len, batch_size, _ = x.shape
+        query = self.phi(self.query(x))  # [seq_len, batch_size, heads, d_dot]
+        key = self.phi(self.key(x))
+        value = self.value(x)  # [seq_len, batch_size, heads, d_k]
+        beta = self.interpolation_weight(x)  # [seq_len, batch_size, heads, 1]
+        y, state = run_delta_rule(self.kernel, self.chunk_size, query, key, value, beta, state)
+        return self.output(y.reshape(seq_len, batch_size, -1)), state
+
+
+class FastWeightsAttentionTransformerLayer(nn.Module):
+    """One layer: x + Dropout(Attn(x)), then the pre-norm FFN block x + Dropout(FFN(LayerNorm(x))).
+
+    As in labml_nn, the attention sees x itself; `norm_self_attn` is created (state-dict compatibility) but unused.
+
+    Args:
+        d_model: model width.
+        attn: a FastWeightsAttention.
+        feed_forward: the FFN (e.g. lazylab.models.feed_forward.FeedForward).
+        dropout_prob: dropout on the outputs of attention and FFN before each residual add.
+
+    Shapes:
+        x: [seq_len, batch_size, d_model] → [seq_len, batch_size, d_model]; state as in FastWeightsAttention.
+    """
+
+    def __init__(self, *, d_model: int, attn: FastWeightsAttention, feed_forward: nn.Module, dropout_prob: float):
+        super().__init__()
+        self.size = d_model
+        self.attn = attn
+        self.feed_forward = feed_forward
+        self.dropout = nn.Dropout(dropout_prob)
+        self.norm_self_attn = nn.LayerNorm([d_model])
+        self.norm_ff = nn.LayerNorm([d_model])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_with_state(x)[0]
+
+    def forward_with_state(self, x: torch.Tensor, state: Optional[torch.Tensor] = None
+                           ) -> Tuple[torch.Tensor, torch.Tensor]:
+        attn, state = self.attn.forward_with_state(x, state)
+        x = x + self.dropout(attn)
+        x = x + self.dropout(self.feed_forward(self.norm_ff(x)))
+        return x, state
+
+
+class FastWeightsAttentionTransformer(nn.Module):
+    """`n_layers` copies of `layer` followed by a final LayerNorm.
+
+    Args:
+        layer: the FastWeightsAttentionTransformerLayer to copy (deep copies: layers do not share weights).
+        n_layers: number of layers.
+
+    Shapes:
+        x: [seq_len, batch_size, d_model] → [seq_len, batch_size, d_model]
+        state (forward_with_state): list of n_layers tensors [batch_size, heads, d_k, d_dot], or None for zeros.
+
+    Raises:
+        ValueError: n_layers < 1; a state list of the wrong length.
+    """
+
+    def __init__(self, layer: FastWeightsAttentionTransformerLayer, n_layers: int):
+        super().__init__()
+        if n_layers < 1:
+            raise ValueError(f"FastWeightsAttentionTransformer needs n_layers >= 1, got n_layers={n_layers}")
+        self.layers = nn.ModuleList([copy.deepcopy(layer) for _ in range(n_layers)])
+        self.norm = nn.LayerNorm([layer.size])
+
+    def set_kernel(self, kernel: str, chunk_size: Optional[int] = None):
+        """Use `kernel` ('chunked', 'loop' or 'step') in every layer's attention."""
+        for layer in self.layers:
+            layer.attn.set_kernel(kernel, chunk_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_with_state(x)[0]
+
+    def forward_with_state(self, x: torch.Tensor, state: Optional[List[torch.Tensor]] = None
+                           ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+        """Continue from the per-layer fast weights `state`; returns (output, new per-layer fast weights).
+
+        Calling this on consecutive chunks of a sequence, carrying the state, gives the outputs of one call on
+        the whole sequence (the incremental-state protocol of `lazylab.models.autoregressive`).
+        """
+        if state is None:
+            state = [None] * len(self.layers)
+        elif len(state) != len(self.layers):
+            raise ValueError(f"state has {len(state)} entries; expected one per layer (n_layers={len(self.layers)})")
+        new_state = []
+        for layer, layer_state in zip(self.layers, state):
+            x, layer_state = layer.forward_with_state(x, layer_state)
+            new_state.append(layer_state)
+        return self.norm(x), new_state

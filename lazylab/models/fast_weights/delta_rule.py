@@ -1,0 +1,193 @@
+"""The delta rule of fast-weight attention, computed three ways.
+
+Schlag, Irie & Schmidhuber 2021, "Linear Transformers Are Secretly Fast Weight Programmers", eq. (21)-(25).
+Per batch element and head, with keys and queries already mapped by the feature map φ' (size d_dot),
+values of size d_v and a write strength βᵢ ∈ (0, 1):
+
+    v̄ᵢ = W⁽ⁱ⁻¹⁾ kᵢ                         (the value currently stored under kᵢ)
+    W⁽ⁱ⁾ = W⁽ⁱ⁻¹⁾ + βᵢ (vᵢ − v̄ᵢ) ⊗ kᵢ       (replace it by a β-mix of old and new)
+    yᵢ = W⁽ⁱ⁾ qᵢ                            (read with the updated weights; no extra scaling)
+
+The fast weights W have shape [d_v, d_dot] per head, i.e. `[batch, heads, d_v, d_dot]` for a batch; this is
+labml_nn's layout ('bhvk') and the state layout used throughout `lazylab.models.fast_weights`.
+
+* `delta_rule_step`    one token; what generation uses (O(1) work per token).
+* `delta_rule_loop`    the equations above, token by token: the slow, obviously-correct reference.
+* `delta_rule_chunked` the chunkwise-parallel form (Yang, Wang, Zhang, Shen & Kim 2024, "Parallelizing Linear
+  Transformers with the Delta Rule over Sequence Length", §3): within a chunk the product of the
+  Householder-like updates is written in WY/UT form and found with one triangular solve; only the
+  [d_dot, d_v] state is carried from chunk to chunk.
+
+All three take sequence-first tensors (the project's layout):
+    q, k: [seq_len, batch, heads, d_dot];  v: [seq_len, batch, heads, d_v];  beta: [seq_len, batch, heads]
+    (a trailing singleton, [seq_len, batch, heads, 1], is accepted too);  state: [batch, heads, d_v, d_dot] or None.
+They return `(y, state)` with y: [seq_len, batch, heads, d_v] and the fast weights after the last token.
+"""
+from typing import Optional, Tuple
+
+import torch
+
+__all__ = ['delta_rule_step', 'delta_rule_loop', 'delta_rule_chunked']
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, state: Optional[torch.Tensor],
+           token: bool):
+    """Validate shapes; return beta without a trailing singleton axis."""
+    lead = 3 if token else 4  # [batch, heads, d] for one token; [seq_len, batch, heads, d] for a sequence
+    if q.dim() != lead or k.shape != q.shape or v.shape[:-1] != q.shape[:-1]:
+        raise ValueError(f"delta rule: q and k must have equal shapes and v the same leading dims, "
+                         f"{'[batch, heads, d]' if token else '[seq_len, batch, heads, d]'}; "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if beta.dim() == lead and beta.shape[-1] == 1:
+        beta = beta.squeeze(-1)
+    if beta.shape != q.shape[:-1]:
+        raise ValueError(f"delta rule: beta must have shape {tuple(q.shape[:-1])} (or with a trailing 1); "
+                         f"got {tuple(beta.shape)}")
+    if state is not None:
+        expected = (q.shape[-3], q.shape[-2], v.shape[-1], q.shape[-1])
+        if tuple(state.shape) != expected:
+            raise ValueError(f"delta rule: state must be [batch, heads, d_v, d_dot] = {expected}; "
+                             f"got {tuple(state.shape)}")
+    return beta
+
+
+def delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                    state: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One token of the delta rule, in the "Householder" form W⁽ⁱ⁾ = W⁽ⁱ⁻¹⁾ (I − βᵢ kᵢ kᵢᵀ) + βᵢ vᵢ kᵢᵀ.
+
+    Args:
+        q, k: [batch, heads, d_dot] (after the feature map φ').
+        v: [batch, heads, d_v].
+        beta: [batch, heads] or [batch, heads, 1], the write strength βᵢ.
+        state: fast weights W⁽ⁱ⁻¹⁾, [batch, heads, d_v, d_dot]; None means zeros.
+
+    Returns:
+        y: [batch, heads, d_v] = W⁽ⁱ⁾ qᵢ, and the new state W⁽ⁱ⁾ [batch, heads, d_v, d_dot].
+
+    Raises:
+        ValueError: if the shapes do not fit together.
+    """
+    beta = _check(q, k, v, beta, state, token=True).unsqueeze(-1)
+    if state is None:
+        # W⁽⁰⁾ = 0, so v̄ = 0 and the update is a plain outer product
+        new_state = (beta * v).unsqueeze(-1) * k.unsqueeze(-2)
+    else:
+        retrieved = (state @ k.unsqueeze(-1)).squeeze(-1)  # v̄ᵢ = W kᵢ
+        new_state = state + (beta * (v - retrieved)).unsqueeze(-1) * k.unsqueeze(-2)
+    y = (new_state @ q.unsqueeze(-1)).squeeze(-1)
+    return y, new_state
+
+
+def delta_rule_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                    state: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The delta rule token by token, written as the paper's equations (the reference the fast form is tested
+    against). O(seq_len) sequential steps.
+
+    Args / Returns / Raises: see the module docstring (sequence-first q, k, v, beta; state [batch, heads, d_v, d_dot]).
+    """
+    beta = _check(q, k, v, beta, state, token=False)
+    seq_len, batch, heads, d_dot = q.shape
+    weights = state if state is not None else q.new_zeros(batch, heads, v.shape[-1], d_dot)
+    ys = []
+    for i in range(seq_len):
+        k_i, q_i, beta_i = k[i].unsqueeze(-1), q[i].unsqueeze(-1), beta[i, ..., None, None]  # columns
+        v_bar = weights @ k_i  # v̄ᵢ = W⁽ⁱ⁻¹⁾ kᵢ
+        v_new = beta_i * v[i].unsqueeze(-1) + (1 - beta_i) * v_bar  # βᵢ vᵢ + (1 − βᵢ) v̄ᵢ
+        weights = weights + (v_new - v_bar) @ k_i.transpose(-1, -2)  # W⁽ⁱ⁾ = W⁽ⁱ⁻¹⁾ + (v_new − v̄) ⊗ kᵢ
+        ys.append((weights @ q_i).squeeze(-1))  # yᵢ = W⁽ⁱ⁾ qᵢ
+    if seq_len == 0:
+        return v.new_zeros(v.shape), weights
+    return torch.stack(ys), weights
+
+
+def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                       state: Optional[torch.Tensor] = None, chunk_size: int = 64) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The delta rule, chunkwise-parallel (Yang et al. 2024, §3.2-3.3; WY/UT representation).
+
+    Work with the transposed state S = Wᵀ ([d_dot, d_v]); one token is S ← (I − β k kᵀ) S + β k vᵀ. For a chunk of
+    C tokens (rows of K, Q: [C, d_dot], V: [C, d_v], starting from state S₀), the state after token t is
+    S_t = S₀ + Σ_{j≤t} k_j u_jᵀ, where the "pseudo-values" u_j obey
+
+        u_j = β_j (v_j − S₀ᵀ k_j − Σ_{m<j} (k_mᵀ k_j) u_m),   i.e.   (I + A) U = diag(β) (V − K S₀),
+        A = strictly_lower(diag(β) K Kᵀ).
+
+    With the UT transform T = (I + A)⁻¹ (one unit-lower-triangular solve per chunk), Wc = T diag(β) K and
+    Uc = T diag(β) V, so U = Uc − Wc S₀ and
+
+        S_C = (I − Kᵀ Wc) S₀ + Kᵀ Uc                     (the only sequential step: one matmul per chunk)
+        O   = lower(Q Kᵀ) Uc + (Q − lower(Q Kᵀ) Wc) S₀   (lower includes the diagonal: yᵢ reads W⁽ⁱ⁾)
+
+    Everything except the S recurrence runs in parallel over all chunks. A sequence whose length is not a
+    multiple of C is padded with k = v = β = 0 tokens, which leave the state unchanged.
+
+    Under autocast the triangular solve and the state recurrence run in float32 (CPU has no half-precision
+    triangular solve, and the carried state is where rounding would accumulate).
+
+    Args:
+        q, k, v, beta, state: see the module docstring.
+        chunk_size: C, tokens per chunk (≥ 1); clipped to seq_len.
+
+    Returns:
+        y: [seq_len, batch, heads, d_v] and the final state [batch, heads, d_v, d_dot].
+
+    Raises:
+        ValueError: bad shapes or chunk_size < 1.
+    """
+    beta = _check(q, k, v, beta, state, token=False)
+    if chunk_size < 1:
+        raise ValueError(f"delta_rule_chunked: chunk_size must be >= 1, got {chunk_size}")
+    seq_len, batch, heads, d_dot = q.shape
+    d_v = v.shape[-1]
+    if seq_len == 0:
+        weights = state if state is not None else q.new_zeros(batch, heads, d_v, d_dot)
+        return v.new_zeros(v.shape), weights
+
+    c = min(chunk_size, seq_len)
+    n = -(-seq_len // c)
+    pad = n * c - seq_len
+
+    def chunks(x):
+        # [seq_len, batch, heads, d] -> [batch, heads, n, c, d]
+        if pad:
+            x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 1) + (0, pad))
+        return x.reshape(n, c, *x.shape[1:]).permute(2, 3, 0, 1, *range(4, x.dim() + 1))
+
+    q_c, k_c, v_c = chunks(q), chunks(k), chunks(v)
+    beta_c = chunks(beta.unsqueeze(-1))  # [batch, heads, n, c, 1]
+
+    # UT transform: solve (I + A) [Wc | Uc] = diag(β) [K | V] with A = strictly_lower(diag(β) K Kᵀ);
+    # unitriangular=True makes the solve read only the part of A below the diagonal.
+    exact = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 for float64 inputs
+    kk = k_c @ k_c.transpose(-1, -2)
+    with torch.autocast(q.device.type, enabled=False):
+        a = beta_c.to(exact) * kk.to(exact)
+        rhs = beta_c.to(exact) * torch.cat([k_c, v_c], dim=-1).to(exact)
+        wu = torch.linalg.solve_triangular(a, rhs, upper=False, left=True, unitriangular=True)
+        w_c, u_c = wu.split([d_dot, d_v], dim=-1)  # Wc, Uc: [batch, heads, n, c, d_dot | d_v]
+
+        # The sequential part, one chunk at a time: U = Uc − Wc S₀,  S ← S₀ + Kᵀ U.
+        # (unbind, not indexing: the backward of n selects would allocate n full-size gradients)
+        bh = batch * heads
+        if state is None:
+            s = wu.new_zeros(bh, d_dot, d_v)
+        else:
+            s = state.transpose(-1, -2).to(exact).reshape(bh, d_dot, d_v)
+        k_t = k_c.transpose(-1, -2).to(exact).flatten(0, 1).unbind(1)
+        starts, pseudo_values = [], []
+        for w_j, u_j, k_t_j in zip(w_c.flatten(0, 1).unbind(1), u_c.flatten(0, 1).unbind(1), k_t):
+            starts.append(s)
+            u_j = torch.baddbmm(u_j, w_j, s, alpha=-1)
+            pseudo_values.append(u_j)
+            s = torch.baddbmm(s, k_t_j, u_j)
+        final_state = s.view(batch, heads, d_dot, d_v).transpose(-1, -2).to(v.dtype)
+        s0 = torch.stack(starts, dim=1).view(batch, heads, n, d_dot, d_v).to(q.dtype)
+        u = torch.stack(pseudo_values, dim=1).view(batch, heads, n, c, d_v).to(q.dtype)
+
+    # Outputs, all chunks at once: O = Q S₀ + lower(Q Kᵀ) U  (lower includes the diagonal: yᵢ reads W⁽ⁱ⁾).
+    lower_incl = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    qk = (q_c @ k_c.transpose(-1, -2)).masked_fill(~lower_incl, 0)
+    out = q_c @ s0 + qk @ u
+
+    # [batch, heads, n, c, d_v] -> [seq_len, batch, heads, d_v]
+    out = out.permute(2, 3, 0, 1, 4).reshape(n * c, batch, heads, d_v)
+    return out[:seq_len], final_state

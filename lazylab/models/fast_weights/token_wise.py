@@ -1,0 +1,129 @@
+"""Token-wise Fast Weights Transformer: one step per call, carrying the fast weights explicitly.
+
+The same model as `lazylab.models.fast_weights` (Schlag, Irie & Schmidhuber 2021), in the form of labml-nn
+0.5.1's `labml_nn.transformers.fast_weights.token_wise`: the attention and the layer take one token
+`[batch_size, d_model]` and the fast weights W⁽ⁱ⁻¹⁾, and return the output and W⁽ⁱ⁾. The transformer runs all
+layers for a token before moving to the next token.
+
+Names, arguments and state-dict keys are labml_nn's token-wise ones; note that W_β lives in `gate` here (it
+is `interpolation_weight` in the whole-sequence module).
+
+State layout: W is [batch_size, heads, d_k, d_dot] per layer, the same as the whole-sequence module's.
+"""
+import copy
+from typing import List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from lazylab.models.fast_weights import DPFP
+from lazylab.models.fast_weights.delta_rule import delta_rule_step
+from lazylab.models.feed_forward import FeedForward  # re-exported, as labml_nn does
+from lazylab.models.mha import PrepareForMultiHeadAttention
+
+__all__ = ['DPFP', 'FeedForward', 'FastWeightsAttention', 'FastWeightsAttentionTransformerLayer',
+           'FastWeightsAttentionTransformer']
+
+
+class FastWeightsAttention(nn.Module):
+    """One step of delta-rule fast-weight attention (see `lazylab.models.fast_weights.FastWeightsAttention`).
+
+        v̄ = W⁽ⁱ⁻¹⁾ φ'(k),   W⁽ⁱ⁾ = W⁽ⁱ⁻¹⁾ + β (v − v̄) ⊗ φ'(k),   y = W_o [W⁽ⁱ⁾ φ'(q)] + b_o,   β = σ(W_β x)
+
+    Args:
+        heads, d_model, dropout_prob, phi: as in the whole-sequence module (dropout_prob is kept, not applied).
+
+    Shapes:
+        x: [batch_size, d_model] → [batch_size, d_model]
+        weights (in and out): [batch_size, heads, d_k, d_dot]; None means zeros.
+
+    Raises:
+        ValueError: d_model not divisible by heads.
+    """
+
+    def __init__(self, heads: int, d_model: int, dropout_prob: float, phi: nn.Module):
+        super().__init__()
+        if heads <= 0 or d_model % heads != 0:
+            raise ValueError(f"FastWeightsAttention: d_model={d_model} must be divisible by heads={heads}")
+        self.d_k = d_model // heads
+        self.heads = heads
+        self.query = PrepareForMultiHeadAttention(d_model, heads, self.d_k, bias=False)
+        self.key = PrepareForMultiHeadAttention(d_model, heads, self.d_k, bias=False)
+        self.value = PrepareForMultiHeadAttention(d_model, heads, self.d_k, bias=False)
+        self.gate = nn.Sequential(PrepareForMultiHeadAttention(d_model, heads, 1, bias=False), nn.Sigmoid())
+        self.phi = phi
+        self.output = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout_prob)
+
+    def forward(self, x: torch.Tensor, weights: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        if x.dim() != 2:
+            raise ValueError(f"token-wise FastWeightsAttention expects one step [batch_size, d_model], "
+                             f"got {tuple(x.shape)}")
+        query = self.phi(self.query(x))  # [batch_size, heads, d_dot]
+        key = self.phi(self.key(x))
+        value = self.value(x)  # [batch_size, heads, d_k]
+        y, weights = delta_rule_step(query, key, value, self.gate(x), weights)
+        return self.output(y.reshape(x.shape[0], -1)), weights
+
+
+class FastWeightsAttentionTransformerLayer(nn.Module):
+    """x + Dropout(Attn(x, W)), then x + Dropout(FFN(LayerNorm(x))), for one token (labml_nn's layer;
+    `norm_self_attn` exists but, as there, is not applied).
+
+    Shapes:
+        x: [batch_size, d_model] → [batch_size, d_model]; weights [batch_size, heads, d_k, d_dot] in and out.
+    """
+
+    def __init__(self, *, d_model: int, attn: FastWeightsAttention, feed_forward: nn.Module, dropout_prob: float):
+        super().__init__()
+        self.size = d_model
+        self.attn = attn
+        self.feed_forward = feed_forward
+        self.dropout = nn.Dropout(dropout_prob)
+        self.norm_self_attn = nn.LayerNorm([d_model])
+        self.norm_ff = nn.LayerNorm([d_model])
+
+    def forward(self, x: torch.Tensor, weights: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        attn, weights = self.attn(x, weights)
+        x = x + self.dropout(attn)
+        x = x + self.dropout(self.feed_forward(self.norm_ff(x)))
+        return x, weights
+
+
+class FastWeightsAttentionTransformer(nn.Module):
+    """`n_layers` copies of the token-wise layer and a final LayerNorm, run token by token.
+
+    Shapes:
+        x_seq: [seq_len, batch_size, d_model] → [seq_len, batch_size, d_model]
+        state (forward_with_state): list of n_layers tensors [batch_size, heads, d_k, d_dot], or None.
+
+    Raises:
+        ValueError: n_layers < 1; a state list of the wrong length.
+    """
+
+    def __init__(self, layer: FastWeightsAttentionTransformerLayer, n_layers: int):
+        super().__init__()
+        if n_layers < 1:
+            raise ValueError(f"FastWeightsAttentionTransformer needs n_layers >= 1, got n_layers={n_layers}")
+        self.layers = nn.ModuleList([copy.deepcopy(layer) for _ in range(n_layers)])
+        self.norm = nn.LayerNorm([layer.size])
+
+    def forward(self, x_seq: torch.Tensor) -> torch.Tensor:
+        return self.forward_with_state(x_seq)[0]
+
+    def forward_with_state(self, x_seq: torch.Tensor, state: Optional[List[Optional[torch.Tensor]]] = None
+                           ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+        """Run the tokens of x_seq in order, continuing from per-layer fast weights `state`."""
+        if state is None:
+            state = [None] * len(self.layers)
+        elif len(state) != len(self.layers):
+            raise ValueError(f"state has {len(state)} entries; expected one per layer (n_layers={len(self.layers)})")
+        weights = list(state)
+        outputs = []
+        for x in x_seq.unbind(0):
+            for i, layer in enumerate(self.layers):
+                x, weights[i] = layer(x, weights[i])
+            outputs.append(x)
+        if not outputs:
+            return self.norm(x_seq), weights
+        return self.norm(torch.stack(outputs)), weights
