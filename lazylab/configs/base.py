@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Iterable, Optional
 from . import overrides
 from .declarations import ItemRef, declare_class
 from .errors import unknown_item
-from .resolver import ACTIVE, read
+from .resolver import ACTIVE, compute
 from .state import State, state_of
 
 
@@ -30,16 +30,25 @@ class ItemAttribute:
         if obj is None:
             return ItemRef(owner, self.key)
         st = obj.__dict__.get('_lazylab') or state_of(obj)
-        if not ACTIVE:  # fast path: cached and no computation in progress that should record the read
-            cache = st.cache
-            if self.key in cache:
-                return cache[self.key]
+        key = self.key
+        cache = st.cache
+        if ACTIVE:  # a computation is in progress: record the read for provenance
+            frame = ACTIVE[-1]
+            path = st.path_of(key)
+            if path not in frame.read_set:
+                frame.read_set.add(path)
+                frame.reads.append(path)
+        if key in cache:
+            return cache[key]
         try:
-            return read(st, self.key)
+            compute(st, key)  # (not `read`: one Python frame less per level of a dependency chain)
         except AttributeError as e:
             # Python answers an AttributeError from a descriptor by calling __getattr__; hand it the original.
-            st.rescue = (self.key, e)
+            st.rescue = (key, e)
             raise
+        if st.update_callback is not None:
+            st.update_callback()
+        return cache[key]
 
 
 class BaseConfigs:

@@ -92,6 +92,8 @@ def compute(st: State, key: str):
         CalculatorError: a calculator or ``set_default`` function raised (chained).
         UnknownOptionError: the value is a string that is not an option of the item (nor of its type).
     """
+    # Kept in one function (no helper per step): a chain of N items nests N computations, and each Python
+    # frame here counts against the recursion limit.
     path = st.path_of(key)
     if key in st.computing:
         start = next(i for i, f in enumerate(ACTIVE) if f.state is st and f.key == key)
@@ -105,33 +107,37 @@ def compute(st: State, key: str):
         value, source, detail = find_source(st, key, path)
         calculators = st.spec.options.get(key)
         if isinstance(value, Calculator):  # constructing the annotated type
-            _run(st, key, path, value, 'from_type', source, frame)
+            calc, selected_by, source = value, '', 'from_type'
         elif isinstance(value, str) and calculators and value in calculators:
-            _run(st, key, path, calculators[value], 'option', source, frame)
+            calc, selected_by, source = calculators[value], source, 'option'
         else:
             if isinstance(value, str) and calculators:
                 from .overrides import check_option_name
                 check_option_name(st, key, value)
             st.provenance[key] = Provenance(source, detail, '', frame.reads)
             store(st, key, value)
+            return
+        try:
+            if calc.kind == 'configs':
+                result = calc.func(st.owner)
+            else:
+                result = calc(st.owner, lambda k: read(st, k))
+        except ConfigError:
+            raise  # already names its own path
+        except Exception as e:
+            via = 'constructing' if source == 'from_type' else 'option'
+            raise CalculatorError(f'{path}: {via} {calc.option_name!r} failed: {type(e).__name__}: {e}',
+                                  path, calc.option_name) from e
+        _store_result(st, key, path, calc, source, selected_by, frame, result)
     finally:
         ACTIVE.pop()
         st.computing.discard(key)
 
 
-def _run(st: State, key: str, path: str, calc: Calculator, source: str, selected_by: str, frame: Frame):
+def _store_result(st: State, key: str, path: str, calc: Calculator, source: str, selected_by: str,
+                  frame: Frame, result: Any):
     name = calc.option_name
-    try:
-        result = calc(st.owner, lambda k: read(st, k))
-    except ConfigError:
-        raise  # already names its own path
-    except Exception as e:
-        via = 'constructing' if source == 'from_type' else 'option'
-        raise CalculatorError(f'{path}: {via} {name!r} failed: {type(e).__name__}: {e}', path, name) from e
-    if source == 'option':
-        detail = name
-    else:
-        detail, selected_by = getattr(calc.func, '__qualname__', name), ''
+    detail = name if source == 'option' else getattr(calc.func, '__qualname__', name)
     targets = calc.targets
     if len(targets) == 1:
         st.provenance[key] = Provenance(source, detail, selected_by, frame.reads)
