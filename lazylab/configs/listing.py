@@ -3,6 +3,7 @@
 :func:`describe` returns one row per item (sub-config items under dotted names); :func:`format_description`
 renders the rows as text.
 """
+from enum import Enum
 from typing import Any, Dict, List, Optional, Set
 
 from .coerce import describe_type
@@ -33,8 +34,12 @@ def _row(cls: type, key: str, prefix: str, help_text: Dict[str, str]) -> Dict[st
     options = spec.option_names(key)
     if key in spec.defaults:
         default = spec.defaults[key]
-        default = type(default).__name__ + '()' if getattr(type(default), '_lazylab_is_configs', False) \
-            else plain(default)
+        if getattr(type(default), '_lazylab_is_configs', False):
+            default = type(default).__name__ + '()'
+        elif isinstance(default, Enum):
+            default = default.name
+        else:
+            default = plain(default)
     elif spec.options.get(key):
         default = next(iter(spec.options[key]))
     else:

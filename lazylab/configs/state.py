@@ -71,6 +71,17 @@ class State:
         self.rescue: Optional[Tuple[str, BaseException]] = None
         self.update_callback: Optional[Callable[[], None]] = None
 
+    def __getstate__(self):
+        # The merged spec belongs to the class (and holds calculators, often lambdas): not copied or pickled.
+        d = dict(self.__dict__)
+        del d['spec']
+        d['rescue'] = None
+        return d
+
+    def __setstate__(self, d):
+        self.__dict__.update(d)
+        self.spec = spec_of(type(self.owner))
+
     @property
     def class_name(self) -> str:
         return self.spec.name

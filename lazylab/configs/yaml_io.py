@@ -3,7 +3,8 @@
 The dump's ``values`` hold, for every computed item (sub-config items under dotted names), what reproduces
 it: a plain value as itself (tuples as lists, enums by name), and a value computed by an option as the
 option's name. Values nothing can give as text (objects from aggregates, defaults or constructed types) are
-listed under ``objects`` for reading only; replay recomputes them from the same selections.
+listed under ``objects`` for reading only; replay recomputes them from the same selections (an object
+that code passed in directly, e.g. ``_set_values({'activation': nn.SiLU()})``, must be passed again).
 ``hyperparams`` and ``meta`` list the flagged items.
 
     text = dump(conf)               # or dump(conf, 'configs.yaml')
@@ -105,7 +106,9 @@ def load(configs: Any, source: Union[str, os.PathLike, Dict[str, Any]]):
             doc = {}
     if not isinstance(doc, dict):
         raise BadValueError('a configuration YAML must be a mapping of keys to values')
-    values = doc.get('values', doc) if isinstance(doc.get('values', doc), dict) else None
+    values = doc.get('values', doc)
     if values is None:
+        values = {}
+    if not isinstance(values, dict):
         raise BadValueError("the configuration YAML's 'values' must be a mapping")
     apply_overrides(configs, values)

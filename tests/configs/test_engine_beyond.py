@@ -441,3 +441,30 @@ def test_all_errors_are_config_errors():
     for cls in (UnknownItemError, UnknownOptionError, BadValueError, CycleError, CalculatorError,
                 OverrideSyntaxError):
         assert issubclass(cls, ConfigError)
+
+
+# --- robustness -------------------------------------------------------------------------------------------
+
+def test_200_item_chain_within_default_recursion_limit():
+    n = 200
+    cls = type('Chain', (BaseConfigs,), {'__annotations__': {f'x{i}': int for i in range(n)}, 'x0': 0})
+
+    def successor(prev):
+        return lambda c: getattr(c, prev) + 1
+
+    for i in range(1, n):
+        calculate(getattr(cls, f'x{i}'), 'next', successor(f'x{i - 1}'))
+    assert getattr(cls(), f'x{n - 1}') == n - 1
+
+
+def test_deepcopy_and_pickle_keep_given_and_computed_values():
+    import copy
+    import pickle
+    conf = Experiment()
+    lc.apply_overrides(conf, {'seq_len': '12', 'ffn.d_ff': '64'})
+    assert conf.seq_len == 12
+    twin = copy.deepcopy(conf)
+    assert twin.seq_len == 12 and twin.ffn.d_ff == 64 and twin.ffn is not conf.ffn
+    restored = pickle.loads(pickle.dumps(twin))
+    assert restored.seq_len == 12 and restored.ffn.ffn == ('ffn', 8, 64, 'Relu', False)
+    assert lc.describe(Experiment)[4]['default'] == 'RED'
