@@ -113,7 +113,8 @@ def _compare(ours, ref, inputs, exact, **tol):
         if exact:
             assert torch.equal(a, b), name
         else:
-            torch.testing.assert_close(a, b, msg=name, **tol)
+            scale = max(1.0, b.abs().max().item())
+            torch.testing.assert_close(a, b, msg=name, rtol=tol['rtol'], atol=tol['atol'] * scale)
 
 
 @settings(max_examples=8, deadline=None)
@@ -144,7 +145,7 @@ def test_encoder_decoder_equals_reference(attn, gated, embed, masked, seed):
     _compare(ours, ref, inputs, exact=True)
     # SDPA path (the default; relative attention always takes the explicit path): fp32 rounding of the fused
     # kernel, ≤ 1e-6 per attention call at unit scale, accumulates over 4 layers and √d_model-scaled embeddings,
-    # so allow 1e-6 absolute plus 1e-5 relative; in float64 the two agree to 1e-12.
+    # so allow 1e-6 times the tensor's scale plus 1e-5 relative; in float64 the two agree to 1e-12.
     _set_sdpa(ours, True)
     _compare(ours, ref, inputs, exact=False, rtol=1e-5, atol=1e-6)
     _compare(ours.double(), ref.double(), inputs, exact=False, rtol=0, atol=1e-12)
