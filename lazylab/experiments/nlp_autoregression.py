@@ -33,26 +33,26 @@ def device_of(c: TrainerConfigs) -> torch.device:
     return resolve_device(c.device)
 
 
-@option(NLPAutoRegressionConfigs.dataset)
+@option(NLPAutoRegressionConfigs.dataset, 'character_split')
 def _dataset(c: NLPAutoRegressionConfigs):
     data = TextDataset.load(c.text)
     data.check_seq_len(c.seq_len)
     return data
 
 
-@option(NLPAutoRegressionConfigs.n_tokens)
+@option(NLPAutoRegressionConfigs.n_tokens, 'vocabulary_size')
 def _n_tokens(c: NLPAutoRegressionConfigs):
     return c.dataset.n_tokens
 
 
-@option(NLPAutoRegressionConfigs.total_steps)
+@option(NLPAutoRegressionConfigs.total_steps, 'epochs_or_max_steps')
 def _total_steps(c: NLPAutoRegressionConfigs):
     per_epoch = -(-((len(c.dataset.train) - 1) // c.seq_len) // c.batch_size)
     steps = c.epochs * per_epoch
     return min(steps, c.max_steps) if c.max_steps > 0 else steps
 
 
-@option(NLPAutoRegressionConfigs.optimizer)
+@option(NLPAutoRegressionConfigs.optimizer, 'OptimizerConfigs')
 def _optimizer(c: NLPAutoRegressionConfigs):
     conf = OptimizerConfigs()
     conf.parameters = c.model.parameters()

@@ -83,7 +83,7 @@ def lr_factor(c: OptimizerConfigs, noam: bool) -> Callable[[int], float]:
     return factor
 
 
-@option(OptimizerConfigs.scheduler)
+@option(OptimizerConfigs.scheduler, 'LambdaLR')
 def _scheduler(c: OptimizerConfigs):
     factor = lr_factor(c, isinstance(c.optimizer, Noam))
     # LambdaLR passes the number of scheduler steps taken so far (0 before the first optimizer step)

@@ -14,6 +14,8 @@ Dashboard hook: `lazylab.dashboard.configure_app_writer(url)` decides whether th
 socket check; an unreachable server costs one warning, never a hang or retries) and sets labml's app URL.
 """
 import contextlib
+import io
+import os
 from pathlib import Path
 from typing import Any, Dict
 
@@ -39,6 +41,7 @@ class LabmlRun:
         lab.configure({'path': str(run_dir), 'experiments_path': 'labml', 'data_path': 'labml/data'})
         use_app = configure_app_writer(dashboard or None, search_from=Path.cwd())
         writers = {'file', 'app'} if use_app else {'file'}
+        _remove_stale_pid(run_dir / 'labml' / name / uuid / 'run.pid')
         with _without_git_notices():
             experiment.create(uuid=uuid, name=name, writers=writers,
                               python_file=str(run_dir / 'configs.yaml'), disable_screen=True)
@@ -47,8 +50,9 @@ class LabmlRun:
         self._started = None
 
     def __enter__(self) -> 'LabmlRun':
-        self._started = self._experiment.start()
-        self._started.__enter__()
+        with contextlib.redirect_stdout(io.StringIO()):  # labml prints the run's name and git state here
+            self._started = self._experiment.start()
+            self._started.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -57,6 +61,21 @@ class LabmlRun:
     def log(self, step: int, values: Dict[str, float]) -> None:
         from labml import tracker
         tracker.save(step, values)
+
+
+def _remove_stale_pid(path: Path) -> None:
+    """labml refuses to start a run whose run.pid exists; after a killed run (resume) that file is stale."""
+    try:
+        pid = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return
+    try:
+        os.kill(pid, 0)
+        alive = pid != os.getpid()
+    except OSError:
+        alive = False
+    if not alive:
+        path.unlink()
 
 
 @contextlib.contextmanager

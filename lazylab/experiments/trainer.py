@@ -2,7 +2,7 @@
 
 `train(c, run_dir)` is the whole training path, top to bottom: build the loaders, (maybe) restore a checkpoint,
 then for each batch: forward, cross-entropy, backward, clip, optimizer and scheduler step, log; every
-`steps_per_epoch // inner_iterations` steps: validate, sample, checkpoint. No callbacks, no hooks.
+`valid_interval` steps (default `steps_per_epoch // inner_iterations`): validate, sample, checkpoint. No callbacks, no hooks.
 
 What `train` reads from the resolved config `c` (an `NLPAutoRegressionConfigs`): `c.model` (an
 `AutoregressiveModel` already on `c.device`), `c.optimizer.optimizer` / `c.optimizer.scheduler` (torch optimizer
@@ -58,17 +58,20 @@ class TrainerConfigs(BaseConfigs):
     """How to train: length, batch shape, validation, device and precision (labml's TrainValidConfigs idea)."""
     seed: int = 0                 # seeds parameters, dropout and the data order
     device: str = 'auto'          # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
+    threads: int = 0              # CPU threads for torch (0: torch's default); 1 is fastest on a busy machine
     dtype: str = 'float32'        # float32, or bfloat16 (autocast for the forward pass)
     compile: bool = False         # torch.compile the model for training
     epochs: int = 1               # passes over the training split ...
     max_steps: int = 0            # ... or stop after this many optimizer steps (0: epochs decide)
     max_minutes: float = 0.0      # also stop after this much training time (0: no time limit)
-    inner_iterations: int = 10    # validations (and checkpoints) per epoch
+    inner_iterations: int = 10    # validations (and checkpoints) per epoch ...
+    valid_interval: int = 0       # ... or every this many steps (0: inner_iterations decides)
     batch_size: int = 16          # sequences per step (per process)
     seq_len: int = 128            # characters per sequence
     grad_norm_clip: float = 1.0   # clip the global gradient norm to this (0: no clipping)
     log_interval: int = 10        # steps between metric records
-    valid_batches: int = 16       # batches in each interleaved validation (the final one uses the whole split)
+    valid_batches: int = 16       # batches in each interleaved validation
+    final_valid_batches: int = 0  # batches in the final validation (0: the whole validation split)
     runs_dir: str = 'runs'        # runs go to RUNS_DIR/NAME/RUN_ID/
     dashboard: str = ''           # labml app URL for the live dashboard ('' → .labml.yaml's app_url, if any)
 
@@ -258,9 +261,10 @@ def train(c, run_dir: Path, *, resume: bool = False, is_main: bool = True, labml
     train_loader = ShuffledLoader(data.train, seq_len=c.seq_len, batch_size=c.batch_size, seed=c.seed)
     valid_quick = SequentialLoader(data.valid, seq_len=c.seq_len, batch_size=c.batch_size,
                                    max_batches=c.valid_batches)
-    valid_full = SequentialLoader(data.valid, seq_len=c.seq_len, batch_size=c.batch_size)
+    valid_full = SequentialLoader(data.valid, seq_len=c.seq_len, batch_size=c.batch_size,
+                                  max_batches=c.final_valid_batches or None)
     total_steps = c.total_steps
-    valid_every = max(1, len(train_loader) // max(1, c.inner_iterations))
+    valid_every = c.valid_interval or max(1, len(train_loader) // c.inner_iterations)
 
     metrics = MetricsLog(run_dir / METRICS)
     pos = Position()

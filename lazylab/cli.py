@@ -1,0 +1,98 @@
+"""The `lazylab` command.
+
+    lazylab train NAME [key=value …] [--config FILE.yaml]     train an experiment (feedback, fast_weights, transformer)
+    lazylab options NAME                                      every key with type, default, options and help
+    lazylab resume RUN_DIR                                    continue a run from its checkpoint
+    lazylab generate RUN_DIR --prompt TEXT --tokens N [--temperature T] [--top-k K] [--seed S]
+    lazylab plot RUN_DIR [RUN_DIR …] -o FILE.png              loss against tokens seen, for one or several runs
+    lazylab dashboard [--port 5005] [--store DIR] [--host H]  serve the labml dashboard (optional extra)
+
+A mistake the user can fix (unknown key or option, bad value, missing or non-UTF-8 text, damaged checkpoint, a
+diverged loss) prints one line `lazylab: error: …` on stderr and exits with code 2.
+"""
+import argparse
+import sys
+from typing import List, Optional
+
+USAGE = __doc__.split('\n\n')[1]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose mistakes become one-line UsageErrors instead of a usage block."""
+
+    def error(self, message):
+        from lazylab.experiments.runner import UsageError
+        raise UsageError(f'{self.prog}: {message}')
+
+
+def _train(argv: List[str]) -> None:
+    from lazylab.experiments.runner import UsageError, train_main
+    if not argv or argv[0].startswith('-'):
+        raise UsageError('usage: lazylab train NAME [key=value …] [--config FILE.yaml]')
+    train_main(argv[0], argv[1:])
+
+
+def _options(argv: List[str]) -> None:
+    from lazylab.experiments.runner import UsageError, options_text
+    if len(argv) != 1:
+        raise UsageError('usage: lazylab options NAME')
+    print(options_text(argv[0]))
+
+
+def _resume(argv: List[str]) -> None:
+    from lazylab.experiments.runner import UsageError, resume_main
+    if len(argv) != 1:
+        raise UsageError('usage: lazylab resume RUN_DIR')
+    resume_main(argv[0])
+
+
+def _generate(argv: List[str]) -> None:
+    from lazylab.experiments.runner import generate
+    p = _Parser(prog='lazylab generate', add_help=False)
+    p.add_argument('run_dir')
+    p.add_argument('--prompt', required=True)
+    p.add_argument('--tokens', type=int, required=True)
+    p.add_argument('--temperature', type=float, default=1.0)
+    p.add_argument('--top-k', type=int, default=None)
+    p.add_argument('--seed', type=int, default=None)
+    a = p.parse_args(argv)
+    print(generate(a.run_dir, a.prompt, a.tokens, a.temperature, a.top_k, a.seed))
+
+
+def _plot(argv: List[str]) -> None:
+    from lazylab.experiments.plot import plot_runs
+    p = _Parser(prog='lazylab plot', add_help=False)
+    p.add_argument('run_dirs', nargs='+')
+    p.add_argument('-o', '--output', required=True)
+    a = p.parse_args(argv)
+    print(f'wrote {plot_runs(a.run_dirs, a.output)}')
+
+
+COMMANDS = {'train': _train, 'options': _options, 'resume': _resume, 'generate': _generate, 'plot': _plot}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ('-h', '--help', 'help'):
+        print('usage:\n' + USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == 'dashboard':  # the dashboard's own parser and optional dependencies, loaded only when asked
+        from lazylab.dashboard import main as dashboard_main
+        return dashboard_main(rest)
+    from lazylab.experiments.runner import UsageError, run_cli
+    if command not in COMMANDS:
+        import difflib
+        close = difflib.get_close_matches(command, list(COMMANDS) + ['dashboard'], n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ''
+        return run_cli(_raise, UsageError(f"unknown command {command!r}{hint} (commands: "
+                                          f"{', '.join(list(COMMANDS) + ['dashboard'])})"))
+    return run_cli(COMMANDS[command], rest)
+
+
+def _raise(e: Exception) -> None:
+    raise e
+
+
+if __name__ == '__main__':
+    sys.exit(main())

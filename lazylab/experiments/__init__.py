@@ -1,0 +1,12 @@
+"""Runnable experiments: character-level language models trained on Tiny Shakespeare (or any UTF-8 text).
+
+Each experiment module defines `Configs` (an `NLPAutoRegressionConfigs` subclass with its model options),
+`PRESETS` and `main(argv)`:
+
+    python -m lazylab.experiments.feedback key=value …       (≡ lazylab train feedback key=value …)
+    python -m lazylab.experiments.fast_weights key=value …
+    python -m lazylab.experiments.transformer key=value …
+
+`lazylab.experiments.runner` turns a command line into a run; `trainer.train` is the training loop.
+"""
+EXPERIMENTS = ('feedback', 'fast_weights', 'transformer')

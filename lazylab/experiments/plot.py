@@ -1,0 +1,55 @@
+"""`lazylab plot RUN_DIR [RUN_DIR …] -o FILE.png`: train and valid loss against tokens seen, one colour per run."""
+from pathlib import Path
+from typing import Sequence
+
+
+def plot_runs(run_dirs: Sequence[str], output: str) -> Path:
+    """Draw loss.train (thin line) and loss.valid (line with dots) of each run against `tokens`; save a PNG.
+
+    Raises:
+        lazylab.experiments.runner.UsageError: a folder has no metrics.jsonl, or no loss values yet.
+    """
+    import matplotlib
+    matplotlib.use('Agg')  # files only; never needs a display
+    import matplotlib.pyplot as plt
+
+    from lazylab.experiments.runner import UsageError
+    from lazylab.experiments.trainer import METRICS, read_metrics
+
+    runs = []
+    for d in run_dirs:
+        path = Path(d) / METRICS
+        if not path.is_file():
+            raise UsageError(f'{d} has no {METRICS} (is it a lazylab run directory?)')
+        records = read_metrics(path)
+        if not any('loss.train' in r or 'loss.valid' in r for r in records):
+            raise UsageError(f'{path} has no loss values yet')
+        runs.append((_label(Path(d)), records))
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, (label, records) in enumerate(runs):
+        color = f'C{i % 10}'
+        train = [(r['tokens'], r['loss.train']) for r in records if 'loss.train' in r]
+        valid = [(r['tokens'], r['loss.valid']) for r in records if 'loss.valid' in r]
+        if train:
+            ax.plot(*zip(*train), color=color, alpha=0.45, linewidth=1, label=f'{label} train')
+        if valid:
+            ax.plot(*zip(*valid), color=color, marker='o', markersize=3, linewidth=1.6, label=f'{label} valid')
+    ax.set_xlabel('tokens seen')
+    ax.set_ylabel('cross-entropy (nats/char)')
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(output)
+    if out.parent and not out.parent.exists():
+        raise UsageError(f'output folder {out.parent} does not exist')
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def _label(run_dir: Path) -> str:
+    """'experiment/run_id' from the run folder's path (…/NAME/RUN_ID)."""
+    run_dir = run_dir.resolve()
+    return f'{run_dir.parent.name}/{run_dir.name}'
+

@@ -1,0 +1,309 @@
+"""From a command line to a finished run: configs, validation, run directory, training, resume and generation.
+
+    lazylab train NAME [key=value …] [--config FILE.yaml]     ≡  python -m lazylab.experiments.NAME …
+    lazylab resume RUN_DIR
+    lazylab generate RUN_DIR --prompt TEXT --tokens N [--temperature T] [--top-k K]
+    lazylab options NAME
+
+Everything the user can get wrong is checked before anything is written: the overrides (unknown keys, bad values,
+unknown options), the device, the text file, the model's shape constraints and the optimizer are all resolved
+first; only then is RUNS_DIR/NAME/RUN_ID/ created. Such mistakes raise a `USER_ERRORS` exception whose message is
+one line; `run_cli` prints it as `lazylab: error: …` and returns exit code 2.
+"""
+import difflib
+import importlib
+import json
+import os
+import sys
+import time
+import uuid as uuid_lib
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from lazylab.configs import CalculatorError, ConfigError, apply_overrides, dump, load, parse_overrides, to_dict
+from lazylab.data import DataError
+
+EXPERIMENTS = ('feedback', 'fast_weights', 'transformer')
+
+
+class UsageError(Exception):
+    """A command-line mistake (unknown experiment, missing run directory, bad flag); one-line message."""
+
+
+def _training_error():
+    from lazylab.experiments.trainer import TrainingError
+    return TrainingError
+
+
+def user_error_message(e: BaseException) -> Optional[str]:
+    """The one-line message for an error the user caused, or None for a programming error (show the traceback).
+
+    A data or training error raised while the config engine computed an item arrives wrapped in a
+    CalculatorError; the user sees the original message.
+    """
+    if isinstance(e, CalculatorError) and isinstance(e.__cause__, (DataError, _training_error(), UsageError)):
+        e = e.__cause__
+    if isinstance(e, (ConfigError, DataError, UsageError, _training_error())):
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return None
+
+
+def run_cli(func: Callable[..., Any], *args) -> int:
+    """Call `func(*args)`; a user error becomes `lazylab: error: …` on stderr and exit code 2."""
+    try:
+        func(*args)
+    except KeyboardInterrupt:
+        print('\nlazylab: interrupted', file=sys.stderr)
+        return 130
+    except Exception as e:
+        message = user_error_message(e)
+        if message is None:
+            raise
+        print(f'lazylab: error: {message}', file=sys.stderr)
+        return 2
+    return 0
+
+
+def load_experiment(name: str):
+    """The module lazylab.experiments.NAME (it defines `Configs`, `PRESETS` and `main`)."""
+    if name not in EXPERIMENTS:
+        close = difflib.get_close_matches(name, EXPERIMENTS, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ''
+        raise UsageError(f"unknown experiment {name!r}{hint} experiments: {', '.join(EXPERIMENTS)}")
+    return importlib.import_module(f'lazylab.experiments.{name}')
+
+
+def split_args(argv: Sequence[str]) -> Tuple[List[str], Optional[str]]:
+    """key=value tokens and the `--config FILE` (or `--config=FILE`) option."""
+    tokens, config_file, i = [], None, 0
+    argv = list(argv)
+    while i < len(argv):
+        a = argv[i]
+        if a == '--config':
+            if i + 1 >= len(argv):
+                raise UsageError('--config needs a YAML file')
+            config_file, i = argv[i + 1], i + 2
+            continue
+        if a.startswith('--config='):
+            config_file = a.split('=', 1)[1]
+        elif a.startswith('-') and '=' not in a:
+            raise UsageError(f'unknown option {a!r}; give settings as key=value (see: lazylab options NAME)')
+        else:
+            tokens.append(a)
+        i += 1
+    return tokens, config_file
+
+
+def read_config_file(path: str) -> Dict[str, Any]:
+    """A YAML mapping of overrides: flat `{key: value}` or a configs.yaml dump (its `values` section)."""
+    import yaml
+    try:
+        text = Path(path).read_text(encoding='utf-8')
+    except FileNotFoundError:
+        raise UsageError(f'config file not found: {path}') from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f'cannot read config file {path}: {e}') from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        where = getattr(e, 'problem_mark', None)
+        at = f' at line {where.line + 1}' if where is not None else ''
+        raise UsageError(f'config file {path} is not valid YAML{at}') from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise UsageError(f'config file {path} must hold a mapping of key: value')
+    return doc
+
+
+def make_configs(name: str, argv: Sequence[str] = ()):
+    """A fresh `Configs` of experiment NAME with, in order, the preset, --config FILE and key=value applied.
+
+    Raises:
+        UsageError, ConfigError: see the module docstring. Nothing is computed yet.
+    """
+    module = load_experiment(name)
+    tokens, config_file = split_args(argv)
+    conf = module.Configs()
+    values = parse_overrides(tokens)
+    preset = values.pop('preset', None)
+    file_values = read_config_file(config_file) if config_file is not None else {}
+    if preset is None and isinstance(file_values, dict):
+        preset = file_values.pop('preset', None)
+    if preset is not None:
+        presets = getattr(module, 'PRESETS', {})
+        if preset not in presets:
+            raise UsageError(f"unknown preset {preset!r} for {name}; presets: {', '.join(presets) or 'none'}")
+        apply_overrides(conf, presets[preset])
+    if file_values:
+        load(conf, file_values)
+    if values:
+        apply_overrides(conf, values)
+    return conf
+
+
+def prepare(conf) -> None:
+    """Compute everything a run needs, so every user mistake surfaces before a file is written.
+
+    Seeds torch first: the model's initial parameters depend only on `seed`.
+    """
+    import torch
+    from lazylab.experiments.trainer import resolve_device
+    for key in ('batch_size', 'seq_len', 'epochs', 'inner_iterations', 'log_interval', 'valid_batches'):
+        if getattr(conf, key) < 1:
+            raise UsageError(f'{key} must be ≥ 1, got {getattr(conf, key)}')
+    for key in ('max_steps', 'max_minutes', 'grad_norm_clip', 'sample_tokens', 'valid_interval',
+                'final_valid_batches'):
+        if getattr(conf, key) < 0:
+            raise UsageError(f'{key} must be ≥ 0, got {getattr(conf, key)}')
+    try:
+        resolve_device(conf.device)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if conf.dtype not in ('float32', 'bfloat16'):
+        raise UsageError(f"dtype must be float32 or bfloat16, got {conf.dtype!r}")
+    if conf.dashboard:
+        from lazylab.dashboard import track_url
+        try:
+            track_url(conf.dashboard)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    if conf.threads < 0:
+        raise UsageError(f'threads must be ≥ 0, got {conf.threads}')
+    if conf.threads:
+        torch.set_num_threads(conf.threads)
+    torch.manual_seed(conf.seed)
+    conf.dataset.tokenizer.encode(conf.prompt)  # DataError if the prompt has characters outside the text
+    _ = conf.model, conf.total_steps
+    _ = conf.optimizer.optimizer, conf.optimizer.scheduler
+    # compute the remaining plain items too (numbers, strings, flags), so configs.yaml records all of them;
+    # unused component options (say, a decoder the causal model never builds) stay unbuilt
+    from lazylab.configs import describe
+    for row in describe(conf):
+        if row['type'] in ('int', 'float', 'str', 'bool'):
+            value = conf
+            for part in row['name'].split('.'):
+                value = getattr(value, part)
+
+
+def new_run_dir(conf, name: str) -> Path:
+    """Create RUNS_DIR/NAME/RUN_ID (RUN_ID: start time and 4 random hex digits, so runs sort by time)."""
+    run_id = time.strftime('%Y%m%d-%H%M%S') + '-' + os.urandom(2).hex()
+    run_dir = Path(conf.runs_dir) / name / run_id
+    run_dir.mkdir(parents=True, exist_ok=False)
+    return run_dir
+
+
+def parameter_count(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def execute(name: str, conf, run_dir: Path, *, resume: bool) -> Dict[str, Any]:
+    """Train inside a labml experiment and print the summary; returns the last metrics record."""
+    from lazylab.experiments.nlp_autoregression import device_of
+    from lazylab.experiments.tracking import LabmlRun
+    from lazylab.experiments.trainer import train
+    info = json.loads((run_dir / 'run.json').read_text(encoding='utf-8'))
+    n_params = parameter_count(conf.model)
+    print(f'{name}: {n_params:,} parameters, {conf.total_steps:,} steps of {conf.batch_size}×{conf.seq_len} '
+          f'characters on {device_of(conf)} → {run_dir}', flush=True)
+    flat = {k: v for k, v in to_dict(conf)['values'].items()}
+    with LabmlRun(run_dir, name, info['uuid'], flat, conf.dashboard) as labml_run:
+        last = train(conf, run_dir, resume=resume, labml_run=labml_run)
+    if 'loss.valid' in last:
+        print(f'done: step {last["step"]:,}, valid loss {last["loss.valid"]:.4f} nats/char, '
+              f'accuracy {last["accuracy.valid"]:.3f}, {last.get("tokens_per_s", 0):,.0f} tokens/s; '
+              f'run dir {run_dir}', flush=True)
+    return last
+
+
+def train_main(name: str, argv: Sequence[str]) -> Path:
+    """`lazylab train NAME …`: validate, create the run directory, write configs.yaml and run.json, train."""
+    conf = make_configs(name, argv)
+    prepare(conf)
+    run_dir = new_run_dir(conf, name)
+    dump(conf, run_dir / 'configs.yaml')
+    info = {'experiment': name, 'run_id': run_dir.name, 'uuid': uuid_lib.uuid4().hex,
+            'argv': list(argv), 'created': time.strftime('%Y-%m-%dT%H:%M:%S')}
+    (run_dir / 'run.json').write_text(json.dumps(info, indent=1) + '\n', encoding='utf-8')
+    execute(name, conf, run_dir, resume=False)
+    return run_dir
+
+
+def open_run(run_dir: str) -> Tuple[str, Any, Path]:
+    """(experiment name, Configs replayed from configs.yaml, run dir) of an existing run directory."""
+    path = Path(run_dir)
+    if not (path / 'run.json').is_file() or not (path / 'configs.yaml').is_file():
+        raise UsageError(f'{run_dir} is not a lazylab run directory (no run.json and configs.yaml)')
+    try:
+        info = json.loads((path / 'run.json').read_text(encoding='utf-8'))
+        name = info['experiment']
+    except (ValueError, KeyError):
+        raise UsageError(f'{path / "run.json"} is damaged') from None
+    conf = load_experiment(name).Configs()
+    load(conf, path / 'configs.yaml')
+    return name, conf, path
+
+
+def resume_main(run_dir: str) -> Path:
+    """`lazylab resume RUN_DIR`: rebuild the run's configs and continue from its checkpoint."""
+    from lazylab.experiments.trainer import CHECKPOINT, load_checkpoint
+    name, conf, path = open_run(run_dir)
+    load_checkpoint(path / CHECKPOINT)  # CheckpointError before anything else happens
+    prepare(conf)
+    execute(name, conf, path, resume=True)
+    return path
+
+
+def generate(run_dir: str, prompt: str, tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
+             seed: Optional[int] = None) -> str:
+    """Text sampled from the run's latest checkpoint: the prompt followed by `tokens` new characters.
+
+    The model and vocabulary come from the checkpoint (the training text is not needed); the core transformer's
+    incremental state is used when it has one, so each new character costs one step.
+    """
+    import torch
+    from lazylab.data import CharTokenizer
+    from lazylab.experiments.trainer import CHECKPOINT, load_checkpoint
+    if tokens < 0:
+        raise UsageError(f'--tokens must be ≥ 0, got {tokens}')
+    if temperature < 0:
+        raise UsageError(f'--temperature must be ≥ 0, got {temperature}')
+    if top_k is not None and top_k < 1:
+        raise UsageError(f'--top-k must be ≥ 1, got {top_k}')
+    if not prompt:
+        raise UsageError('--prompt must not be empty')
+    name, conf, path = open_run(run_dir)
+    ck = load_checkpoint(path / CHECKPOINT)
+    tokenizer = CharTokenizer(ck['vocabulary'])
+    ids = tokenizer.encode(prompt)
+    apply_overrides(conf, {'n_tokens': tokenizer.n_tokens})
+    model = conf.model
+    try:
+        model.load_state_dict(ck['model'])
+    except RuntimeError:
+        raise UsageError(f'{path / CHECKPOINT} does not match the model in configs.yaml') from None
+    device = next(model.parameters()).device
+    g = torch.Generator(device=device)
+    g.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), 'little'))
+    out = model.generate(ids.to(device), tokens, temperature=temperature, top_k=top_k, generator=g)
+    return tokenizer.decode(out.cpu())
+
+
+def options_text(name: str) -> str:
+    """`lazylab options NAME`: every key with type, default, options and help, then the presets."""
+    from lazylab.configs import describe, format_description
+    module = load_experiment(name)
+    text = format_description(describe(module.Configs))
+    presets = getattr(module, 'PRESETS', {})
+    if presets:
+        text += '\n\npresets (preset=NAME, applied before other settings):\n'
+        for p, values in presets.items():
+            text += f'  {p}: ' + ' '.join(f'{k}={v}' for k, v in values.items()) + '\n'
+    return text
+
+
+def experiment_main(name: str, argv: Optional[Sequence[str]] = None) -> int:
+    """The body of `python -m lazylab.experiments.NAME key=value …`."""
+    argv = sys.argv[1:] if argv is None else argv
+    return run_cli(train_main, name, argv)

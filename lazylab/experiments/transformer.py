@@ -1,0 +1,114 @@
+"""Baseline: a causal decoder-only softmax transformer on characters.
+
+    lazylab train transformer [key=value …]          ≡  python -m lazylab.experiments.transformer …
+
+A pre-norm transformer (Vaswani et al. 2017) under a causal mask, built from `TransformerConfigs` so that FFN
+variants, relative attention and the kind of positional embedding can be compared on the same data.
+"""
+import sys
+from typing import Any, Optional, Tuple
+
+import torch
+from torch import nn
+
+from lazylab.configs import option
+from lazylab.configs.transformer import TransformerConfigs
+from lazylab.experiments.nlp_autoregression import NLPAutoRegressionConfigs, device_of
+from lazylab.models.autoregressive import AutoregressiveModel
+
+
+class AutoregressiveTransformer(AutoregressiveModel):
+    """A decoder-only transformer LM, laid out as labml_nn's `AutoregressiveTransformer` (basic experiment):
+    `src_embed` (token + positional embedding), `encoder` (layers under a causal mask, final LayerNorm),
+    `generator` (logits), so state dicts load both ways.
+
+    Args:
+        encoder: `lazylab.models.transformer.Encoder`, called as encoder(x, mask).
+        src_embed: token ids [seq_len, batch_size] → [seq_len, batch_size, d_model] (with positions).
+        generator: [seq_len, batch_size, d_model] → logits [seq_len, batch_size, n_vocab].
+        max_context: generation feeds the model at most this many most recent tokens (the training seq_len,
+            so positions stay within those it learned).
+
+    Shapes:
+        x: LongTensor [seq_len, batch_size] → (logits [seq_len, batch_size, n_vocab], None)
+    """
+
+    def __init__(self, encoder: nn.Module, src_embed: nn.Module, generator: nn.Module, max_context: int):
+        nn.Module.__init__(self)  # not AutoregressiveModel's layout: labml_nn's names for this model
+        self.src_embed = src_embed
+        self.encoder = encoder
+        self.generator = generator
+        self.max_context = max_context
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, None]:
+        from lazylab.models.mha import subsequent_mask
+        mask = subsequent_mask(x.shape[0], x.device)
+        return self.generator(self.encoder(self.src_embed(x), mask)), None
+
+    @property
+    def supports_state(self) -> bool:
+        return False
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: Optional[int] = None, *, use_state: bool = True,
+                 generator: Optional[torch.Generator] = None) -> torch.Tensor:
+        """As `AutoregressiveModel.generate`, re-running the last `max_context` tokens for each new one."""
+        from lazylab.models.autoregressive import _sample
+        squeeze = prompt_ids.dim() == 1
+        ids = prompt_ids.unsqueeze(-1) if squeeze else prompt_ids
+        was_training = self.training
+        self.eval()
+        try:
+            for _ in range(max_new_tokens):
+                logits, _ = self(ids[-self.max_context:])
+                ids = torch.cat([ids, _sample(logits[-1], temperature, top_k, generator)[None]], dim=0)
+        finally:
+            self.train(was_training)
+        return ids.squeeze(-1) if squeeze else ids
+
+
+class Configs(NLPAutoRegressionConfigs):
+    """The causal transformer baseline. Common keys (d_model, heads, d_ff, n_layers, dropout) are copied into
+    `transformer` (a TransformerConfigs), whose own options select the parts to compare, e.g.
+    `transformer.ffn.glu_variant=SwiGLU`, `transformer.encoder_attn=relative`, `transformer.src_embed=fixed_pos`.
+    """
+    model: nn.Module = 'transformer'
+    transformer: TransformerConfigs   # the parts: attention, FFN variant, embeddings
+    heads: int = 4                    # attention heads
+    d_ff: int = 512                   # feed-forward hidden width
+    n_layers: int = 4                 # transformer layers
+    dropout: float = 0.0              # dropout probability
+
+
+@option(Configs.transformer, 'TransformerConfigs')
+def _transformer_configs(c: Configs):
+    conf = TransformerConfigs()
+    conf.n_src_vocab = conf.n_tgt_vocab = c.n_tokens
+    conf.d_model, conf.n_heads, conf.n_layers, conf.dropout = c.d_model, c.heads, c.n_layers, c.dropout
+    conf.set_default(TransformerConfigs.src_embed, value='learned_pos')
+    conf._set_values({'ffn.d_ff': c.d_ff})  # reaches the FFN sub-config when it is created
+    return conf
+
+
+@option(Configs.model, 'transformer')
+def _transformer(c: Configs):
+    t = c.transformer
+    return AutoregressiveTransformer(t.encoder, t.src_embed, t.generator, c.seq_len).to(device_of(c))
+
+
+#: named settings applied before the user's (`preset=labml_nn`)
+PRESETS = {
+    'labml_nn': {'d_model': 512, 'heads': 8, 'n_layers': 6, 'd_ff': 2048, 'seq_len': 128, 'batch_size': 64,
+                 'optimizer.optimizer': 'Noam', 'optimizer.learning_rate': 1.0, 'optimizer.warmup': 2000,
+                 'dropout': 0.0, 'epochs': 128, 'max_steps': 0, 'max_minutes': 0, 'inner_iterations': 25},
+}
+
+
+def main(argv=None) -> int:
+    from lazylab.experiments.runner import experiment_main
+    return experiment_main('transformer', argv)
+
+
+if __name__ == '__main__':
+    sys.exit(main())
