@@ -20,32 +20,9 @@ from lazylab import dashboard
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 30
-
-# Stand-in for `lazylab train` until the trainer lands: labml's tracker driven the way the trainer drives it.
-_TRAIN_SCRIPT = r'''
-import json, math, sys
-from pathlib import Path
-from labml import experiment, tracker
-from labml.internal.lab import lab_singleton
-from lazylab import dashboard
-
-url, run_root, steps = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
-run_root.mkdir(parents=True, exist_ok=True)
-lab_singleton().set_configurations({'path': str(run_root), 'experiments_path': '.'})
-writers = {'screen', 'file'}
-if url and dashboard.configure_app_writer(url):
-    writers.add('app')
-experiment.create(name='tiny', writers=writers, python_file=str(run_root / 'tiny.py'))
-experiment.configs({'d_model': 16, 'heads': 2, 'model': 'transformer', 'optimizer.learning_rate': 0.003})
-with experiment.start():
-    with open(run_root / 'metrics.jsonl', 'w') as f:
-        for step in range(1, steps + 1):
-            loss = 4.17 * math.exp(-step / 25) + 0.01 * math.sin(step)
-            tracker.save(step, {'loss.train': loss, 'accuracy.train': step / steps})
-            f.write(json.dumps({'step': step, 'loss.train': loss}) + '\n')
-    print('sample: To be, or not to be')
-print('RUN_UUID', experiment.get_uuid())
-'''
+# A tiny model on the first 20,000 characters of Tiny Shakespeare: seconds per run, a loss.train record every step.
+TINY = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=32', 'batch_size=4', 'log_interval=1',
+        'valid_batches=2', 'sample_tokens=40', 'device=cpu', 'seed=1']
 
 
 def _free_port() -> int:
@@ -68,18 +45,20 @@ def _env(tmp_path: Path = None):
 
 
 def _train(tmp_path: Path, url: str, steps: int = STEPS):
-    """Train a tiny run with `dashboard=url` ('' for none); returns (run dir, labml run uuid, stderr, seconds)."""
-    script = tmp_path / 'train_tiny.py'
-    script.write_text(_TRAIN_SCRIPT)
-    run_root = tmp_path / ('runs_' + (url.rsplit(':', 1)[-1] if url else 'none'))
+    """`lazylab train transformer` with `dashboard=url` ('' for none); returns (run dir, labml uuid, stderr, seconds)."""
+    text = tmp_path / 'tiny.txt'
+    if not text.exists():
+        text.write_text((REPO / 'lazylab' / 'data' / 'tiny_shakespeare.txt').read_text(encoding='utf-8')[:20_000],
+                        encoding='utf-8')
+    runs = tmp_path / ('runs_' + (url.rsplit(':', 1)[-1] if url else 'none'))
     start = time.monotonic()
-    res = subprocess.run([sys.executable, str(script), url, str(run_root), str(steps)], cwd=tmp_path,
-                         env=_env(tmp_path),
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run([sys.executable, '-m', 'lazylab.cli', 'train', 'transformer', f'max_steps={steps}', *TINY,
+                          f'text={text}', f'runs_dir={runs}', f'dashboard={url}'],
+                         cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
     seconds = time.monotonic() - start
     assert res.returncode == 0, res.stderr[-3000:]
-    uuid = [line.split()[1] for line in res.stdout.splitlines() if line.startswith('RUN_UUID')][0]
-    return run_root, uuid, res.stderr, seconds
+    run_dir, = (runs / 'transformer').iterdir()
+    return run_dir, json.loads((run_dir / 'run.json').read_text())['uuid'], res.stderr, seconds
 
 
 def _metrics_jsonl(run_dir: Path, key: str):
@@ -111,72 +90,103 @@ def _port_open(port: int) -> bool:
         return False
 
 
+def _start_dashboard(tmp_path: Path, store: Path):
+    """`lazylab dashboard` on a free loopback port over `store`; returns (url, process, port) once it accepts."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, '-m', 'lazylab.cli', 'dashboard', '--port', str(port),
+                             '--store', str(store)],
+                            cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while not _port_open(port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop_dashboard(proc, port, signal.SIGKILL)
+            raise AssertionError(f'dashboard did not start: {proc.stdout.read()[-2000:]}')
+        time.sleep(0.2)
+    return f'http://127.0.0.1:{port}', proc, port
+
+
+def _stop_dashboard(proc: subprocess.Popen, port: int, sig=signal.SIGTERM) -> int:
+    """Send `sig` (SIGTERM, or SIGINT as Ctrl-C does) and wait; the process is gone afterwards either way."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 @pytest.fixture
 def server(tmp_path):
-    """`lazylab dashboard` on a free loopback port over a temporary store; stopped with SIGTERM afterwards."""
-    port = _free_port()
+    """A dashboard over a temporary store; stopped with SIGTERM afterwards, which must end it cleanly (exit 0)."""
     store = tmp_path / 'store'
-    proc = subprocess.Popen([sys.executable, '-m', 'lazylab.dashboard', '--port', str(port), '--store', str(store)],
-                            cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url, proc, port = _start_dashboard(tmp_path, store)
     try:
-        deadline = time.monotonic() + 60
-        while not _port_open(port):
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, 'dashboard did not start within 60 s'
-            time.sleep(0.2)
-        yield f'http://127.0.0.1:{port}', proc, store
+        yield url, proc, store
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-    assert proc.returncode == 0, f'dashboard exited with {proc.returncode}: {proc.stdout.read()[-2000:]}'
-    assert not _port_open(port), 'the dashboard port is still open after SIGTERM'
+        returncode = _stop_dashboard(proc, port)
+    assert returncode == 0, f'dashboard exited with {returncode}: {proc.stdout.read()[-2000:]}'
+    assert not _port_open(port), 'the dashboard port is still open after it stopped'
 
 
 def test_run_streams_configs_metrics_and_sample_to_dashboard(server, tmp_path):
     url, proc, store = server
-    run_root, uuid, _, _ = _train(tmp_path, url)
-    run_dir = run_root
+    run_dir, uuid, _, _ = _train(tmp_path, url)
 
     status, run = _get(f'{url}/api/v1/run/{uuid}')
     assert status == 200
-    assert run['name'] == 'tiny'
+    assert run['name'] == 'transformer'
     configs = {c['key']: c['value'] for c in run['configs']}
-    assert configs['d_model'] == 16 and configs['heads'] == 2 and configs['model'] == 'transformer'
+    assert (configs['d_model'], configs['heads'], configs['n_layers'], configs['max_steps']) == (16, 2, 1, STEPS)
+    assert configs['model'] == 'transformer' and configs['optimizer.optimizer'] == 'Adam'
 
     status, metrics = _post(f'{url}/api/v1/metrics/{uuid}', {'get_all': True, 'indicators': [], 'current_uuid': ''})
     assert status == 200
     series = {s['name']: s for s in metrics['series']}
-    want_steps, want_loss = _metrics_jsonl(run_dir, 'loss.train')
-    assert len(want_steps) == STEPS
-    np.testing.assert_array_equal(_f32(series['loss.train']['step']), want_steps)
-    np.testing.assert_allclose(_f32(series['loss.train']['value']), want_loss, rtol=0, atol=1e-6)
+    for key in ('loss.train', 'accuracy.train', 'loss.valid'):
+        want_steps, want_values = _metrics_jsonl(run_dir, key)
+        np.testing.assert_array_equal(_f32(series[key]['step']), want_steps, err_msg=key)
+        np.testing.assert_allclose(_f32(series[key]['value']), want_values, rtol=0, atol=1e-6, err_msg=key)
+    assert len(_metrics_jsonl(run_dir, 'loss.train')[0]) == STEPS
 
+    # The sampled text arrives with the run's standard output.
     _, stdout = _post(f'{url}/api/v1/logs/stdout/{uuid}', {'page': -2})
-    assert 'To be, or not to be' in ''.join(stdout['pages'].values())
+    last_sample = (run_dir / 'samples.txt').read_text(encoding='utf-8').split('\n--- step')[-1].split('\n', 1)[1]
+    assert last_sample.strip().replace('\n', ' ⏎ ') in ''.join(stdout['pages'].values())
 
-    # The run is listed on the home page (the local user's project) and lives in the file store.
+    # The run is listed on the home page, claimed by the local user, and lives in the file store.
     _, runs = _get(f'{url}/api/v1/runs/null')
     assert [r['run_uuid'] for r in runs['runs']] == [uuid]
-    assert (store / 'indexes' / 'RunIndex.yaml').read_text().count(uuid) == 1
     assert run['is_claimed'] and run['is_project_run']  # not "will be deleted in 12 hours"
+    assert (store / 'indexes' / 'RunIndex.yaml').read_text().count(uuid) == 1
     assert not (tmp_path / 'browser-opened').exists()
+
+    # The store outlives the server: a second dashboard on it (stopped with Ctrl-C's SIGINT) serves the same run.
+    url2, proc2, port2 = _start_dashboard(tmp_path, store)
+    try:
+        assert _get(f'{url2}/api/v1/run/{uuid}')[1]['configs'] == run['configs']
+        _, metrics2 = _post(f'{url2}/api/v1/metrics/{uuid}', {'get_all': True, 'indicators': [], 'current_uuid': ''})
+        assert {s['name']: s['value'] for s in metrics2['series']} == {k: s['value'] for k, s in series.items()}
+    finally:
+        assert _stop_dashboard(proc2, port2, signal.SIGINT) == 0
+    assert not _port_open(port2)
 
 
 def test_closed_port_warns_once_and_trains_normally(tmp_path):
     closed = f'http://127.0.0.1:{_free_port()}'
-    root_none, _, err_none, t_none = _train(tmp_path, '', steps=20)
-    root_closed, _, err_closed, t_closed = _train(tmp_path, closed, steps=20)
-    warnings = [line for line in err_closed.splitlines() if 'lazylab: warning' in line]
+    dir_none, _, err_none, t_none = _train(tmp_path, '', steps=20)
+    dir_closed, _, err_closed, t_closed = _train(tmp_path, closed, steps=20)
+    warnings = [line for line in err_closed.splitlines() if 'warning' in line.lower()]
     assert warnings == [f'lazylab: warning: labml dashboard at {closed} is not reachable; training without it '
                         f'(start one with: lazylab dashboard --port {closed.rsplit(":", 1)[1]})']
     assert 'Retrying' not in err_closed
-    # Same local record; and no waiting on the dead server (labml alone would retry forever).
-    assert _metrics_jsonl(root_closed, 'loss.train')[1].tolist() == _metrics_jsonl(root_none, 'loss.train')[1].tolist()
+    # The same local record: the same files, and the same numbers in them (same seed, CPU).
+    assert sorted(p.name for p in dir_closed.iterdir()) == sorted(p.name for p in dir_none.iterdir())
+    for key in ('loss.train', 'accuracy.train', 'loss.valid'):
+        assert _metrics_jsonl(dir_closed, key)[1].tolist() == _metrics_jsonl(dir_none, key)[1].tolist()
+    assert (dir_closed / 'samples.txt').read_text() == (dir_none / 'samples.txt').read_text()
+    # No waiting on the dead server (labml alone would retry every 10, 20, 30 ... seconds, forever).
     assert t_closed < t_none + 10, (t_closed, t_none)
 
 
@@ -197,6 +207,16 @@ def test_configured_app_url_reads_nearest_labml_yaml(tmp_path, monkeypatch):
     assert dashboard.configured_app_url(sub) == 'http://127.0.0.1:7777/api/v1/default'
     monkeypatch.setenv('labml_app_url', 'http://127.0.0.1:8888/api/v1/x')
     assert dashboard.configured_app_url(sub) == 'http://127.0.0.1:8888/api/v1/x'
+
+
+def test_busy_port_is_a_one_line_error(capsys):
+    with socket.socket() as busy:
+        busy.bind(('127.0.0.1', 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert dashboard.main(['--port', str(port)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f'lazylab: error: 127.0.0.1:{port} is already in use; choose another --port']
 
 
 def test_missing_extra_says_what_to_install(monkeypatch, capsys):
