@@ -1,0 +1,208 @@
+"""Fast Weights Transformer: lazylab vs labml-nn 0.5.1 (and a softmax transformer of the same size), one process.
+
+Three measurements, each printed as ratios to the first row (medians over the repetitions; models are timed
+round-robin so that load on the machine hits them alike):
+
+1. the attention module alone, `FastWeightsAttention` forward + backward: labml_nn's token loop vs our
+   reference loop and our chunkwise-parallel kernel;
+2. the whole model, training tokens/s (forward, cross-entropy, backward, Adam step) of an `AutoregressiveModel`
+   (65 tokens) around: labml_nn's `FastWeightsAttentionTransformer`, ours (chunked), and a softmax transformer
+   of the same size (lazylab's pre-norm `TransformerLayer`s with causal `MultiHeadAttention`);
+3. generation: 128 new tokens after a 16-token prompt, batch 1, greedy: labml_nn's re-run-the-whole-prefix
+   sampling vs ours with the fast weights carried (`forward_with_state`, one step per token).
+
+    python benchmarks/fast_weights.py            # d_model 128, 4 heads, d_ff 512, 4 layers, ν 1, batch 16,
+                                                 # seq_len 128, 256, 512, 1024
+    python benchmarks/fast_weights.py --quick    # tiny smoke run
+"""
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+from torch import nn
+
+from lazylab.models import fast_weights as ours
+from lazylab.models.autoregressive import AutoregressiveModel
+from lazylab.models.feed_forward import FeedForward
+from lazylab.models.mha import MultiHeadAttention, subsequent_mask
+from lazylab.models.transformer import TransformerLayer
+
+try:
+    from labml import tracker
+
+    if not hasattr(tracker, 'debug'):  # labml-nn 0.5.1 calls it; labml 0.5.3 lacks it
+        tracker.debug = lambda *args, **kwargs: None
+    from labml_nn.transformers import fast_weights as ref
+    from labml_nn.transformers.feed_forward import FeedForward as RefFeedForward
+except ImportError:  # pragma: no cover - the reference is a test/benchmark dependency
+    ref = None
+
+N_VOCAB = 65
+
+
+def build_fast_weights(mod, ff_cls, d_model, heads, d_ff, n_layers, nu, **attn_kwargs):
+    attn = mod.FastWeightsAttention(heads, d_model, 0.0, mod.DPFP(nu=nu), **attn_kwargs)
+    layer = mod.FastWeightsAttentionTransformerLayer(d_model=d_model, attn=attn,
+                                                     feed_forward=ff_cls(d_model, d_ff, 0.0), dropout_prob=0.0)
+    return AutoregressiveModel(N_VOCAB, d_model, mod.FastWeightsAttentionTransformer(layer, n_layers))
+
+
+class CausalSoftmaxTransformer(nn.Module):
+    """The baseline: pre-norm softmax-attention layers with a causal mask, and a final LayerNorm."""
+
+    def __init__(self, d_model, heads, d_ff, n_layers):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            TransformerLayer(d_model=d_model, self_attn=MultiHeadAttention(heads, d_model, 0.0),
+                             feed_forward=FeedForward(d_model, d_ff, 0.0), dropout_prob=0.0)
+            for _ in range(n_layers))
+        self.norm = nn.LayerNorm([d_model])
+
+    def forward(self, x):
+        mask = subsequent_mask(x.shape[0], x.device)
+        for layer in self.layers:
+            x = layer(x=x, mask=mask)
+        return self.norm(x)
+
+
+def median_rates(fns, reps, work):
+    """{name: work / median seconds}, timing the callables round-robin after one warm-up each."""
+    times = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(reps):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: work / statistics.median(t) for name, t in times.items()}
+
+
+def report(title, rates, unit):
+    print(title)
+    base = next(iter(rates.values()))
+    for name, value in rates.items():
+        print(f"  {name:<34} {value / base:6.2f}x   {value:10.1f} {unit}")
+    sys.stdout.flush()
+
+
+def bench_attention(seq_lens, batch, d_model, heads, nu, chunk_size, reps, ref_max_len):
+    for seq_len in seq_lens:
+        torch.manual_seed(0)
+        theirs = ref.FastWeightsAttention(heads, d_model, 0.0, ref.DPFP(nu=nu))
+        loop = ours.FastWeightsAttention(heads, d_model, 0.0, ours.DPFP(nu=nu), kernel='loop')
+        chunked = ours.FastWeightsAttention(heads, d_model, 0.0, ours.DPFP(nu=nu), chunk_size=chunk_size)
+        for m in (loop, chunked):
+            m.load_state_dict(theirs.state_dict())
+        x = torch.randn(seq_len, batch, d_model, requires_grad=True)
+        fns = {}
+        if seq_len <= ref_max_len:
+            fns['labml_nn token loop'] = theirs
+            fns['lazylab loop'] = loop
+        fns[f'lazylab chunked ({chunk_size})'] = chunked
+
+        def fwd_bwd(module):
+            def run():
+                module(x).sum().backward()
+            return run
+
+        rates = median_rates({name: fwd_bwd(m) for name, m in fns.items()}, reps, seq_len * batch)
+        report(f"FastWeightsAttention forward+backward, seq_len {seq_len}, batch {batch}, d_model {d_model}, "
+               f"{heads} heads, nu {nu} (CPU, {torch.get_num_threads()} threads, median of {reps})", rates, 'tok/s')
+
+
+def train_step(model, seq_len, batch):
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    data = torch.randint(0, N_VOCAB, (seq_len + 1, batch), generator=torch.Generator().manual_seed(1))
+    loss_fn = nn.CrossEntropyLoss()
+
+    def step():
+        logits, _ = model(data[:-1])
+        loss = loss_fn(logits.reshape(-1, N_VOCAB), data[1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def bench_training(seq_lens, batch, sizes, nu, chunk_size, reps, ref_max_len):
+    d_model, heads, d_ff, n_layers = sizes
+    for seq_len in seq_lens:
+        torch.manual_seed(0)
+        theirs = build_fast_weights(ref, RefFeedForward, *sizes, nu)
+        mine = build_fast_weights(ours, FeedForward, *sizes, nu, chunk_size=chunk_size)
+        mine.load_state_dict(theirs.state_dict())
+        softmax = AutoregressiveModel(N_VOCAB, d_model, CausalSoftmaxTransformer(*sizes))
+        models = {}
+        if seq_len <= ref_max_len:
+            models['labml_nn fast weights'] = theirs
+        models[f'lazylab fast weights, chunked ({chunk_size})'] = mine
+        models['softmax transformer (lazylab)'] = softmax
+        rates = median_rates({n: train_step(m, seq_len, batch) for n, m in models.items()}, reps, seq_len * batch)
+        report(f"fast weights training (forward+loss+backward+Adam), seq_len {seq_len}, batch {batch}, d_model "
+               f"{d_model}, {heads} heads, d_ff {d_ff}, {n_layers} layers, nu {nu} "
+               f"(CPU, {torch.get_num_threads()} threads, median of {reps})", rates, 'tok/s')
+        names = list(rates)
+        print(f"  -> lazylab fast weights / softmax transformer: {rates[names[-2]] / rates[names[-1]]:.2f}x")
+
+
+def bench_generation(prompt_len, new_tokens, sizes, nu, reps):
+    torch.manual_seed(0)
+    theirs = build_fast_weights(ref, RefFeedForward, *sizes, nu).eval()
+    mine = build_fast_weights(ours, FeedForward, *sizes, nu).eval()
+    mine.load_state_dict(theirs.state_dict())
+    prompt = torch.randint(0, N_VOCAB, (prompt_len,), generator=torch.Generator().manual_seed(2))
+
+    def rerun_everything():
+        # labml_nn's samplers: run the model on the whole sequence so far for every new token
+        ids = prompt.unsqueeze(-1)
+        with torch.no_grad():
+            for _ in range(new_tokens):
+                logits, _ = theirs(ids)
+                ids = torch.cat([ids, logits[-1].argmax(-1).unsqueeze(0)])
+        return ids.squeeze(-1)
+
+    out_ref = rerun_everything()
+    out_ours = mine.generate(prompt, new_tokens, temperature=0)
+    if not torch.equal(out_ref, out_ours):
+        print('  warning: greedy outputs differ between labml_nn and lazylab')
+    rates = median_rates({'labml_nn, re-run whole prefix': rerun_everything,
+                          'lazylab, carried fast weights': lambda: mine.generate(prompt, new_tokens, temperature=0)},
+                         reps, new_tokens)
+    d_model, heads, d_ff, n_layers = sizes
+    report(f"fast weights generation, {new_tokens} new tokens after a {prompt_len}-token prompt, batch 1, d_model "
+           f"{d_model}, {heads} heads, d_ff {d_ff}, {n_layers} layers (CPU, {torch.get_num_threads()} threads, "
+           f"median of {reps})", rates, 'tok/s')
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--quick', action='store_true', help='tiny smoke run')
+    parser.add_argument('--reps', type=int, default=5)
+    parser.add_argument('--threads', type=int, default=2)
+    parser.add_argument('--seq-lens', type=int, nargs='+', default=[128, 256, 512, 1024])
+    parser.add_argument('--chunk-size', type=int, default=ours.DEFAULT_CHUNK_SIZE)
+    parser.add_argument('--ref-max-len', type=int, default=1024,
+                        help='skip the (slow) labml_nn token loop above this seq_len')
+    parser.add_argument('--skip', nargs='*', default=[], choices=['attention', 'training', 'generation'])
+    args = parser.parse_args(argv)
+    if ref is None:
+        raise SystemExit('labml-nn 0.5.1 is needed for the side-by-side benchmark (pip install labml-nn==0.5.1)')
+    torch.set_num_threads(args.threads)
+    if args.quick:
+        sizes, nu, batch, seq_lens, reps, gen = (32, 4, 64, 2), 1, 4, [16, 40], 1, (4, 8)
+    else:
+        sizes, nu, batch, seq_lens, reps, gen = (128, 4, 512, 4), 1, 16, args.seq_lens, args.reps, (16, 128)
+    if 'attention' not in args.skip:
+        bench_attention(seq_lens, batch, sizes[0], sizes[1], nu, args.chunk_size, reps, args.ref_max_len)
+    if 'training' not in args.skip:
+        bench_training(seq_lens, batch, sizes, nu, args.chunk_size, reps, args.ref_max_len)
+    if 'generation' not in args.skip:
+        bench_generation(*gen, sizes, nu, reps)
+
+
+if __name__ == '__main__':
+    main()
