@@ -15,10 +15,26 @@ labml-compatible API (same semantics)::
     conf = Configs(); conf._set_values({'d_model': 256}); conf.ffn   # builds only what ffn needs
 
 Instance API: ``conf.set_default(Cls.item, value=None, func=None)``, ``conf._set_values(dict)``,
-``conf._to_json()``. Every other engine feature is a free function here, so any item name stays legal.
+``conf._to_json()``. Every other engine feature is a free function here, so any item name stays legal:
+
+    parse_overrides(argv, configs=None) -> dict    'key=value' / 'child.key=value' tokens (typed if configs given)
+    apply_overrides(configs, values)               text/YAML values typed by declared type; all-or-nothing
+    coerce_text(text, annotation)                  one text value -> typed value (int, float, bool, Optional, ...)
+    explain(configs) -> {path: {source, detail, selected_by, reads, value}}; format_explain(report) -> str
+    to_dict(configs) -> {'values', 'objects', 'hyperparams', 'meta'}; dump(configs, path=None) -> YAML text
+    load(configs, path_or_yaml_or_dict)            replay a dump as overrides
+    describe(configs_or_class) -> [row]; format_description(rows) -> str     listing for --help / options
 
 Errors: every user-caused error is a :class:`ConfigError` (``lazylab.configs.errors``) with a one-line
-message naming the full config path; subclasses are also the built-in exception labml raises in that case.
+message naming the full config path; subclasses are also the built-in exception labml raises in that case:
+UnknownItemError (AttributeError, KeyError), NoValueError (AttributeError), AlreadyComputedError,
+UnknownOptionError, BadValueError, OverrideSyntaxError (ValueError), CycleError, CalculatorError
+(RuntimeError; the original exception is ``__cause__``), DeclarationError (TypeError). A command line catches
+``ConfigError``, prints ``lazylab: error: <message>`` and exits with status 2.
+
+Unlike labml: a string that is neither an option of an item with options nor a value of its declared type
+(``str``, a Union with ``str``, a Literal containing it) is an error, not a silent value; options registered
+through ``Sub.item`` stay on ``Sub``; cycles raise CycleError with the chain.
 
 Importing this package never imports torch.
 """
