@@ -5,8 +5,11 @@ function ``labml_app.db.init_mongo_db`` is replaced, before ``labml_app.flask_ap
 ``labml-db``'s file drivers (models pickled, one folder per model class; indexes as YAML files). So no MongoDB is
 needed and the whole dashboard state is one folder (``--store``, default ``runs/.dashboard``).
 
-The client side is for the trainer: :func:`configure_app_writer` points labml's ``app`` writer at a dashboard URL
-(``http://HOST:PORT``) after a quick socket check, so an unreachable server costs one warning, not a hang.
+The client side is for the trainer: :func:`configure_app_writer` (or :func:`app_writer`, which only returns labml's
+`app_url`) points labml's ``app`` writer at a dashboard URL (``http://HOST:PORT``) after a quick socket check, so an
+unreachable server costs one warning, not a hang. What arrives is what labml's tracker gets: the configs, every
+`tracker.save` indicator and the run's standard output (the sampled text). labml itself thins long series (the
+client averages bursts late in a run, the app keeps at most 1024 points per series); metrics.jsonl keeps them all.
 
     lazylab dashboard [--port 5005] [--store DIR] [--host 127.0.0.1]
     lazylab train transformer ... dashboard=http://127.0.0.1:5005
