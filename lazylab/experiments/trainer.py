@@ -321,6 +321,11 @@ def train(c, run_dir: Path, *, resume: bool = False, is_main: bool = True, labml
             with open(run_dir / SAMPLES, 'a', encoding='utf-8') as f:
                 f.write(f'--- step {pos.step}, {pos.tokens:,} tokens\n{text}\n')
 
+    def kept() -> str:
+        if not (run_dir / CHECKPOINT).exists():
+            return 'no checkpoint was written'
+        return f'the checkpoint of step {load_checkpoint(run_dir / CHECKPOINT)["position"]["step"]} is kept'
+
     def out_of_time() -> bool:
         return c.max_minutes > 0 and pos.elapsed >= c.max_minutes * 60
 
@@ -333,9 +338,7 @@ def train(c, run_dir: Path, *, resume: bool = False, is_main: bool = True, labml
                 logits, _ = step_model(x)
             loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
             if not torch.isfinite(loss):
-                kept = (f'the checkpoint of step {load_checkpoint(run_dir / CHECKPOINT)["position"]["step"]} is kept'
-                        if (run_dir / CHECKPOINT).exists() else 'no checkpoint was written')
-                raise NonFiniteLossError(f'training loss is {loss.item()} at step {pos.step + 1}; {kept} '
+                raise NonFiniteLossError(f'training loss is {loss.item()} at step {pos.step + 1}; {kept()} '
                                          f'(try a lower optimizer.learning_rate or grad_norm_clip)')
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -356,7 +359,11 @@ def train(c, run_dir: Path, *, resume: bool = False, is_main: bool = True, labml
 
             done = pos.step >= total_steps or out_of_time()
             if pos.step % valid_every == 0 or done:
-                last_record = record(evaluate(model, valid_full if done else valid_quick, device, autocast))
+                valid = evaluate(model, valid_full if done else valid_quick, device, autocast)
+                if not math.isfinite(valid['loss']):  # the last update broke the weights: do not save them
+                    raise NonFiniteLossError(f'validation loss is {valid["loss"]} after step {pos.step}; '
+                                             f'{kept()} (try a lower optimizer.learning_rate or grad_norm_clip)')
+                last_record = record(valid)
                 sample()
                 save()
             elif pos.step % c.log_interval == 0:

@@ -1,0 +1,151 @@
+"""Every mistake a user can make on the command line: one line `lazylab: error: …`, exit code 2, no traceback,
+and (before training starts) no run directory."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lazylab import cli
+from lazylab.experiments.trainer import load_checkpoint
+
+TINY = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_size=4', 'sample_tokens=5',
+        'valid_batches=1', 'final_valid_batches=1', 'device=cpu', 'threads=1', 'max_steps=3']
+
+
+@pytest.fixture(autouse=True)
+def _keep_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def _error(capsys, argv):
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('lazylab: error: '), err
+    return lines[0][len('lazylab: error: '):]
+
+
+def _files(tmp_path):
+    """(path, bytes) of the texts the cases use."""
+    (tmp_path / 'latin1.txt').write_bytes('First Citizen:\nBefore we proceed'.encode() + 'caf\xe9'.encode('latin-1'))
+    (tmp_path / 'short.txt').write_text('x' * 1000)  # 900 train / 100 valid characters
+    (tmp_path / 'tiny.txt').write_text('abcdefghij' * 2)  # 18 train / 2 valid
+    (tmp_path / 'bad.yaml').write_text('d_model: [1, 2\n')
+    (tmp_path / 'list.yaml').write_text('- 1\n- 2\n')
+
+
+CASES = [
+    (['train', 'transformer', 'd_modle=3'], r"no config item 'd_modle'; did you mean 'd_model'"),
+    (['train', 'transformer', 'seq_len=abc'], r'bad value for seq_len: expected int'),
+    (['train', 'transformer', 'dropout=lots'], r'bad value for dropout'),
+    (['train', 'transformer', 'optimizer.optimizer=Adamm'],
+     r"unknown option 'Adamm' for optimizer.optimizer .*did you mean 'Adam'"),
+    (['train', 'transformer', 'model=transfomer'], r"unknown option 'transfomer' for model .*'transformer'"),
+    (['train', 'transformer', 'transformer.encoder_attn=relativ'],
+     r"unknown option 'relativ' for transformer.encoder_attn .*did you mean 'relative'"),
+    (['train', 'transformer', 'd_model'], r"expected key=value, got 'd_model'"),
+    (['train', 'transformr'], r"unknown experiment 'transformr'; did you mean 'transformer'\?"),
+    (['train', 'transformer', 'text={tmp}/missing.txt'], r'text file not found: .*missing.txt'),
+    (['train', 'transformer', 'text={tmp}/latin1.txt'],
+     r'latin1.txt is not UTF-8 text: invalid byte 0xe9 at byte offset 35$'),  # 15 + 17 + len("caf")
+    (['train', 'transformer', 'text={tmp}/short.txt', 'seq_len=128'],
+     r'validation split of .*short.txt has 100 characters, fewer than seq_len \+ 1 = 129'),
+    (['train', 'transformer', 'text={tmp}/tiny.txt', 'seq_len=18'],
+     r'training split of .*tiny.txt has 18 characters, fewer than seq_len \+ 1 = 19'),
+    (['train', 'transformer', 'batch_size=0'], r'batch_size must be ≥ 1, got 0'),
+    (['train', 'transformer', 'device=cuda:7' if not torch.cuda.is_available() else 'device=tpu'], r'device'),
+    (['train', 'transformer', 'heads=3'], r'model|heads'),
+    (['train', 'transformer', 'prompt=¿Qué?'], r"character '¿' \(position 0\) is not in the vocabulary"),
+    (['train', 'transformer', '--config', '{tmp}/none.yaml'], r'config file not found: .*none.yaml'),
+    (['train', 'transformer', '--config', '{tmp}/bad.yaml'], r'bad.yaml is not valid YAML at line'),
+    (['train', 'transformer', '--config', '{tmp}/list.yaml'], r'must hold a mapping'),
+    (['train', 'transformer', 'preset=gpu'], r"unknown preset 'gpu' for transformer; presets: labml_nn"),
+    (['train', 'transformer', '--verbose'], r"unknown option '--verbose'"),
+    (['options', 'fast_weight'], r"unknown experiment 'fast_weight'; did you mean 'fast_weights'"),
+    (['resume', '{tmp}'], r'is not a lazylab run directory'),
+    (['generate', '{tmp}', '--prompt', 'a'], r'required: --tokens'),
+    (['plot', '{tmp}', '-o', '{tmp}/x.png'], r'has no metrics.jsonl'),
+    (['trian', 'transformer'], r"unknown command 'trian'; did you mean 'train'\?"),
+]
+
+
+@pytest.mark.parametrize('argv, message', CASES, ids=[' '.join(a)[:60] for a, _ in CASES])
+def test_user_error_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, argv, message):
+    import re
+    _files(tmp_path)
+    runs = tmp_path / 'runs'
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    if argv[0] == 'train':  # the tiny settings first, so the case's own key=value wins
+        argv = argv[:2] + TINY + [f'runs_dir={runs}'] + argv[2:]
+    text = _error(capsys, argv)
+    assert re.search(message, text), text
+    assert not runs.exists()
+
+
+@pytest.fixture(scope='module')
+def short_run(tmp_path_factory):
+    """A 3-step run to damage."""
+    runs = tmp_path_factory.mktemp('runs')
+    threads = torch.get_num_threads()
+    assert cli.main(['train', 'transformer', *TINY, f'runs_dir={runs}']) == 0
+    torch.set_num_threads(threads)
+    return next((runs / 'transformer').iterdir())
+
+
+def test_damaged_checkpoint_is_reported_by_resume_and_generate(short_run, tmp_path, capsys):
+    import shutil
+    run = tmp_path / 'run'
+    shutil.copytree(short_run, run)
+    data = (run / 'checkpoint.pt').read_bytes()
+    (run / 'checkpoint.pt').write_bytes(data[:len(data) // 2])
+    assert 'checkpoint.pt: it is damaged or not a lazylab checkpoint' in _error(capsys, ['resume', str(run)])
+    assert 'damaged' in _error(capsys, ['generate', str(run), '--prompt', 'a', '--tokens', '3'])
+    (run / 'checkpoint.pt').unlink()
+    assert 'no checkpoint at' in _error(capsys, ['resume', str(run)])
+    assert "character 'é'" in _error(capsys, ['generate', str(short_run), '--prompt', 'é', '--tokens', '3'])
+    assert '--tokens must be ≥ 0' in _error(capsys, ['generate', str(short_run), '--prompt', 'a', '--tokens', '-1'])
+
+
+def test_nan_loss_stops_with_exit_2_naming_the_step(tmp_path, capsys):
+    runs = tmp_path / 'runs'
+    # an infinite learning rate makes the parameters inf/NaN in the first update, so step 2's loss is NaN
+    text = _error(capsys, ['train', 'transformer', *TINY, 'max_steps=5', 'valid_interval=2',
+                           'optimizer.learning_rate=inf', f'runs_dir={runs}'])
+    assert text.startswith('training loss is nan at step 2; no checkpoint was written'), text
+
+
+def test_nan_loss_keeps_the_last_good_checkpoint(tmp_path, capsys, monkeypatch):
+    import torch.nn.functional as F
+    runs = tmp_path / 'runs'
+    cross_entropy, calls = F.cross_entropy, []
+
+    def nan_at_training_step_4(*args, **kwargs):
+        loss = cross_entropy(*args, **kwargs)
+        if kwargs.get('reduction', 'mean') == 'mean':  # the training loss (validation sums)
+            calls.append(1)
+            if len(calls) == 4:
+                return loss * float('nan')
+        return loss
+
+    monkeypatch.setattr(F, 'cross_entropy', nan_at_training_step_4)
+    text = _error(capsys, ['train', 'transformer', *TINY, 'max_steps=6', 'valid_interval=1', f'runs_dir={runs}'])
+    assert text.startswith('training loss is nan at step 4; the checkpoint of step 3 is kept'), text
+    run = next((runs / 'transformer').iterdir())
+    ck = load_checkpoint(run / 'checkpoint.pt')
+    assert ck['position']['step'] == 3
+    assert all(torch.isfinite(v).all() for v in ck['model'].values() if v.is_floating_point())
+
+
+def test_python_dash_m_reports_errors_the_same_way(tmp_path):
+    done = subprocess.run([sys.executable, '-m', 'lazylab.experiments.transformer', 'd_modle=3',
+                           f'runs_dir={tmp_path}/runs'], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("lazylab: error: Configs has no config item 'd_modle'; "
+                                   "did you mean 'd_model' or 'model'?")
+    assert not (tmp_path / 'runs').exists()
