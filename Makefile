@@ -7,7 +7,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 $(VENV)/.installed: setup.py
 	python3 -m venv $(VENV)
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[test]'
+	$(PIP) install -e '.[test,dashboard]'
 	$(PIP) install --no-deps labml-nn==0.5.1   # the reference implementation the tests compare against
 	touch $@
 

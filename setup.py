@@ -27,6 +27,10 @@ setup(
             'nbformat>=5',         # reads/writes the notebooks
             'ipykernel>=6',        # the kernel nbclient runs the notebooks in
         ],
+        'dashboard': [
+            'labml-app==0.5.14',   # labml's dashboard server, run by `lazylab dashboard` over a file store
+            'labml-db==0.0.15',    # its storage layer; lazylab installs its file drivers (no MongoDB needed)
+        ],
     },
     entry_points={'console_scripts': ['lazylab=lazylab.cli:main']},
 )
