@@ -41,7 +41,8 @@ from torch import nn
 
 __all__ = ['DistEnv', 'DistributedError', 'ReplicaMismatchError', 'environment', 'setup', 'teardown',
            'process_group', 'is_distributed', 'get_rank', 'get_world_size', 'is_main_process', 'wrap',
-           'all_reduce_sum', 'all_reduce_mean', 'broadcast_object', 'all_gather_object', 'shard',
+           'all_reduce_sum', 'all_reduce_mean', 'broadcast_object', 'all_gather_object', 'shard', 'batch_share',
+           'any_process',
            'parameter_digest', 'check_replicas_in_sync', 'DEFAULT_TIMEOUT_S']
 
 #: seconds a collective waits for the other processes before failing (env LAZYLAB_DIST_TIMEOUT overrides)
@@ -54,8 +55,8 @@ class DistributedError(RuntimeError):
     """The torchrun environment or the device does not allow a distributed run; one-line message."""
 
 
-class ReplicaMismatchError(DistributedError):
-    """The processes' model parameters differ (they must stay identical under data parallelism)."""
+class ReplicaMismatchError(RuntimeError):
+    """The processes' model parameters differ (they must stay identical under data parallelism): a bug."""
 
 
 @dataclass(frozen=True)
@@ -275,6 +276,30 @@ def shard(batches: Iterable[T], rank: Optional[int] = None, world_size: Optional
     if world_size == 1:
         return batches
     return itertools.islice(batches, rank, None, world_size)
+
+
+def batch_share(batch: torch.Tensor) -> torch.Tensor:
+    """This process's columns of a sequence-first batch [seq_len, batch_size]: rank, rank+N, … (all of them in a
+    single process). Used for validation: the N processes evaluate disjoint parts of the same batches, and
+    `all_reduce_sum` of their loss sums gives the loss of the whole batch. A process may get no column.
+
+    Shapes:
+        batch: [seq_len, b] → [seq_len, ⌈(b − rank) / N⌉]
+    """
+    world_size = get_world_size()
+    return batch if world_size == 1 else batch[:, get_rank()::world_size]
+
+
+def any_process(flag: bool) -> bool:
+    """True on every process if `flag` is true on any (the flag itself in a single process).
+
+    For decisions every process must take together, such as stopping on a time limit measured by local clocks.
+    """
+    if not is_distributed():
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=_comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
 
 
 def parameter_digest(model: nn.Module) -> str:
