@@ -11,8 +11,6 @@ t (t = 1, 2, …) is `learning_rate · factor(t)` with
                                        ("Attention Is All You Need", eq. 3; labml_nn's Noam, lr 1.0 there)
 """
 import math
-from typing import Callable
-
 import torch
 
 from lazylab.configs import BaseConfigs, meta_config, option
@@ -64,27 +62,35 @@ def _noam(c: OptimizerConfigs):
     return Noam(c.parameters, lr=c.learning_rate, betas=(c.beta1, c.beta2), weight_decay=c.weight_decay)
 
 
-def lr_factor(c: OptimizerConfigs, noam: bool) -> Callable[[int], float]:
-    """factor(t) of the module docstring, for t = 1, 2, … optimizer steps."""
-    warmup, total, r, d_model = c.warmup, c.total_steps, c.min_lr_ratio, c.d_model
-    if c.schedule not in ('constant', 'cosine'):
-        raise ValueError(f"optimizer.schedule must be 'constant' or 'cosine', got {c.schedule!r}")
+class LRSchedule:
+    """factor(t) of the module docstring, called by LambdaLR with the number of steps done (t − 1).
 
-    def factor(t: int) -> float:
-        if noam:
-            return d_model ** -0.5 * min(t ** -0.5, t * max(warmup, 1) ** -1.5)
+    A plain object rather than a closure: LambdaLR saves its attributes in the scheduler's state dict, so a
+    checkpoint keeps `total_steps` even when the trainer fits it to a time budget (`max_minutes`).
+    """
+
+    def __init__(self, *, schedule: str, warmup: int, total_steps: int, min_lr_ratio: float, d_model: int,
+                 noam: bool):
+        if schedule not in ('constant', 'cosine'):
+            raise ValueError(f"optimizer.schedule must be 'constant' or 'cosine', got {schedule!r}")
+        self.schedule, self.warmup, self.total_steps = schedule, warmup, total_steps
+        self.min_lr_ratio, self.d_model, self.noam = min_lr_ratio, d_model, noam
+
+    def __call__(self, done: int) -> float:
+        t, warmup = done + 1, self.warmup
+        if self.noam:
+            return self.d_model ** -0.5 * min(t ** -0.5, t * max(warmup, 1) ** -1.5)
         if t <= warmup:
             return t / warmup
-        if c.schedule == 'constant':
+        if self.schedule == 'constant':
             return 1.0
-        p = min(1.0, (t - warmup) / max(1, total - warmup))
+        r = self.min_lr_ratio
+        p = min(1.0, (t - warmup) / max(1, self.total_steps - warmup))
         return r + (1 - r) * 0.5 * (1 + math.cos(math.pi * p))
-
-    return factor
 
 
 @option(OptimizerConfigs.scheduler, 'LambdaLR')
 def _scheduler(c: OptimizerConfigs):
-    factor = lr_factor(c, isinstance(c.optimizer, Noam))
-    # LambdaLR passes the number of scheduler steps taken so far (0 before the first optimizer step)
-    return torch.optim.lr_scheduler.LambdaLR(c.optimizer, lambda done: factor(done + 1))
+    schedule = LRSchedule(schedule=c.schedule, warmup=c.warmup, total_steps=c.total_steps,
+                          min_lr_ratio=c.min_lr_ratio, d_model=c.d_model, noam=isinstance(c.optimizer, Noam))
+    return torch.optim.lr_scheduler.LambdaLR(c.optimizer, schedule)

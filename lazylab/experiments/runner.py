@@ -205,8 +205,11 @@ def execute(name: str, conf, run_dir: Path, *, resume: bool) -> Dict[str, Any]:
     from lazylab.experiments.trainer import train
     info = json.loads((run_dir / 'run.json').read_text(encoding='utf-8'))
     n_params = parameter_count(conf.model)
-    print(f'{name}: {n_params:,} parameters, {conf.total_steps:,} steps of {conf.batch_size}×{conf.seq_len} '
-          f'characters on {device_of(conf)} → {run_dir}', flush=True)
+    length = f'{conf.total_steps:,} steps'
+    if conf.max_minutes > 0:
+        length = f'{conf.max_minutes:g} minutes (at most {conf.total_steps:,} steps)'
+    print(f'{name}: {n_params:,} parameters, {length} of {conf.batch_size}×{conf.seq_len} characters on '
+          f'{device_of(conf)} → {run_dir}', flush=True)
     flat = {k: v for k, v in to_dict(conf)['values'].items()}
     with LabmlRun(run_dir, name, info['uuid'], flat, conf.dashboard) as labml_run:
         last = train(conf, run_dir, resume=resume, labml_run=labml_run)

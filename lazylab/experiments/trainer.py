@@ -102,11 +102,17 @@ def resolve_device(name: str) -> torch.device:
 @dataclass
 class Position:
     """Where training stands; saved in every checkpoint."""
-    step: int = 0         # optimizer steps taken
-    epoch: int = 0        # current epoch
-    batch: int = 0        # next batch index within the epoch
-    tokens: int = 0       # training tokens seen (all processes)
-    elapsed: float = 0.0  # seconds of training so far, summed over resumes
+    step: int = 0             # optimizer steps taken
+    epoch: int = 0            # current epoch
+    batch: int = 0            # next batch index within the epoch
+    tokens: int = 0           # training tokens seen (all processes)
+    elapsed: float = 0.0      # wall-clock seconds of training and validation, summed over resumes
+    total_steps: int = 0      # steps this run takes (fitted to max_minutes when the time budget decides)
+    calibrated: bool = False  # the step count has been fitted to the time budget
+
+
+#: steps timed before fitting the step count to `max_minutes` (when max_steps=0)
+CALIBRATION_STEPS = 30
 
 
 def save_checkpoint(path: Path, payload: Dict[str, Any]) -> None:
@@ -263,11 +269,12 @@ def train(c, run_dir: Path, *, resume: bool = False, is_main: bool = True, labml
                                    max_batches=c.valid_batches)
     valid_full = SequentialLoader(data.valid, seq_len=c.seq_len, batch_size=c.batch_size,
                                   max_batches=c.final_valid_batches or None)
-    total_steps = c.total_steps
     valid_every = c.valid_interval or max(1, len(train_loader) // c.inner_iterations)
+    budget = c.max_minutes * 60  # seconds; 0: no time limit
+    fit_to_budget = budget > 0 and c.max_steps == 0
 
     metrics = MetricsLog(run_dir / METRICS)
-    pos = Position()
+    pos = Position(total_steps=c.total_steps)
     sums = {'loss': 0.0, 'correct': 0, 'count': 0, 'steps': 0, 'tokens': 0, 'seconds': 0.0}
     if resume:
         ck = load_checkpoint(run_dir / CHECKPOINT)
@@ -279,11 +286,16 @@ def train(c, run_dir: Path, *, resume: bool = False, is_main: bool = True, labml
         sums = ck['sums']
         if is_main:
             metrics.drop_after(pos.step)
-    progress = Progress(total_steps)
-    started, step_started_at = time.time(), pos.step
+    progress = Progress(pos.total_steps)
+    started, step_started_at, elapsed_before = time.time(), pos.step, pos.elapsed
     last_record: Dict[str, Any] = {}
 
+    def clock() -> float:
+        """Wall-clock seconds of this run so far, over all resumes."""
+        return elapsed_before + time.time() - started
+
     def save(path: Path = run_dir / CHECKPOINT):
+        pos.elapsed = clock()
         if is_main:
             save_checkpoint(path, {'format': 'lazylab-checkpoint-1', 'model': model.state_dict(),
                                    'optimizer': optimizer.state_dict(), 'scheduler': scheduler.state_dict(),
@@ -305,8 +317,11 @@ def train(c, run_dir: Path, *, resume: bool = False, is_main: bool = True, labml
             metrics.write(r)
             if labml_run is not None:
                 labml_run.log(pos.step, {k: v for k, v in r.items() if '.' in k or k in ('lr', 'tokens_per_s')})
-        rate = (time.time() - started) / max(1, pos.step - step_started_at)
-        progress.show(pos, r, eta=rate * (total_steps - pos.step), newline=valid is not None)
+        eta = (time.time() - started) / max(1, pos.step - step_started_at) * (pos.total_steps - pos.step)
+        if budget > 0:
+            eta = min(eta, budget - clock())
+        progress.total_steps = pos.total_steps
+        progress.show(pos, r, eta=eta, newline=valid is not None)
         return r
 
     def sample() -> None:
@@ -327,10 +342,38 @@ def train(c, run_dir: Path, *, resume: bool = False, is_main: bool = True, labml
         return f'the checkpoint of step {load_checkpoint(run_dir / CHECKPOINT)["position"]["step"]} is kept'
 
     def out_of_time() -> bool:
-        return c.max_minutes > 0 and pos.elapsed >= c.max_minutes * 60
+        return budget > 0 and clock() >= budget
 
+    def validate(final: bool) -> Dict[str, Any]:
+        """Validation loss (the whole split, or `final_valid_batches`, at the end), a sample, a checkpoint."""
+        valid = evaluate(model, valid_full if final else valid_quick, device, autocast)
+        if not math.isfinite(valid['loss']):  # the last update broke the weights: do not save them
+            raise NonFiniteLossError(f'validation loss is {valid["loss"]} after step {pos.step}; '
+                                     f'{kept()} (try a lower optimizer.learning_rate or grad_norm_clip)')
+        r = record(valid)
+        sample()
+        save()
+        return r
+
+    def fit_steps_to_budget() -> None:
+        """Choose the step count that ends the run, final validation included, at `max_minutes`: time the
+        steps so far and one validation, then set total_steps (and the LR schedule's) from what is left."""
+        # the first steps are slow (allocations, caches): time the later two thirds
+        step_seconds = (clock() - warm_clock) / (pos.step - warm_step) if warm_clock else clock() / pos.step
+        t0 = time.time()
+        pos.calibrated = True
+        validate(final=False)
+        cycle_seconds = time.time() - t0
+        final_seconds = cycle_seconds * len(valid_full) / len(valid_quick)
+        steps_left = (budget - clock() - final_seconds) / (step_seconds + cycle_seconds / valid_every)
+        pos.total_steps = min(c.total_steps, pos.step + max(1, int(steps_left)))
+        for schedule in scheduler.lr_lambdas:
+            schedule.total_steps = pos.total_steps
+        save()  # with the fitted step count, so a resumed run keeps it
+
+    warm_step, warm_clock = CALIBRATION_STEPS // 3, None
     model.train()
-    while pos.step < total_steps and not out_of_time():
+    while pos.step < pos.total_steps and not out_of_time():
         for x, y in train_loader.epoch(pos.epoch, start=pos.batch):
             t0 = time.time()
             x, y = x.to(device), y.to(device)
@@ -349,7 +392,7 @@ def train(c, run_dir: Path, *, resume: bool = False, is_main: bool = True, labml
 
             pos.step, pos.batch, pos.tokens = pos.step + 1, pos.batch + 1, pos.tokens + y.numel()
             seconds = time.time() - t0
-            pos.elapsed += seconds
+            pos.elapsed = clock()
             sums['loss'] += loss.item()
             sums['correct'] += (logits.detach().argmax(-1) == y).sum().item()
             sums['count'] += y.numel()
@@ -357,15 +400,13 @@ def train(c, run_dir: Path, *, resume: bool = False, is_main: bool = True, labml
             sums['tokens'] += y.numel()
             sums['seconds'] += seconds
 
-            done = pos.step >= total_steps or out_of_time()
-            if pos.step % valid_every == 0 or done:
-                valid = evaluate(model, valid_full if done else valid_quick, device, autocast)
-                if not math.isfinite(valid['loss']):  # the last update broke the weights: do not save them
-                    raise NonFiniteLossError(f'validation loss is {valid["loss"]} after step {pos.step}; '
-                                             f'{kept()} (try a lower optimizer.learning_rate or grad_norm_clip)')
-                last_record = record(valid)
-                sample()
-                save()
+            done = pos.step >= pos.total_steps or out_of_time()
+            if pos.step == warm_step:
+                warm_clock = clock()
+            if fit_to_budget and not pos.calibrated and pos.step == CALIBRATION_STEPS and not done:
+                fit_steps_to_budget()
+            elif pos.step % valid_every == 0 or done:
+                last_record = validate(final=done)
             elif pos.step % c.log_interval == 0:
                 last_record = record()
             if done:

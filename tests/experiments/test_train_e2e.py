@@ -169,3 +169,40 @@ def test_plot_draws_several_runs(reference, tmp_path, capsys):
     assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' and out.stat().st_size > 10_000
     assert cli.main(['plot', str(tmp_path), '-o', str(out)]) == 2
     assert 'has no metrics.jsonl' in capsys.readouterr().err
+
+
+def test_time_budget_fits_the_step_count_and_completes_the_cosine_schedule(tmp_path):
+    runs = tmp_path / 'runs'
+    argv = [a for a in TINY if not a.startswith('max_steps')] + ['max_minutes=0.1', 'epochs=100',
+                                                                'valid_interval=40', f'runs_dir={runs}']
+    threads = torch.get_num_threads()
+    try:
+        assert cli.main(['train', 'transformer', *argv]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    run_dir = _only_run(runs)
+    ck = load_checkpoint(run_dir / 'checkpoint.pt')
+    pos = ck['position']
+    assert pos['calibrated'] and pos['step'] == pos['total_steps'] > 30
+    assert ck['scheduler']['lr_lambdas'][0]['total_steps'] == pos['total_steps']
+    records = read_metrics(run_dir / 'metrics.jsonl')
+    assert records[-1]['step'] == pos['total_steps'] and 'loss.valid' in records[-1]
+    assert records[-1]['lr'] == pytest.approx(0.001, rel=1e-6)  # the cosine reached its end at the last step
+
+
+def test_fast_weights_experiment_trains_and_generates(tmp_path, capsys):
+    runs = tmp_path / 'runs'
+    argv = [a for a in TINY if not a.startswith('max_steps')] + ['max_steps=20', f'runs_dir={runs}']
+    threads = torch.get_num_threads()
+    try:
+        assert cli.main(['train', 'fast_weights', *argv]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    run_dir = next((runs / 'fast_weights').iterdir())
+    records = read_metrics(run_dir / 'metrics.jsonl')
+    valid = [r['loss.valid'] for r in records if 'loss.valid' in r]
+    assert len(valid) == 2 and valid[1] < valid[0] < 4.3
+    capsys.readouterr()
+    assert cli.main(['generate', str(run_dir), '--prompt', 'KING', '--tokens', '12', '--seed', '0']) == 0
+    text = capsys.readouterr().out.rstrip('\n')
+    assert len(text) == 16 and text.startswith('KING')

@@ -1,0 +1,57 @@
+"""Fast Weights Transformer (Schlag, Irie & Schmidhuber 2021) on characters.
+
+    lazylab train fast_weights [key=value …]          ≡  python -m lazylab.experiments.fast_weights …
+
+The model comes from `FastWeightsConfigs` (sub-config `fast_weights`); the common keys (d_model, heads, d_ff,
+n_layers, dropout, nu) are its defaults, and its own items select the rest, e.g. `fast_weights.kernel=loop`,
+`fast_weights.transformer=token_wise`, `fast_weights.ffn.activation=GELU`.
+"""
+import sys
+
+from torch import nn
+
+from lazylab.configs import option
+from lazylab.configs.fast_weights import FastWeightsConfigs
+from lazylab.experiments.nlp_autoregression import NLPAutoRegressionConfigs, device_of
+
+
+class Configs(NLPAutoRegressionConfigs):
+    """Fast-weights language model; `model=fast_weights_transformer`."""
+    model: nn.Module = 'fast_weights_transformer'
+    fast_weights: FastWeightsConfigs  # the model's parts: kernel, chunk_size, transformer, ffn
+    heads: int = 4                    # attention heads
+    d_ff: int = 512                   # feed-forward hidden width
+    n_layers: int = 4                 # layers
+    dropout: float = 0.0              # dropout probability
+    nu: int = 1                       # ν of the DPFP feature map
+
+
+@option(Configs.fast_weights, 'FastWeightsConfigs')
+def _fast_weights_configs(c: Configs):
+    conf = FastWeightsConfigs()
+    for key in ('n_tokens', 'd_model', 'heads', 'd_ff', 'n_layers', 'dropout', 'nu'):
+        conf.set_default(getattr(FastWeightsConfigs, key), func=lambda key=key: getattr(c, key))
+    return conf
+
+
+@option(Configs.model, 'fast_weights_transformer')
+def _fast_weights_transformer(c: Configs):
+    return c.fast_weights.model.to(device_of(c))
+
+
+#: named settings applied before the user's (`preset=labml_nn`: labml_nn's fast-weights experiment)
+PRESETS = {
+    'labml_nn': {'d_model': 512, 'heads': 8, 'n_layers': 6, 'd_ff': 2048, 'nu': 1, 'seq_len': 128,
+                 'batch_size': 16, 'optimizer.optimizer': 'Noam', 'optimizer.learning_rate': 1.0,
+                 'optimizer.warmup': 2000, 'dropout': 0.0, 'epochs': 128, 'max_steps': 0, 'max_minutes': 0,
+                 'inner_iterations': 25},
+}
+
+
+def main(argv=None) -> int:
+    from lazylab.experiments.runner import experiment_main
+    return experiment_main('fast_weights', argv)
+
+
+if __name__ == '__main__':
+    sys.exit(main())
