@@ -15,11 +15,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / 'notebooks'
-NAMES = ['configs_tour.ipynb']
+NAMES = ['configs_tour.ipynb', 'fast_weights_transformer.ipynb']
 
-# Tiny settings per notebook: every value the notebook's parameters cell defines is replaced.
+# Tiny settings per notebook: every value the notebook's parameters cell defines is replaced (RUNS_DIR by the
+# test's temporary folder).
+_TINY_RUN = dict(STEPS=6, BATCH_SIZE=2, SEQ_LEN=16, D_MODEL=16, HEADS=2, D_FF=32, N_LAYERS=1, VALID_EVERY=3,
+                 LOG_EVERY=2, VALID_BATCHES=2, SAMPLE_TOKENS=12, LEARNING_RATE=1e-3)
 TINY = {
     'configs_tour.ipynb': dict(D_MODEL=16, HEADS=2, N_LAYERS=1, D_FF=32, SEQ_LEN=16),
+    'fast_weights_transformer.ipynb': dict(_TINY_RUN, KERNEL_SEQ_LEN=40, KERNEL_BATCH=2, CHUNK_SIZE=8),
 }
 
 CELL_TIMEOUT_S = 120
@@ -65,7 +69,7 @@ def test_setup_then_parameters_come_first(name):
     assert 'https://github.com/lazylab/lazylab' in setup  # the placeholder URL, documented in the README
     assert _parameters_index(nb) == code_cells[1]
     # the tiny settings replace exactly the parameters the notebook has
-    names = _parameter_names(nb.cells[code_cells[1]].source)
+    names = set(_parameter_names(nb.cells[code_cells[1]].source)) - {'RUNS_DIR'}
     assert sorted(TINY[name]) == sorted(names)
 
 
@@ -97,8 +101,9 @@ def _execute(name, tmp_path):
     nb = _with_injected_parameters(_load(name), TINY[name], tmp_path / 'runs')
     work = tmp_path / 'work'
     work.mkdir()
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES='', MPLBACKEND='module://matplotlib_inline.backend_inline',
-               PYTHONDONTWRITEBYTECODE='1')
+    # one torch thread: on a shared, busy CPU two threads make every small op wait on the other (10-50x slower)
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES='', OMP_NUM_THREADS='1',
+               MPLBACKEND='module://matplotlib_inline.backend_inline', PYTHONDONTWRITEBYTECODE='1')
     client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name='python3',
                             resources={'metadata': {'path': str(work)}})
     started = time.time()
@@ -126,3 +131,61 @@ def test_configs_tour_runs(tmp_path):
     assert 'exit code 2: lazylab: error:' in text
     assert 'replayed model has identical parameters: True' in text
     assert 'device cpu' in text
+
+
+def _check_training_run(nb, experiment, runs_dir):
+    """What every model notebook must have done: a live plot, a finished run in RUNS_DIR, a reloaded checkpoint."""
+    from lazylab.experiments.trainer import read_metrics
+    text = _text(nb)
+    steps = _TINY_RUN['STEPS']
+    train_cell = next(c for c in nb.cells if c.cell_type == 'code' and 'labml_run=plot' in c.source)
+    assert any('image/png' in o.get('data', {}) for o in train_cell.outputs), 'no loss plot shown'
+    runs = list((runs_dir / experiment).iterdir())
+    assert len(runs) == 1, runs
+    run = runs[0]
+    for f in ('checkpoint.pt', 'configs.yaml', 'run.json', 'metrics.jsonl', 'samples.txt'):
+        assert (run / f).is_file(), f
+    records = read_metrics(run / 'metrics.jsonl')
+    assert records[-1]['step'] == steps and 'loss.valid' in records[-1]
+    # the plot was redrawn once per metrics record: steps 2, 3 (validation), 4, 6 (validation)
+    assert [r['step'] for r in records] == [2, 3, 4, 6]
+    assert f'the plot was redrawn {len(records)} times' in text
+    assert f"validation loss {records[-1]['loss.valid']:.4f} nats/char" in text
+    assert f'reloaded the checkpoint of step {steps} into a new AutoregressiveModel' in text
+    assert 'max |whole − step by step|' in text
+    return text
+
+
+def test_fast_weights_notebook_runs(tmp_path):
+    nb, seconds = _execute('fast_weights_transformer.ipynb', tmp_path)
+    print(f'fast_weights_transformer.ipynb ran in {seconds:.1f} s')
+    text = _check_training_run(nb, 'fast_weights', tmp_path / 'runs')
+    assert 'max |chunked − step by step|' in text and 'chunked (8)' in text
+
+
+@pytest.mark.parametrize('cwd, source', [('notebooks', 'checkout'), ('elsewhere', 'git+https://github.com/lazylab/lazylab')])
+def test_setup_cell_installs_when_lazylab_is_missing(tmp_path, monkeypatch, cwd, source):
+    """The install branch, run without a network: pip is faked; it must be asked for the checkout around the
+    notebook (a regular install, importable at once), or else for git+REPO_URL."""
+    import importlib.util
+    nb = _load('configs_tour.ipynb')
+    setup = next(c for c in nb.cells if c.cell_type == 'code').source
+    calls = []
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, 'find_spec',
+                        lambda name, *a: None if name == 'lazylab' else real_find_spec(name, *a))
+    monkeypatch.setattr(subprocess, 'run', lambda cmd, **kw: calls.append((cmd, kw)))
+    if cwd == 'notebooks':
+        checkout = tmp_path / 'lazylab-checkout'
+        (checkout / 'lazylab').mkdir(parents=True)
+        (checkout / 'lazylab' / '__init__.py').write_text('')
+        (checkout / 'setup.py').write_text('')
+        (checkout / 'notebooks').mkdir()
+        monkeypatch.chdir(checkout / 'notebooks')
+        source = str(checkout)
+    else:
+        monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(compile(setup, 'setup-cell', 'exec'), namespace)
+    assert calls == [([sys.executable, '-m', 'pip', 'install', '-q', source], {'check': True})]
+    assert namespace['DEVICE'] in ('cpu', 'cuda')
