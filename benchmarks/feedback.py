@@ -1,0 +1,159 @@
+"""Feedback Transformer: training tokens/s and generation tokens/s, lazylab vs labml-nn 0.5.1, in one process.
+
+Training step = forward, cross-entropy loss, backward, Adam step, for an `AutoregressiveModel` (embedding → core
+→ logits, 65 tokens) around each core; both sides get identical weights. Models are measured round-robin so load
+on the machine hits them alike; each figure is the median over the repetitions.
+
+Generation: 128 new tokens after a 16-token prompt, batch 1, greedy. labml-nn's way re-runs the model on the
+whole growing sequence for every token; ours carries the key/value memory (`forward_with_state`).
+
+    python benchmarks/feedback.py            # d_model 128, 4 heads, d_ff 512, 4 layers, batch 16, seq 128 and 256
+    python benchmarks/feedback.py --quick    # tiny smoke run
+"""
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+from torch import nn
+
+from lazylab.models import feedback as ours
+from lazylab.models.autoregressive import AutoregressiveModel
+from lazylab.models.feed_forward import FeedForward
+
+try:
+    from labml import tracker
+
+    if not hasattr(tracker, 'debug'):  # labml-nn 0.5.1 calls it; labml 0.5.3 lacks it
+        tracker.debug = lambda *args, **kwargs: None
+    from labml_nn.transformers import feedback as ref
+    from labml_nn.transformers.feed_forward import FeedForward as RefFeedForward
+except ImportError:  # pragma: no cover - the reference is a test/benchmark dependency
+    ref = None
+
+N_VOCAB = 65
+
+
+def build(mod, ff_cls, kv: bool, d_model: int, heads: int, d_ff: int, n_layers: int) -> nn.Module:
+    attn = mod.FeedbackAttention(heads, d_model, 0.0, is_kv_precomputed=kv)
+    layer = mod.FeedbackTransformerLayer(d_model=d_model, attn=attn, feed_forward=ff_cls(d_model, d_ff, 0.0),
+                                         dropout_prob=0.0)
+    core = mod.FeedbackTransformerKV(layer, n_layers, d_model, heads) if kv else mod.FeedbackTransformer(layer,
+                                                                                                        n_layers)
+    return AutoregressiveModel(N_VOCAB, d_model, core)
+
+
+def pairs(kv: bool, sizes):
+    """(labml-nn model, lazylab model) with the same weights."""
+    torch.manual_seed(0)
+    r = build(ref, RefFeedForward, kv, *sizes)
+    o = build(ours, FeedForward, kv, *sizes)
+    o.load_state_dict(r.state_dict())
+    return r, o
+
+
+def train_step_timer(model: nn.Module, seq_len: int, batch: int):
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(1)
+    data = torch.randint(0, N_VOCAB, (seq_len + 1, batch), generator=g)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def step() -> float:
+        start = time.perf_counter()
+        logits, _ = model(data[:-1])
+        loss = loss_fn(logits.reshape(-1, N_VOCAB), data[1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if hasattr(model.transformer, 'free'):
+            model.transformer.free()
+        return time.perf_counter() - start
+
+    return step
+
+
+def report(title: str, rows, unit: str):
+    print(title)
+    base = rows[0][1]
+    for name, value in rows:
+        print(f"  {name:<34} {value / base:5.2f}x   {value:9.1f} {unit}")
+    sys.stdout.flush()
+
+
+def bench_training(seq_lens, batch, sizes, reps, variants):
+    for seq_len in seq_lens:
+        models = []
+        for kv in variants:
+            r, o = pairs(kv, sizes)
+            tag = 'FeedbackTransformerKV' if kv else 'FeedbackTransformer'
+            if kv or seq_len <= 512:
+                models.append((f'labml_nn {tag}', r))
+            models.append((f'lazylab {tag}', o))
+        timers = [(name, train_step_timer(m, seq_len, batch)) for name, m in models]
+        times = {name: [] for name, _ in timers}
+        for _, step in timers:  # warm-up
+            step()
+        for _ in range(reps):
+            for name, step in timers:
+                times[name].append(step())
+        d_model, heads, d_ff, n_layers = sizes
+        tokens = seq_len * batch
+        for kv in variants:
+            tag = 'FeedbackTransformerKV' if kv else 'FeedbackTransformer'
+            rows = [(name, tokens / statistics.median(times[name])) for name, _ in timers if name.endswith(' ' + tag)]
+            report(f"feedback training (forward+loss+backward+Adam), {tag}, seq_len {seq_len}, batch {batch}, "
+                   f"d_model {d_model}, {heads} heads, d_ff {d_ff}, {n_layers} layers "
+                   f"(CPU, {torch.get_num_threads()} threads, median of {reps})", rows, 'tok/s')
+
+
+def bench_generation(prompt_len, new_tokens, sizes, reps):
+    r, o = pairs(True, sizes)
+    r.eval()
+    o.eval()
+    prompt = torch.randint(0, N_VOCAB, (prompt_len,), generator=torch.Generator().manual_seed(2))
+    runs = [('labml_nn KV, re-run whole prefix', lambda: r.generate(prompt, new_tokens, 0, use_state=False)),
+            ('lazylab KV, re-run whole prefix', lambda: o.generate(prompt, new_tokens, 0, use_state=False)),
+            ('lazylab KV, incremental state', lambda: o.generate(prompt, new_tokens, 0))]
+    out_ref = runs[0][1]()
+    out_ours = runs[2][1]()
+    if not torch.equal(out_ref, out_ours):
+        print('  warning: greedy outputs differ between labml_nn and lazylab')
+    times = {name: [] for name, _ in runs}
+    for _ in range(reps):
+        for name, fn in runs:
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    d_model, heads, d_ff, n_layers = sizes
+    report(f"feedback generation, {new_tokens} new tokens after a {prompt_len}-token prompt, batch 1, d_model "
+           f"{d_model}, {heads} heads, d_ff {d_ff}, {n_layers} layers (CPU, {torch.get_num_threads()} threads, "
+           f"median of {reps})", [(n, new_tokens / statistics.median(t)) for n, t in times.items()], 'tok/s')
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--quick', action='store_true', help='tiny smoke run')
+    parser.add_argument('--reps', type=int, default=5)
+    parser.add_argument('--threads', type=int, default=2)
+    parser.add_argument('--seq-lens', type=int, nargs='+', default=[128, 256])
+    parser.add_argument('--variant', choices=['kv', 'original', 'both'], default='both')
+    parser.add_argument('--skip-generation', action='store_true')
+    parser.add_argument('--skip-training', action='store_true')
+    args = parser.parse_args(argv)
+    if ref is None:
+        raise SystemExit('labml-nn 0.5.1 is needed for the side-by-side benchmark (pip install labml-nn==0.5.1)')
+    torch.set_num_threads(args.threads)
+    variants = {'kv': [True], 'original': [False], 'both': [True, False]}[args.variant]
+    if args.quick:
+        sizes, batch, seq_lens, reps, gen = (32, 4, 64, 2), 4, [16], 1, (4, 8)
+    else:
+        sizes, batch, seq_lens, reps, gen = (128, 4, 512, 4), 16, args.seq_lens, args.reps, (16, 128)
+    if not args.skip_training:
+        bench_training(seq_lens, batch, sizes, reps, variants)
+    if not args.skip_generation:
+        bench_generation(*gen, sizes, reps)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,554 @@
+"""Feedback Transformer (Fan, Lavril, Grave, Joulin & Sukhbaatar 2020, "Addressing Some Limitations of
+Transformers with Feedback Memory", arXiv:2002.09402).
+
+A normal transformer's layer l attends to layer l-1's outputs. In the Feedback Transformer every layer at step t
+attends to one *memory vector* per earlier step τ < t, the softmax-weighted sum of that step's embedding and all of
+its layer outputs (paper eq. 4):
+
+    m_τ = Σ_{l=0..L} softmax(w)_l x_τ^l
+
+so the top layers' abstractions of the past are visible to the bottom layers of the present, and the model has to
+run token by token.
+
+Two variants, both with labml-nn 0.5.1's class names, constructor arguments, state_dict keys and the
+sequence-first layout [seq_len, batch_size, d_model]:
+
+- `FeedbackTransformer`: every layer l has its own key and value projections of the memory,
+  k_τ^l = W_k^l m_τ and v_τ^l = W_v^l m_τ + b_v^l.
+- `FeedbackTransformerKV`: one key and one value projection shared by all layers, k_τ = W_k m_τ, v_τ = W_v m_τ.
+
+How this is faster than the reference and has no step limit
+-----------------------------------------------------------
+The memory never changes once written, so its keys and values are computed **once**, when m_τ is made (the
+reference recomputes every layer's projections of the whole memory at every step in `FeedbackTransformer`),
+and written into a pre-allocated buffer `[groups, batch·heads, capacity, d_k]` that only grows (capacity doubles;
+no 512-step stack). Each step's attention reads a *view* of the first t slots; nothing is re-stacked.
+
+Autograd and the in-place writes: a view read at step t is saved by the matmuls of step t, and later steps write
+slots ≥ t. Those slots are outside the view, so the values autograd saved are never changed; the writes go
+through an alias whose version counter is separate (`Tensor.data`) so autograd's modified-in-place check, which
+would otherwise fire on any write to the shared storage, does not. Gradients reach the keys and values through
+`_ReadMemory`: its backward adds the gradient of the t-slot view into a gradient buffer and returns the finished
+gradient of slot t-1 to the step that wrote it. That is correct because autograd runs the reads backwards in
+time: the read at step t+1 depends, through slot t, on everything computed at step t, including the read at
+step t, so every later read has added its share to slot t-1 before the read at step t runs. `_ReadMemory`
+checks this order and raises if it is ever violated. `forward_reference` is the slow, obviously correct loop
+(re-stack the memory, call each layer's plain `forward`) that the tests compare against.
+
+Relative positions (Transformer-XL style, as in labml-nn): a key at distance δ = t - τ ∈ [1, P] from the query
+uses row P - δ of `key_pos_embeddings [P, heads, d_k]` and `key_pos_bias [P, heads]`. P = `n_positions` (4096 by
+default, labml-nn's fixed 2**12). A step whose memory is longer than P raises a ValueError naming
+`n_positions`, before anything runs; there is no silent wrap-around.
+
+Incremental use: `forward_with_state(x, state)` carries the key/value memory between calls, so generation costs
+one step per token and the outputs equal those of one call over the whole sequence. Gradients do not flow into a
+carried-in state (it is treated as a constant, like Transformer-XL's memory).
+"""
+import copy
+import math
+from typing import List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.function import once_differentiable
+
+from lazylab.models.feed_forward import FeedForward
+from lazylab.models.mha import PrepareForMultiHeadAttention
+
+__all__ = ['FeedbackAttention', 'FeedbackTransformerLayer', 'FeedbackTransformer', 'FeedbackTransformerKV',
+           'FeedbackState']
+
+# labml-nn 0.5.1's fixed number of relative positions.
+DEFAULT_N_POSITIONS = 2 ** 12
+
+
+class FeedbackAttention(nn.Module):
+    r"""Attention of one query step over the feedback memory, with relative positions.
+
+    For the query q = W_q z (z: the normalised layer input at step t) and the memory key k_τ, value v_τ of an
+    earlier step τ at distance δ = t - τ, per head (Transformer-XL's decomposition, term D replaced by a bias):
+
+        A_τ = (q + u)ᵀ k_τ  +  qᵀ p_δ  +  s_δ          u: query_pos_bias, p: key_pos_embeddings, s: key_pos_bias
+        a = softmax_τ(A / √d_k),    out = W_o Σ_τ a_τ v_τ + b_o
+
+    Args:
+        heads: number of heads h.
+        d_model: model width; d_k = d_model // heads.
+        dropout_prob: dropout on the attention weights a.
+        is_kv_precomputed: keys and values come already projected ([seq, batch, heads, d_k]), as in
+            `FeedbackTransformerKV`; then this module has no `key`/`value` projections.
+        n_positions: P, rows of the relative-position tables (labml-nn: 4096). Memories longer than P raise.
+
+    Shapes (`forward`, the plain per-step form):
+        query: [batch_size, d_model]; key, value: [mem_len, batch_size, d_model]
+        (or [mem_len, batch_size, heads, d_k] when precomputed) → [batch_size, d_model]
+
+    Raises:
+        ValueError: d_model not divisible by heads; n_positions < 1; mem_len > n_positions (on forward).
+    """
+
+    def __init__(self, heads: int, d_model: int, dropout_prob: float = 0.1, *,
+                 is_kv_precomputed: bool = False, n_positions: int = DEFAULT_N_POSITIONS):
+        super().__init__()
+        if heads <= 0 or d_model % heads != 0:
+            raise ValueError(f"FeedbackAttention: d_model={d_model} must be divisible by heads={heads}")
+        if n_positions < 1:
+            raise ValueError(f"FeedbackAttention: n_positions must be ≥ 1, got {n_positions}")
+        self.d_k = d_model // heads
+        self.heads = heads
+        self.query = PrepareForMultiHeadAttention(d_model, heads, self.d_k, bias=False)
+        if not is_kv_precomputed:
+            self.key = PrepareForMultiHeadAttention(d_model, heads, self.d_k, bias=False)
+            self.value = PrepareForMultiHeadAttention(d_model, heads, self.d_k, bias=True)
+        else:
+            self.key = None
+            self.value = None
+        self.output = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout_prob)
+        self.scale = 1 / math.sqrt(self.d_k)
+        self.softmax = nn.Softmax(dim=0)
+        self.P = n_positions
+        # Row P - δ belongs to distance δ ∈ [1, P]; zeros at start, as in labml-nn.
+        self.key_pos_embeddings = nn.Parameter(torch.zeros((self.P, heads, self.d_k)))
+        self.key_pos_bias = nn.Parameter(torch.zeros((self.P, heads)))
+        self.query_pos_bias = nn.Parameter(torch.zeros((heads, self.d_k)))
+        # Kept for labml-nn compatibility (it never fills it either).
+        self.attn = None
+
+    def check_memory_length(self, mem_len: int):
+        """Raise a ValueError when a query would attend over more than P = n_positions memory steps."""
+        if mem_len > self.P:
+            raise ValueError(
+                f"FeedbackAttention: a step attends over {mem_len} memory steps but the relative-position "
+                f"tables have n_positions={self.P} rows; build FeedbackAttention(..., n_positions≥{mem_len}) "
+                f"(config key 'n_positions') or use sequences of at most {self.P + 1} steps")
+
+    def get_scores(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """A (unscaled) for query [batch, heads, d_k] and keys [mem_len, batch, heads, d_k] → [mem_len, batch, heads]."""
+        mem_len = key.shape[0]
+        self.check_memory_length(mem_len)
+        p = self.key_pos_embeddings[self.P - mem_len:]
+        s = self.key_pos_bias[self.P - mem_len:]
+        content = torch.einsum('bhd,jbhd->jbh', query + self.query_pos_bias[None], key)
+        position = torch.einsum('bhd,jhd->jbh', query, p) + s[:, None, :]
+        return content + position
+
+    def forward(self, *, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        q = self.query(query)
+        if self.key is not None:
+            key = self.key(key)
+        if self.value is not None:
+            value = self.value(value)
+        attn = self.dropout(torch.softmax(self.get_scores(q, key) * self.scale, dim=0))
+        x = torch.einsum('jbh,jbhd->bhd', attn, value)
+        return self.output(x.reshape(x.shape[0], -1))
+
+
+class FeedbackTransformerLayer(nn.Module):
+    """Pre-norm layer: x + Dropout(Attention(LN(x), memory)), then x + Dropout(FFN(LN(x))).
+
+    At the first step there is no memory, so only the FFN half runs.
+
+    Args:
+        d_model: model width.
+        attn: the `FeedbackAttention` of this layer.
+        feed_forward: the position-wise FFN (`lazylab.models.feed_forward.FeedForward` or compatible).
+        dropout_prob: dropout on the attention and FFN outputs before the residual additions.
+
+    Shapes (`forward`, one step):
+        x: [batch_size, d_model]; key, value: memory [mem_len, batch_size, ...] or None → [batch_size, d_model]
+    """
+
+    def __init__(self, *, d_model: int, attn: FeedbackAttention, feed_forward: nn.Module, dropout_prob: float):
+        super().__init__()
+        self.size = d_model
+        self.attn = attn
+        self.feed_forward = feed_forward
+        self.dropout = nn.Dropout(dropout_prob)
+        self.norm_self_attn = nn.LayerNorm([d_model])
+        self.norm_ff = nn.LayerNorm([d_model])
+
+    def forward(self, *, x: torch.Tensor, key: Optional[torch.Tensor], value: Optional[torch.Tensor]) -> torch.Tensor:
+        if key is not None:
+            x = x + self.dropout(self.attn(query=self.norm_self_attn(x), key=key, value=value))
+        return x + self.dropout(self.feed_forward(self.norm_ff(x)))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The growing key/value memory and its autograd bridge
+# ----------------------------------------------------------------------------------------------------------------
+
+class _Memory:
+    """Keys and values of the memory steps written so far: `data [groups, batch·heads, capacity, d_k]`.
+
+    groups = 2 (k, v) for the KV variant and 2·n_layers (k¹, v¹, k², v², …) for the original. Slot τ of group g
+    holds that projection of m_τ with the batch-major head index b·heads + h. Only slots < n are valid.
+    """
+
+    def __init__(self, groups: int, batch: int, heads: int, d_k: int, capacity: int, like: torch.Tensor):
+        self.groups, self.batch, self.heads, self.d_k = groups, batch, heads, d_k
+        self.n = 0
+        self._alloc(max(capacity, 1), like)
+
+    def _alloc(self, capacity: int, like: torch.Tensor):
+        self.data = like.new_zeros(self.groups, self.batch * self.heads, capacity, self.d_k)
+        # Reads take views of this alias; its version counter is separate from `data`'s, so writing later slots
+        # through `data` does not trip autograd's in-place check on views saved earlier (see module docstring).
+        self.alias = self.data.data
+
+    @property
+    def capacity(self) -> int:
+        return self.data.shape[2]
+
+    def reserve(self, capacity: int):
+        """Make room for `capacity` slots (at least doubling), keeping the n written ones."""
+        if capacity > self.capacity:
+            old = self.data
+            self._alloc(max(capacity, 2 * self.capacity), old)
+            self.data[:, :, :self.n] = old[:, :, :self.n]
+
+    def fork(self, n: int) -> '_Memory':
+        """A copy holding only the first n slots (used when an older state is continued a second time)."""
+        other = copy.copy(self)
+        other.n = n
+        other._alloc(self.capacity, self.data)
+        other.data[:, :, :n] = self.data[:, :, :n]
+        return other
+
+    def write(self, kv: torch.Tensor):
+        """Store slot n from kv [batch, groups·heads·d_k] (group-major features), then n += 1."""
+        g, b, h, d = self.groups, self.batch, self.heads, self.d_k
+        with torch.no_grad():
+            self.data.view(g, b, h, -1, d)[:, :, :, self.n].copy_(kv.view(b, g, h, d).transpose(0, 1))
+        self.n += 1
+
+    def views(self, t: int) -> Tuple[torch.Tensor, ...]:
+        """The first t slots of each group: `groups` views [batch·heads, t, d_k]."""
+        return tuple(self.alias[g, :, :t] for g in range(self.groups))
+
+
+class _Tape:
+    """Gradient accumulator for the slots written during one forward call (slots n0 … n0 + steps - 1)."""
+
+    def __init__(self, memory: _Memory, n0: int, steps: int):
+        self.memory = memory
+        self.n0 = n0
+        self.grad = memory.data.new_zeros(memory.groups, memory.batch * memory.heads, steps, memory.d_k)
+        self.pass_id = None    # the autograd graph task (backward pass) that last used the tape
+        self.last_read = None  # t of the most recent read whose backward has run in that pass
+
+    def begin(self, t: int):
+        """Check that reads run backwards in time within a pass; start from zero in a new pass."""
+        pass_id = torch._C._current_graph_task_id()
+        if pass_id != self.pass_id:
+            # A new backward pass (retain_graph, or autograd.grad after an earlier pass that may have skipped
+            # reads it did not need): forget what the earlier pass accumulated.
+            self.pass_id = pass_id
+            self.grad.zero_()
+        elif self.last_read is not None and t >= self.last_read:
+            raise RuntimeError(f"feedback memory: backward reached the read of step {t} after step "
+                               f"{self.last_read}; reads must run backwards in time")
+        self.last_read = t
+
+
+class _ReadMemory(torch.autograd.Function):
+    """Views of the first t memory slots, differentiable with respect to slot t-1 (`anchor`, the projections
+    written at step t-1, [batch, groups·heads·d_k]).
+
+    Backward: adds each view's gradient into the tape (own slots only) and returns the finished gradient of
+    slot t-1. See the module docstring for why every later read has already run by then.
+    """
+
+    @staticmethod
+    def forward(ctx, tape: _Tape, t: int, anchor: torch.Tensor):
+        ctx.tape, ctx.t = tape, t
+        return tape.memory.views(t)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads):
+        tape, t = ctx.tape, ctx.t
+        tape.begin(t)
+        n0 = tape.n0
+        for g, grad in enumerate(grads):
+            if grad is not None:
+                tape.grad[g, :, :t - n0] += grad[:, n0:t]
+        m = tape.memory
+        slot = tape.grad[:, :, t - 1 - n0].view(m.groups, m.batch, m.heads, m.d_k)
+        return None, None, slot.transpose(0, 1).clone(memory_format=torch.contiguous_format).view(m.batch, -1)
+
+
+class FeedbackState:
+    """Opaque incremental state of a feedback transformer: the key/value memory of the steps seen so far."""
+
+    def __init__(self, memory: _Memory, n: int):
+        self.memory = memory
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The fast step loop shared by both variants
+# ----------------------------------------------------------------------------------------------------------------
+
+def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    return F.dropout(x, p, True) if training and p > 0 else x
+
+
+def _feed_forward(ff: nn.Module, z: torch.Tensor, training: bool) -> torch.Tensor:
+    """FFN of one step; inlines labml-nn-style `FeedForward` (ours or labml-nn's), otherwise calls the module."""
+    if isinstance(ff, FeedForward) or type(ff).__name__ == 'FeedForward' and hasattr(ff, 'layer1'):
+        hidden = ff.activation(F.linear(z, ff.layer1.weight, ff.layer1.bias))
+        if ff.is_gated:
+            hidden = hidden * F.linear(z, ff.linear_v.weight, ff.linear_v.bias)
+        hidden = _dropout(hidden, ff.dropout.p, training)
+        return F.linear(hidden, ff.layer2.weight, ff.layer2.bias)
+    return ff(z)
+
+
+class _LayerStep:
+    """Per-call constants of one layer's attention, with the position terms folded in once per call.
+
+    With scale c = 1/√d_k and the query written as q' = c (W_q z + u) (one affine map), the scaled score is
+
+        c A_τ = q'ᵀ k_τ + q'ᵀ p_δ + c (s_δ − uᵀ p_δ)
+
+    so the per-step work is two batched matmuls; `bias [heads, 1, R]` holds c (s_δ − uᵀ p_δ) and
+    `pos [heads, d_k, R]` the p_δ, for distances δ = R … 1 (column R - δ), R the longest memory of the call.
+    """
+
+    def __init__(self, layer: FeedbackTransformerLayer, max_mem: int):
+        attn = layer.attn
+        self.layer = layer
+        self.heads, self.d_k = attn.heads, attn.d_k
+        c = attn.scale
+        self.w_q = attn.query.linear.weight * c
+        self.b_q = attn.query_pos_bias.reshape(-1) * c
+        if attn.query.linear.bias is not None:
+            self.b_q = self.b_q + attn.query.linear.bias * c
+        if max_mem > 0:
+            attn.check_memory_length(max_mem)
+            p = attn.key_pos_embeddings[attn.P - max_mem:]                       # [R, h, d]
+            s = attn.key_pos_bias[attn.P - max_mem:]                             # [R, h]
+            s = (s - torch.einsum('rhd,hd->rh', p, attn.query_pos_bias)) * c
+            self.pos = p.permute(1, 2, 0).contiguous()                           # [h, d, R]
+            self.bias = s.t().unsqueeze(1).contiguous()                          # [h, 1, R]
+        self.max_mem = max_mem
+        self.p_attn = attn.dropout.p
+        self.p_layer = layer.dropout.p
+
+    def __call__(self, x: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], t: int,
+                 training: bool) -> torch.Tensor:
+        """One layer at one step: x [batch, d_model]; k, v: [batch·heads, t, d_k] views or None."""
+        layer = self.layer
+        if k is not None:
+            b = x.shape[0]
+            h, d = self.heads, self.d_k
+            z = F.layer_norm(x, layer.norm_self_attn.normalized_shape, layer.norm_self_attn.weight,
+                             layer.norm_self_attn.bias, layer.norm_self_attn.eps)
+            q = F.linear(z, self.w_q, self.b_q)                                  # [b, h·d]
+            r = self.max_mem - t
+            pos_scores = torch.baddbmm(self.bias[:, :, r:], q.view(b, h, d).transpose(0, 1), self.pos[:, :, r:])
+            scores = torch.bmm(q.view(b * h, 1, d), k.transpose(1, 2)).view(b, h, t) + pos_scores.transpose(0, 1)
+            a = _dropout(torch.softmax(scores, dim=-1), self.p_attn, training)
+            o = torch.bmm(a.view(b * h, 1, t), v).view(b, h * d)
+            o = F.linear(o, layer.attn.output.weight, layer.attn.output.bias)
+            x = x + _dropout(o, self.p_layer, training)
+        n = layer.norm_ff
+        z = F.layer_norm(x, n.normalized_shape, n.weight, n.bias, n.eps)
+        return x + _dropout(_feed_forward(layer.feed_forward, z, training), self.p_layer, training)
+
+
+class _FeedbackBase(nn.Module):
+    """What the two variants share: the layer stack, the memory weights w and the final LayerNorm."""
+
+    layers: nn.ModuleList
+
+    def __init__(self, layer: FeedbackTransformerLayer, n_layers: int):
+        super().__init__()
+        if n_layers < 1:
+            raise ValueError(f"{type(self).__name__}: n_layers must be ≥ 1, got {n_layers}")
+        self.layers = nn.ModuleList([copy.deepcopy(layer) for _ in range(n_layers)])
+        self.norm = nn.LayerNorm([layer.size])
+        # m_τ = Σ_l softmax(weights)_l x_τ^l over the embedding (l = 0) and each layer's output.
+        self.weights = nn.Parameter(torch.ones(n_layers + 1))
+        self.softmax = nn.Softmax(0)
+
+    # Subclasses: the projections of a memory vector, as one affine map m [b, d_model] → [b, groups·heads·d_k].
+    def _memory_projection(self) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        raise NotImplementedError
+
+    def _groups(self) -> int:
+        raise NotImplementedError
+
+    def _layer_kv(self, views: Tuple[torch.Tensor, ...], i: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def forward(self, x_seq: torch.Tensor) -> torch.Tensor:
+        """x_seq [seq_len, batch_size, d_model] → LayerNorm of the last layer's outputs, same shape."""
+        return self.forward_with_state(x_seq)[0]
+
+    def forward_with_state(self, x_seq: torch.Tensor, state: Optional[FeedbackState] = None
+                           ) -> Tuple[torch.Tensor, FeedbackState]:
+        """Run x_seq [seq_len, batch_size, d_model] after the steps held in `state` (None: from scratch).
+
+        Returns (outputs [seq_len, batch_size, d_model], new state). Chained calls give the outputs of one call
+        over the concatenated sequence. A state may be continued more than once (it is copied when needed);
+        gradients do not flow into it.
+
+        Raises:
+            ValueError: x_seq is not [seq_len, batch_size, d_model]; the batch size differs from the state's;
+                the memory would exceed a layer's `n_positions`.
+        """
+        attn0 = self.layers[0].attn
+        d_model = self.layers[0].size
+        if x_seq.dim() != 3 or x_seq.shape[-1] != d_model:
+            raise ValueError(f"{type(self).__name__} expects x_seq [seq_len, batch_size, d_model={d_model}], "
+                             f"got {tuple(x_seq.shape)}")
+        steps, batch = x_seq.shape[0], x_seq.shape[1]
+        n0 = 0 if state is None else state.n
+        if state is not None and state.memory.batch != batch:
+            raise ValueError(f"{type(self).__name__}: state holds batch_size={state.memory.batch}, "
+                             f"x_seq has batch_size={batch}")
+        layer_steps = [_LayerStep(layer, n0 + steps - 1) for layer in self.layers]
+        if state is None:
+            memory = _Memory(self._groups(), batch, attn0.heads, attn0.d_k, steps, x_seq)
+        else:
+            memory = state.memory if state.memory.n == n0 else state.memory.fork(n0)
+            memory.reserve(n0 + steps)
+
+        training = self.training
+        w = torch.softmax(self.weights, dim=0)
+        proj_w, proj_b = self._memory_projection()
+        tape = _Tape(memory, n0, steps) if torch.is_grad_enabled() else None
+        anchor = None
+        outputs = []
+        for i, x in enumerate(x_seq.unbind(0)):
+            t = n0 + i
+            if t == 0:
+                views = None
+            elif tape is not None and anchor is not None:
+                views = _ReadMemory.apply(tape, t, anchor)
+            else:
+                views = memory.views(t)
+            layer_outputs = [x]
+            for li, step in enumerate(layer_steps):
+                k, v = self._layer_kv(views, li) if views is not None else (None, None)
+                x = step(x, k, v, t, training)
+                layer_outputs.append(x)
+            mem = torch.stack(layer_outputs, dim=-1) @ w                         # [b, d_model]
+            anchor = F.linear(mem, proj_w, proj_b)
+            memory.write(anchor)
+            outputs.append(x)
+        return self.norm(torch.stack(outputs)), FeedbackState(memory, memory.n)
+
+
+class FeedbackTransformer(_FeedbackBase):
+    """The original Feedback Transformer: per-layer key/value projections of the shared memory.
+
+    Args:
+        layer: a `FeedbackTransformerLayer` whose attention has its own `key`/`value` (is_kv_precomputed=False);
+            it is deep-copied n_layers times.
+        n_layers: L.
+
+    Parameters (labml-nn names): `layers.*`, `norm` (final LayerNorm), `weights [L+1]` (memory mixing logits).
+
+    Shapes:
+        x_seq: [seq_len, batch_size, d_model] → [seq_len, batch_size, d_model]
+    """
+
+    def __init__(self, layer: FeedbackTransformerLayer, n_layers: int):
+        if layer.attn.key is None:
+            raise ValueError("FeedbackTransformer needs FeedbackAttention(..., is_kv_precomputed=False); "
+                             "use FeedbackTransformerKV for precomputed keys and values")
+        super().__init__(layer, n_layers)
+
+    def _groups(self) -> int:
+        return 2 * len(self.layers)
+
+    def _memory_projection(self):
+        weights, biases = [], []
+        for layer in self.layers:
+            for proj in (layer.attn.key.linear, layer.attn.value.linear):
+                weights.append(proj.weight)
+                biases.append(proj.bias if proj.bias is not None else proj.weight.new_zeros(proj.out_features))
+        return torch.cat(weights), torch.cat(biases)
+
+    def _layer_kv(self, views, i):
+        return views[2 * i], views[2 * i + 1]
+
+    def forward_reference(self, x_seq: torch.Tensor) -> torch.Tensor:
+        """The slow, plain loop (labml-nn's algorithm): re-stack the memory and call each layer every step."""
+        mem: List[torch.Tensor] = []
+        res = []
+        w = self.softmax(self.weights)
+        for x in x_seq.unbind(0):
+            layer_outputs = [x]
+            mem_tensor = torch.stack(mem) if mem else None
+            for layer in self.layers:
+                x = layer(x=x, key=mem_tensor, value=mem_tensor)
+                layer_outputs.append(x)
+            mem.append(torch.einsum('lbd,l->bd', torch.stack(layer_outputs), w))
+            res.append(x)
+        return self.norm(torch.stack(res))
+
+
+class FeedbackTransformerKV(_FeedbackBase):
+    """Feedback Transformer with keys and values shared by all layers (computed once per memory vector).
+
+    Args:
+        layer: a `FeedbackTransformerLayer` whose attention has is_kv_precomputed=True; deep-copied n_layers times.
+        n_layers: L.
+        d_model: model width.
+        heads: number of heads (d_k = d_model // heads).
+
+    Parameters (labml-nn names): `layers.*`, `norm`, `weights [L+1]`, `key.linear.weight`, `value.linear.weight`
+    (no biases).
+
+    Shapes:
+        x_seq: [seq_len, batch_size, d_model] → [seq_len, batch_size, d_model]
+    """
+
+    def __init__(self, layer: FeedbackTransformerLayer, n_layers: int, d_model: int, heads: int):
+        if layer.attn.key is not None:
+            raise ValueError("FeedbackTransformerKV needs FeedbackAttention(..., is_kv_precomputed=True)")
+        if heads <= 0 or d_model % heads != 0:
+            raise ValueError(f"FeedbackTransformerKV: d_model={d_model} must be divisible by heads={heads}")
+        super().__init__(layer, n_layers)
+        d_k = d_model // heads
+        self.key = PrepareForMultiHeadAttention(d_model, heads, d_k, bias=False)
+        self.value = PrepareForMultiHeadAttention(d_model, heads, d_k, bias=False)
+
+    def _groups(self) -> int:
+        return 2
+
+    def _memory_projection(self):
+        return torch.cat([self.key.linear.weight, self.value.linear.weight]), None
+
+    def _layer_kv(self, views, i):
+        return views
+
+    def free(self):
+        """No-op, for labml-nn compatibility (its KV model keeps a stack between calls; ours keeps nothing)."""
+
+    def forward_reference(self, x_seq: torch.Tensor) -> torch.Tensor:
+        """The slow, plain loop: keys/values of each memory vector kept in lists and re-stacked every step."""
+        keys: List[torch.Tensor] = []
+        values: List[torch.Tensor] = []
+        res = []
+        w = self.softmax(self.weights)
+        for x in x_seq.unbind(0):
+            layer_outputs = [x]
+            k = torch.stack(keys) if keys else None
+            v = torch.stack(values) if values else None
+            for layer in self.layers:
+                x = layer(x=x, key=k, value=v)
+                layer_outputs.append(x)
+            mem = torch.einsum('lbd,l->bd', torch.stack(layer_outputs), w)
+            keys.append(self.key(mem))
+            values.append(self.value(mem))
+            res.append(x)
+        return self.norm(torch.stack(res))
