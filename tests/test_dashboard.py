@@ -186,8 +186,9 @@ def test_closed_port_warns_once_and_trains_normally(tmp_path):
     for key in ('loss.train', 'accuracy.train', 'loss.valid'):
         assert _metrics_jsonl(dir_closed, key)[1].tolist() == _metrics_jsonl(dir_none, key)[1].tolist()
     assert (dir_closed / 'samples.txt').read_text() == (dir_none / 'samples.txt').read_text()
-    # No waiting on the dead server (labml alone would retry every 10, 20, 30 ... seconds, forever).
-    assert t_closed < t_none + 10, (t_closed, t_none)
+    # No waiting on the dead server: labml alone would retry every 10, 20, 30 ... seconds, forever. The bound is
+    # loose (twice the plain run, plus 10 s) because CI machines are noisy; a retry loop would still break it.
+    assert t_closed < 2 * t_none + 10, (t_closed, t_none)
 
 
 def test_track_url():
