@@ -44,7 +44,7 @@ PRESETS = {
     'labml_nn': {'d_model': 512, 'heads': 8, 'n_layers': 6, 'd_ff': 2048, 'nu': 1, 'seq_len': 128,
                  'batch_size': 16, 'optimizer.optimizer': 'Noam', 'optimizer.learning_rate': 1.0,
                  'optimizer.warmup': 2000, 'dropout': 0.0, 'epochs': 128, 'max_steps': 0, 'max_minutes': 0,
-                 'inner_iterations': 25},
+                 'inner_iterations': 25, 'valid_interval': 0},
 }
 
 

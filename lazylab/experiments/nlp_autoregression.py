@@ -15,7 +15,16 @@ from lazylab.experiments.trainer import TrainerConfigs, resolve_device
 
 
 class NLPAutoRegressionConfigs(TrainerConfigs):
-    """Trainer items plus data, model width, optimizer and sampling."""
+    """Trainer items plus data, model width, optimizer and sampling.
+
+    The defaults are a 10-minute run on a 2-core CPU: the time budget (`max_minutes`) fixes the step count after
+    timing the first steps, and the learning rate warms up, then follows a cosine to a tenth of its peak.
+    """
+    max_minutes: float = 10.0         # training time budget in minutes (0: epochs / max_steps decide)
+    epochs: int = 100                 # an upper bound; the time budget ends the default run first
+    seq_len: int = 64                 # characters per sequence
+    batch_size: int = 32              # sequences per step (per process)
+    valid_interval: int = 250         # steps between validations (and checkpoints)
     text: str = TINY_SHAKESPEARE      # tiny_shakespeare (bundled) or the path of a UTF-8 text file
     dataset: TextDataset              # the tokenized 90% / 10% split of `text`
     n_tokens: int                     # vocabulary size (from the dataset)
@@ -54,8 +63,13 @@ def _total_steps(c: NLPAutoRegressionConfigs):
 
 @option(NLPAutoRegressionConfigs.optimizer, 'OptimizerConfigs')
 def _optimizer(c: NLPAutoRegressionConfigs):
+    """AdamW, 100 warm-up steps to 3·10⁻³, cosine to 3·10⁻⁴ over the run (each can be overridden)."""
     conf = OptimizerConfigs()
     conf.parameters = c.model.parameters()
     conf.d_model = c.d_model
     conf.total_steps = c.total_steps
+    conf.set_default(OptimizerConfigs.optimizer, value='AdamW')
+    conf.set_default(OptimizerConfigs.learning_rate, value=3e-3)
+    conf.set_default(OptimizerConfigs.warmup, value=100)
+    conf.set_default(OptimizerConfigs.schedule, value='cosine')
     return conf

@@ -305,7 +305,7 @@ def train(c, run_dir: Path, *, resume: bool = False, is_main: bool = True, labml
     def record(valid: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
         """Turn the sums since the last record into a metrics record; write and show it."""
         r = {'step': pos.step, 'tokens': pos.tokens, 'epoch': round(pos.epoch + pos.batch / len(train_loader), 4),
-             'lr': optimizer.param_groups[0]['lr'], 'time': round(pos.elapsed, 3)}
+             'lr': step_lr, 'time': round(pos.elapsed, 3)}
         if sums['count']:
             r['loss.train'] = sums['loss'] / sums['steps']
             r['accuracy.train'] = sums['correct'] / sums['count']
@@ -372,6 +372,7 @@ def train(c, run_dir: Path, *, resume: bool = False, is_main: bool = True, labml
         save()  # with the fitted step count, so a resumed run keeps it
 
     warm_step, warm_clock = CALIBRATION_STEPS // 3, None
+    step_lr = optimizer.param_groups[0]['lr']
     model.train()
     while pos.step < pos.total_steps and not out_of_time():
         for x, y in train_loader.epoch(pos.epoch, start=pos.batch):
@@ -387,6 +388,7 @@ def train(c, run_dir: Path, *, resume: bool = False, is_main: bool = True, labml
             loss.backward()
             if c.grad_norm_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_norm_clip)
+            step_lr = optimizer.param_groups[0]['lr']  # the rate this update used (logged as `lr`)
             optimizer.step()
             scheduler.step()
 

@@ -86,7 +86,6 @@ def _transformer_configs(c: Configs):
     conf = TransformerConfigs()
     conf.n_src_vocab = conf.n_tgt_vocab = c.n_tokens
     conf.d_model, conf.n_heads, conf.n_layers, conf.dropout = c.d_model, c.heads, c.n_layers, c.dropout
-    conf.set_default(TransformerConfigs.src_embed, value='learned_pos')
     conf._set_values({'ffn.d_ff': c.d_ff})  # reaches the FFN sub-config when it is created
     return conf
 
@@ -101,7 +100,8 @@ def _transformer(c: Configs):
 PRESETS = {
     'labml_nn': {'d_model': 512, 'heads': 8, 'n_layers': 6, 'd_ff': 2048, 'seq_len': 128, 'batch_size': 64,
                  'optimizer.optimizer': 'Noam', 'optimizer.learning_rate': 1.0, 'optimizer.warmup': 2000,
-                 'dropout': 0.0, 'epochs': 128, 'max_steps': 0, 'max_minutes': 0, 'inner_iterations': 25},
+                 'dropout': 0.0, 'epochs': 128, 'max_steps': 0, 'max_minutes': 0, 'inner_iterations': 25,
+                 'valid_interval': 0},
 }
 
 
