@@ -9,7 +9,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from lazylab.models.fast_weights.delta_rule import delta_rule_chunked, delta_rule_loop, delta_rule_step
+from lazylab.models.fast_weights.delta_rule import (delta_rule_chunked, delta_rule_loop, delta_rule_step,
+                                                   unit_lower_inverse)
 
 
 def make_inputs(seq_len, batch, heads, d_dot, d_v, *, with_state, dtype=torch.float32, seed=0):
@@ -99,6 +100,14 @@ def test_chunked_equals_loop_for_any_shape_in_float64(seq_len, chunk_size, batch
     torch.testing.assert_close(s, s_ref, rtol=1e-10, atol=1e-10)
     for a, b in zip(g, g_ref):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize('c', [1, 2, 3, 16, 17, 64])
+def test_unit_lower_inverse_equals_matrix_inverse(c):
+    g = torch.Generator().manual_seed(c)
+    a = torch.randn(5, c, c, generator=g, dtype=torch.float64).tril(-1) * 0.5
+    expected = torch.linalg.inv(torch.eye(c, dtype=torch.float64) + a)
+    torch.testing.assert_close(unit_lower_inverse(a), expected, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize('fn', [delta_rule_loop, delta_rule_chunked, step_loop])

@@ -46,7 +46,7 @@ __all__ = ['DPFP', 'FastWeightsAttention', 'FastWeightsAttentionTransformerLayer
            'FastWeightsAttentionTransformer', 'KERNELS', 'DEFAULT_CHUNK_SIZE']
 
 KERNELS = ('chunked', 'loop', 'step')
-DEFAULT_CHUNK_SIZE = 32  # fastest on CPU at d_dot = 64 (see benchmarks/fast_weights.py); 64 suits GPUs
+DEFAULT_CHUNK_SIZE = 16  # fastest on CPU for d_dot = 64 (small batched matmuls); GPUs prefer 64
 
 
 class DPFP(nn.Module):
