@@ -346,32 +346,39 @@ def train(c, run_dir: Path, *, resume: bool = False, is_main: bool = True, labml
 
     def validate(final: bool) -> Dict[str, Any]:
         """Validation loss (the whole split, or `final_valid_batches`, at the end), a sample, a checkpoint."""
+        started_at = time.time()
         valid = evaluate(model, valid_full if final else valid_quick, device, autocast)
         if not math.isfinite(valid['loss']):  # the last update broke the weights: do not save them
             raise NonFiniteLossError(f'validation loss is {valid["loss"]} after step {pos.step}; '
                                      f'{kept()} (try a lower optimizer.learning_rate or grad_norm_clip)')
         r = record(valid)
         sample()
+        if fit_to_budget and not final:
+            fit_steps_to_budget(time.time() - started_at)
         save()
         return r
 
-    def fit_steps_to_budget() -> None:
-        """Choose the step count that ends the run, final validation included, at `max_minutes`: time the
-        steps so far and one validation, then set total_steps (and the LR schedule's) from what is left."""
-        # the first steps are slow (allocations, caches): time the later two thirds
-        step_seconds = (clock() - warm_clock) / (pos.step - warm_step) if warm_clock else clock() / pos.step
-        t0 = time.time()
-        pos.calibrated = True
-        validate(final=False)
-        cycle_seconds = time.time() - t0
-        final_seconds = cycle_seconds * len(valid_full) / len(valid_quick)
-        steps_left = (budget - clock() - final_seconds) / (step_seconds + cycle_seconds / valid_every)
+    def fit_steps_to_budget(valid_seconds: float) -> None:
+        """Choose the step count that ends the run, final validation included, at `max_minutes`, from the time
+        per step measured so far (validations included), and stretch the LR schedule over it. Done after timing
+        the first CALIBRATION_STEPS steps and again at every validation, so a machine that speeds up or slows
+        down mid-run still ends on time."""
+        if not pos.calibrated:  # the first steps are slow (allocations, caches): time the later two thirds
+            since_clock, since_step = (warm_clock, warm_step) if warm_clock else (elapsed_before, step_started_at)
+            step_seconds = (clock() - valid_seconds - since_clock) / (pos.step - since_step) \
+                + valid_seconds / valid_every
+            pos.calibrated = True
+        else:
+            step_seconds = (clock() - last_fit[0]) / max(1, pos.step - last_fit[1])
+        final_seconds = valid_seconds * len(valid_full) / len(valid_quick)
+        steps_left = (budget - clock() - final_seconds) / step_seconds
         pos.total_steps = min(c.total_steps, pos.step + max(1, int(steps_left)))
         for schedule in scheduler.lr_lambdas:
             schedule.total_steps = pos.total_steps
-        save()  # with the fitted step count, so a resumed run keeps it
+        last_fit[:] = [clock(), pos.step]
 
     warm_step, warm_clock = CALIBRATION_STEPS // 3, None
+    last_fit = [clock(), pos.step]  # (clock, step) of the last fit to the time budget
     step_lr = optimizer.param_groups[0]['lr']
     model.train()
     while pos.step < pos.total_steps and not out_of_time():
@@ -405,9 +412,8 @@ def train(c, run_dir: Path, *, resume: bool = False, is_main: bool = True, labml
             done = pos.step >= pos.total_steps or out_of_time()
             if pos.step == warm_step:
                 warm_clock = clock()
-            if fit_to_budget and not pos.calibrated and pos.step == CALIBRATION_STEPS and not done:
-                fit_steps_to_budget()
-            elif pos.step % valid_every == 0 or done:
+            first_fit = fit_to_budget and not pos.calibrated and pos.step == CALIBRATION_STEPS
+            if pos.step % valid_every == 0 or done or first_fit:
                 last_record = validate(final=done)
             elif pos.step % c.log_interval == 0:
                 last_record = record()
