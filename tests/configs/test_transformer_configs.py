@@ -222,5 +222,6 @@ def test_unknown_option_is_a_config_error_naming_the_path():
 def test_d_model_not_divisible_by_heads_names_both():
     conf = TransformerConfigs()
     conf._set_values({'d_model': 30, 'n_heads': 4})
-    with pytest.raises(Exception, match=r'd_model=30.*heads=4'):
+    with pytest.raises(ConfigError, match=r'encoder_attn.*d_model=30.*heads=4') as error:
         conf.encoder_attn
+    assert isinstance(error.value.__cause__, ValueError)
