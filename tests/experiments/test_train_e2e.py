@@ -211,3 +211,35 @@ def test_fast_weights_experiment_trains_and_generates(tmp_path, capsys):
     assert cli.main(['generate', str(run_dir), '--prompt', 'KING', '--tokens', '12', '--seed', '0']) == 0
     text = capsys.readouterr().out.rstrip('\n')
     assert len(text) == 16 and text.startswith('KING')
+
+
+@pytest.mark.parametrize('model', ['feedback_transformer_kv', 'feedback_transformer'])
+def test_feedback_experiment_trains_and_generates_incrementally(tmp_path, capsys, model):
+    runs = tmp_path / 'runs'
+    argv = [a for a in TINY if not a.startswith('max_steps')] + ['max_steps=20', f'model={model}', 'n_layers=2',
+                                                                f'runs_dir={runs}']
+    threads = torch.get_num_threads()
+    try:
+        assert cli.main(['train', 'feedback', *argv]) == 0
+        run_dir = next((runs / 'feedback').iterdir())
+        records = read_metrics(run_dir / 'metrics.jsonl')
+        valid = [r['loss.valid'] for r in records if 'loss.valid' in r]
+        assert len(valid) == 2 and valid[1] < valid[0] < 4.3
+        capsys.readouterr()
+        # greedy generation (incremental, with the feedback memory carried as state) equals re-running the
+        # whole prefix and taking the argmax at every step
+        assert cli.main(['generate', str(run_dir), '--prompt', 'KING', '--tokens', '12', '--temperature', '0']) == 0
+        text = capsys.readouterr().out.rstrip('\n')
+        _, conf, _ = runner.open_run(str(run_dir))
+        ck = load_checkpoint(run_dir / 'checkpoint.pt')
+        conf.n_tokens = len(ck['vocabulary'])
+        m = conf.model
+        m.load_state_dict(ck['model'])
+        m.eval()
+        ids = [ck['vocabulary'].index(ch) for ch in 'KING']
+        with torch.no_grad():
+            for _ in range(12):
+                ids.append(int(m(torch.tensor(ids)[:, None])[0][-1, 0].argmax()))
+        assert text == ''.join(ck['vocabulary'][i] for i in ids)
+    finally:
+        torch.set_num_threads(threads)
