@@ -828,6 +828,7 @@ def build(cells, gpu: bool = True):
 BUILDERS = {
     'configs_tour.ipynb': configs_tour,
     'fast_weights_transformer.ipynb': fast_weights,
+    'feedback_transformer.ipynb': feedback,
 }
 
 

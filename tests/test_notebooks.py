@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / 'notebooks'
-NAMES = ['configs_tour.ipynb', 'fast_weights_transformer.ipynb']
+NAMES = ['configs_tour.ipynb', 'fast_weights_transformer.ipynb', 'feedback_transformer.ipynb']
 
 # Tiny settings per notebook: every value the notebook's parameters cell defines is replaced (RUNS_DIR by the
 # test's temporary folder).
@@ -24,6 +24,7 @@ _TINY_RUN = dict(STEPS=6, BATCH_SIZE=2, SEQ_LEN=16, D_MODEL=16, HEADS=2, D_FF=32
 TINY = {
     'configs_tour.ipynb': dict(D_MODEL=16, HEADS=2, N_LAYERS=1, D_FF=32, SEQ_LEN=16),
     'fast_weights_transformer.ipynb': dict(_TINY_RUN, KERNEL_SEQ_LEN=40, KERNEL_BATCH=2, CHUNK_SIZE=8),
+    'feedback_transformer.ipynb': dict(_TINY_RUN),
 }
 
 CELL_TIMEOUT_S = 120
@@ -122,15 +123,18 @@ def _text(nb):
     return '\n'.join(out)
 
 
+def _assert_shows(text, *snippets):
+    """Each snippet appears in the notebook's printed output (the output is shown when one does not)."""
+    missing = [snippet for snippet in snippets if snippet not in text]
+    assert not missing, f'missing from the output: {missing}\n--- output ---\n{text[-6000:]}'
+
+
 def test_configs_tour_runs(tmp_path):
     nb, seconds = _execute('configs_tour.ipynb', tmp_path)
     text = _text(nb)
     print(f'configs_tour.ipynb ran in {seconds:.1f} s')
-    assert "did you mean 'd_model'" in text
-    assert "did you mean 'GELU'" in text
-    assert 'exit code 2: lazylab: error:' in text
-    assert 'replayed model has identical parameters: True' in text
-    assert 'device cpu' in text
+    _assert_shows(text, "did you mean 'd_model'", "did you mean 'GELU'", 'exit code 2: lazylab: error:',
+                  'replayed model has identical parameters: True', 'device cpu')
 
 
 def _check_training_run(nb, experiment, runs_dir):
@@ -149,10 +153,10 @@ def _check_training_run(nb, experiment, runs_dir):
     assert records[-1]['step'] == steps and 'loss.valid' in records[-1]
     # the plot was redrawn once per metrics record (here steps 2, 3 with validation, 4, 6 with validation)
     assert len(records) >= 2 and sum('loss.valid' in r for r in records) >= 2
-    assert f'the plot was redrawn {len(records)} times' in text
-    assert f"validation loss {records[-1]['loss.valid']:.4f} nats/char" in text
-    assert f'reloaded the checkpoint of step {steps} into a new AutoregressiveModel' in text
-    assert 'max |whole − step by step|' in text
+    _assert_shows(text, f'the plot was redrawn {len(records)} times')
+    _assert_shows(text, f"validation loss {records[-1]['loss.valid']:.4f} nats/char",
+                  f'reloaded the checkpoint of step {steps} into a new AutoregressiveModel',
+                  'max |whole − step by step|')
     return text
 
 
@@ -160,7 +164,14 @@ def test_fast_weights_notebook_runs(tmp_path):
     nb, seconds = _execute('fast_weights_transformer.ipynb', tmp_path)
     print(f'fast_weights_transformer.ipynb ran in {seconds:.1f} s')
     text = _check_training_run(nb, 'fast_weights', tmp_path / 'runs')
-    assert 'max |chunked − step by step|' in text and 'chunked (8)' in text
+    _assert_shows(text, 'max |chunked − step by step|', 'chunked (8)')
+
+
+def test_feedback_notebook_runs(tmp_path):
+    nb, seconds = _execute('feedback_transformer.ipynb', tmp_path)
+    print(f'feedback_transformer.ipynb ran in {seconds:.1f} s')
+    text = _check_training_run(nb, 'feedback', tmp_path / 'runs')
+    _assert_shows(text, 'max |buffered memory − reference loop|')
 
 
 @pytest.mark.parametrize('cwd, source', [('notebooks', 'checkout'), ('elsewhere', 'git+https://github.com/lazylab/lazylab')])
