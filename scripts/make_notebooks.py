@@ -555,7 +555,7 @@ D_MODEL = 256 if GPU else 64          # model width
 HEADS = 4                             # attention heads
 D_FF = 1024 if GPU else 128           # feed-forward hidden width
 N_LAYERS = 4 if GPU else 2            # layers
-LEARNING_RATE = 1e-3                  # Adam's learning rate
+LEARNING_RATE = 3e-3                  # peak learning rate (AdamW, warm-up, then cosine decay)
 VALID_EVERY = 250 if GPU else 150     # steps between validations (and checkpoints)
 LOG_EVERY = 10                        # steps between loss records (plot updates)
 VALID_BATCHES = 0 if GPU else 20      # batches per validation (0: the whole validation split)
@@ -704,15 +704,15 @@ def fast_weights():
 
 FEEDBACK_PARAMETERS = '''
 # Parameters: the run's sizes; GPU values when there is one (the tests replace all of these with tiny ones).
-STEPS = 1000 if GPU else 200          # optimizer steps
+STEPS = 1000 if GPU else 400          # optimizer steps
 BATCH_SIZE = 32 if GPU else 16        # sequences per step
 SEQ_LEN = 128 if GPU else 64          # characters per sequence
 D_MODEL = 256 if GPU else 64          # model width
 HEADS = 4                             # attention heads
 D_FF = 1024 if GPU else 128           # feed-forward hidden width
 N_LAYERS = 4 if GPU else 2            # layers
-LEARNING_RATE = 1e-3                  # Adam's learning rate
-VALID_EVERY = 200 if GPU else 50      # steps between validations (and checkpoints)
+LEARNING_RATE = 3e-3                  # peak learning rate (AdamW, warm-up, then cosine decay)
+VALID_EVERY = 200 if GPU else 100     # steps between validations (and checkpoints)
 LOG_EVERY = 10                        # steps between loss records (plot updates)
 VALID_BATCHES = 0 if GPU else 10      # batches per validation (0: the whole validation split)
 SAMPLE_TOKENS = 300 if GPU else 150   # characters to generate
