@@ -63,13 +63,10 @@ def _total_steps(c: NLPAutoRegressionConfigs):
 
 @option(NLPAutoRegressionConfigs.optimizer, 'OptimizerConfigs')
 def _optimizer(c: NLPAutoRegressionConfigs):
-    """AdamW, 100 warm-up steps to 3·10⁻³, cosine to 3·10⁻⁴ over the run (each can be overridden)."""
+    """OptimizerConfigs over the model's parameters (defaults: AdamW, 100 warm-up steps to 3·10⁻³, then a cosine
+    to 3·10⁻⁴ over the run)."""
     conf = OptimizerConfigs()
     conf.parameters = c.model.parameters()
     conf.d_model = c.d_model
     conf.total_steps = c.total_steps
-    conf.set_default(OptimizerConfigs.optimizer, value='AdamW')
-    conf.set_default(OptimizerConfigs.learning_rate, value=3e-3)
-    conf.set_default(OptimizerConfigs.warmup, value=100)
-    conf.set_default(OptimizerConfigs.schedule, value='cosine')
     return conf

@@ -23,13 +23,13 @@ class Noam(torch.optim.Adam):
 
 class OptimizerConfigs(BaseConfigs):
     """The optimizer (`optimizer.optimizer`) and its learning-rate schedule (`optimizer.scheduler`)."""
-    optimizer: torch.optim.Optimizer = 'Adam'  # Adam, AdamW, SGD or Noam
+    optimizer: torch.optim.Optimizer = 'AdamW'  # Adam, AdamW, SGD or Noam
     scheduler: torch.optim.lr_scheduler.LambdaLR
     parameters: object                         # the parameters to optimize (set by the experiment)
-    learning_rate: float = 1e-3                # peak learning rate (Noam: the scale, 1.0 in labml_nn)
+    learning_rate: float = 3e-3                # peak learning rate (Noam: the scale, 1.0 in labml_nn)
     weight_decay: float = 0.0                  # L2 for Adam/SGD, decoupled for AdamW
-    warmup: int = 0                            # linear warm-up steps (Noam: its w)
-    schedule: str = 'constant'                 # constant or cosine (after warm-up; ignored by Noam)
+    warmup: int = 100                          # linear warm-up steps (Noam: its w)
+    schedule: str = 'cosine'                   # constant or cosine (after warm-up; ignored by Noam)
     min_lr_ratio: float = 0.1                  # cosine ends at learning_rate · min_lr_ratio
     beta1: float = 0.9                         # Adam's β₁
     beta2: float = 0.999                       # Adam's β₂

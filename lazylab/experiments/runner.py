@@ -55,6 +55,9 @@ def run_cli(func: Callable[..., Any], *args) -> int:
     except KeyboardInterrupt:
         print('\nlazylab: interrupted', file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into a reader that stopped (`| head`): not an error worth a traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except Exception as e:
         message = user_error_message(e)
         if message is None:
@@ -220,8 +223,12 @@ def execute(name: str, conf, run_dir: Path, *, resume: bool) -> Dict[str, Any]:
     return last
 
 
-def train_main(name: str, argv: Sequence[str]) -> Path:
-    """`lazylab train NAME …`: validate, create the run directory, write configs.yaml and run.json, train."""
+def train_main(name: str, argv: Sequence[str]) -> Optional[Path]:
+    """`lazylab train NAME …`: validate, create the run directory, write configs.yaml and run.json, train.
+    With -h/--help: print the experiment's keys (as `lazylab options NAME`) instead."""
+    if '-h' in argv or '--help' in argv:
+        print(f'usage: lazylab train {name} [key=value …] [--config FILE.yaml]\n\n' + options_text(name))
+        return None
     conf = make_configs(name, argv)
     prepare(conf)
     run_dir = new_run_dir(conf, name)

@@ -51,7 +51,8 @@ def test_warmup_then_cosine_to_min_ratio():
 @pytest.mark.parametrize('name, cls', [('Adam', torch.optim.Adam), ('AdamW', torch.optim.AdamW),
                                        ('SGD', torch.optim.SGD)])
 def test_constant_schedule_and_weight_decay_reach_the_torch_optimizer(name, cls):
-    opt, rates = _rates({'optimizer': name, 'learning_rate': 0.05, 'weight_decay': 0.01}, 5)
+    opt, rates = _rates({'optimizer': name, 'learning_rate': 0.05, 'weight_decay': 0.01, 'warmup': 0,
+                         'schedule': 'constant'}, 5)
     assert type(opt) is cls
     assert rates == [0.05] * 5
     assert opt.param_groups[0]['weight_decay'] == 0.01
