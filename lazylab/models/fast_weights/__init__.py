@@ -86,8 +86,8 @@ class DPFP(nn.Module):
     def dpfp(self, k: torch.Tensor) -> torch.Tensor:
         """The un-normalised φ(k): [..., d_key] → [..., 2 · d_key · ν]."""
         r = self.relu(torch.cat([k, -k], dim=-1))
-        rolled = torch.cat([r.roll(shifts=i, dims=-1) for i in range(1, self.nu + 1)], dim=-1)
-        return r.repeat(*([1] * (r.dim() - 1)), self.nu) * rolled
+        rolled = torch.stack([r.roll(shifts=i, dims=-1) for i in range(1, self.nu + 1)], dim=-2)  # [..., ν, 2·d_key]
+        return (r.unsqueeze(-2) * rolled).flatten(-2)  # broadcasting r over the ν copies, no repeat
 
 
 def _check_kernel(kernel: str, chunk_size: int):

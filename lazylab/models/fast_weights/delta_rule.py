@@ -118,6 +118,87 @@ def unit_lower_inverse(a: torch.Tensor) -> torch.Tensor:
     return t
 
 
+class _ChunkedDeltaRule(torch.autograd.Function):
+    """The chunkwise delta rule with a hand-written backward (see `delta_rule_chunked` for the forward equations).
+
+    Autograd through the forward would work too, but its backward is about twice as slow on CPU: it keeps one
+    node per op and per chunk, and lays the small batched matmuls out less well. Inputs are chunk-major:
+    q, k: [N, c, d_dot], v: [N, c, d_v], beta: [N, c, 1] with N = n · bh (chunk j is rows j·bh … (j+1)·bh − 1),
+    s_init: [bh, d_dot, d_v]. Returns O [N, c, d_v] and the final S [bh, d_dot, d_v]. Not twice differentiable.
+
+    Backward, for one chunk (dO given, dS_{j+1} flowing back from the later chunks):
+        du_j  = Pᵀ dO_j + K_j dS_{j+1}                       (u_j feeds O_j and S_{j+1})
+        dS_j  = dS_{j+1} + Q_jᵀ dO_j − W_jᵀ du_j
+        dQ    = dO S₀ᵀ + tril(dO uᵀ) K,   dK ∋ tril(dO uᵀ)ᵀ Q + u dS_{j+1}ᵀ
+        dW    = −du S₀ᵀ,  dUc = du  →  dT = dW (βK)ᵀ + dUc (βV)ᵀ,  d(βK) = Tᵀ dW,  d(βV) = Tᵀ dUc
+        dA    = strictly_lower(−Tᵀ dT Tᵀ)   (T = (I + A)⁻¹)
+        dK   ∋ (β dA + (β dA)ᵀ) K + β d(βK),   dV = β d(βV),   dβ = rowsum(dA ⊙ K Kᵀ + d(βK) ⊙ K + d(βV) ⊙ V)
+    Only the dS recurrence is sequential (two matmuls per chunk, like the forward).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, beta, s_init, n: int, bh: int):
+        k_t = k.transpose(1, 2)
+        t = unit_lower_inverse((beta * torch.bmm(k, k_t)).tril(-1))
+        w = torch.bmm(t, beta * k)  # Wc = T diag(β) K
+        u_tilde = torch.bmm(t, beta * v)  # Uc = T diag(β) V
+        s = s_init
+        starts, pseudo_values = [], []
+        for w_j, u_j, k_t_j in zip(w.unflatten(0, (n, bh)).unbind(0), u_tilde.unflatten(0, (n, bh)).unbind(0),
+                                   k_t.unflatten(0, (n, bh)).unbind(0)):
+            starts.append(s)
+            u_j = torch.baddbmm(u_j, w_j, s, alpha=-1)  # U = Uc − Wc S₀
+            pseudo_values.append(u_j)
+            s = torch.baddbmm(s, k_t_j, u_j)  # S ← S₀ + Kᵀ U
+        s0 = torch.stack(starts).flatten(0, 1)  # [N, d_dot, d_v]: the state each chunk starts from
+        u = torch.stack(pseudo_values).flatten(0, 1)  # [N, c, d_v]
+        p = torch.bmm(q, k_t).tril()  # lower(Q Kᵀ), diagonal included: yᵢ reads W⁽ⁱ⁾
+        out = torch.baddbmm(torch.bmm(q, s0), p, u)  # O = Q S₀ + lower(Q Kᵀ) U
+        ctx.save_for_backward(q, k, v, beta, t, w, s0, u, p)
+        ctx.n, ctx.bh = n, bh
+        return out, s
+
+    @staticmethod
+    def backward(ctx, d_out, d_s_final):
+        q, k, v, beta, t, w, s0, u, p = ctx.saved_tensors
+        n, bh = ctx.n, ctx.bh
+        # Output O = Q S₀ + P U, P = lower(Q Kᵀ)
+        d_p = torch.bmm(d_out, u.transpose(1, 2)).tril()
+        d_q = torch.baddbmm(torch.bmm(d_out, s0.transpose(1, 2)), d_p, k)
+        d_k = torch.bmm(d_p.transpose(1, 2), q)
+        d_u_out = torch.bmm(p.transpose(1, 2), d_out)  # the part of dU from O
+        d_s_out = torch.bmm(q.transpose(1, 2), d_out)  # the part of dS₀ from O
+        # The recurrence, backwards over chunks.
+        ds = d_s_final
+        d_us, d_s_nexts = [], []
+        for k_j, w_j, du_out_j, ds_out_j in zip(
+                reversed(k.unflatten(0, (n, bh)).unbind(0)),
+                reversed(w.unflatten(0, (n, bh)).unbind(0)), reversed(d_u_out.unflatten(0, (n, bh)).unbind(0)),
+                reversed(d_s_out.unflatten(0, (n, bh)).unbind(0))):
+            d_s_nexts.append(ds)
+            du = torch.baddbmm(du_out_j, k_j, ds)
+            d_us.append(du)
+            ds = torch.baddbmm(ds + ds_out_j, w_j.transpose(1, 2), du, alpha=-1)
+        d_s_init = ds
+        du = torch.stack(d_us[::-1]).flatten(0, 1)  # [N, c, d_v]
+        d_s_next = torch.stack(d_s_nexts[::-1]).flatten(0, 1)  # [N, d_dot, d_v]
+        d_k = torch.baddbmm(d_k, u, d_s_next.transpose(1, 2))  # from S ← S₀ + Kᵀ U
+        d_w = -torch.bmm(du, s0.transpose(1, 2))  # from U = Uc − Wc S₀
+        # Wc = T (βK), Uc = T (βV)
+        beta_k, beta_v = beta * k, beta * v
+        d_t = torch.baddbmm(torch.bmm(d_w, beta_k.transpose(1, 2)), du, beta_v.transpose(1, 2))
+        t_t = t.transpose(1, 2)
+        d_beta_k = torch.bmm(t_t, d_w)
+        d_beta_v = torch.bmm(t_t, du)
+        # T = (I + A)⁻¹, A = strictly_lower(β K Kᵀ)
+        d_a = -torch.bmm(torch.bmm(t_t, d_t), t_t).tril(-1)
+        d_kk = beta * d_a
+        d_k = torch.baddbmm(d_k, d_kk + d_kk.transpose(1, 2), k) + beta * d_beta_k
+        d_beta = ((d_a * torch.bmm(k, k.transpose(1, 2))).sum(-1, keepdim=True) +
+                  (d_beta_k * k).sum(-1, keepdim=True) + (d_beta_v * v).sum(-1, keepdim=True))
+        return d_q, d_k, beta * d_beta_v, d_beta, d_s_init, None, None
+
+
 def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
                        state: Optional[torch.Tensor] = None, chunk_size: int = 64) -> Tuple[torch.Tensor, torch.Tensor]:
     """The delta rule, chunkwise-parallel (Yang et al. 2024, §3.2-3.3; WY/UT representation).
@@ -130,17 +211,17 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
         A = strictly_lower(diag(β) K Kᵀ).
 
     With the UT transform T = (I + A)⁻¹ (a unit-lower-triangular inverse per chunk), Wc = T diag(β) K and
-    Uc = T diag(β) V, so U = Uc − Wc S₀ and
+    Uc = T diag(β) V, so
 
-        S_C = (I − Kᵀ Wc) S₀ + Kᵀ Uc                     (the only sequential step: one matmul per chunk)
-        O   = lower(Q Kᵀ) Uc + (Q − lower(Q Kᵀ) Wc) S₀   (lower includes the diagonal: yᵢ reads W⁽ⁱ⁾)
+        U   = Uc − Wc S₀,   S_C = S₀ + Kᵀ U                  (the only sequential step: two matmuls per chunk)
+        O   = Q S₀ + lower(Q Kᵀ) U                         (lower includes the diagonal: yᵢ reads W⁽ⁱ⁾)
 
     Everything except the S recurrence runs in parallel over all chunks. A sequence whose length is not a
     multiple of C is padded with k = v = β = 0 tokens, which leave the state unchanged.
 
     T is formed by products of A (`unit_lower_inverse`), not a triangular solve: same result, much faster for
-    many small chunks on CPU. Under autocast, T and the state recurrence run in float32 (the carried state is
-    where rounding would accumulate).
+    many small chunks on CPU. The backward is hand-written (`_ChunkedDeltaRule`). Everything runs in float32
+    (float64 for float64 inputs), also under autocast; the result is cast back to v's dtype.
 
     Args:
         q, k, v, beta, state: see the module docstring.
@@ -164,48 +245,23 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
     c = min(chunk_size, seq_len)
     n = -(-seq_len // c)
     pad = n * c - seq_len
-
     bh = batch * heads
+    exact = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 for float64 inputs
 
     def chunks(x):
         # [seq_len, batch, heads, d] -> [n · batch · heads, c, d], chunk-major and contiguous, so that every
-        # matmul below is a plain 3-d bmm and chunk j's rows are the contiguous block [j · bh, (j + 1) · bh).
+        # matmul is a plain 3-d bmm and chunk j's rows are the contiguous block [j · bh, (j + 1) · bh).
         if pad:
             x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 1) + (0, pad))
-        return x.reshape(n, c, bh, x.shape[-1]).transpose(1, 2).reshape(n * bh, c, x.shape[-1])
+        return x.reshape(n, c, bh, x.shape[-1]).transpose(1, 2).reshape(n * bh, c, x.shape[-1]).to(exact)
 
-    q_c, k_c, v_c, beta_c = chunks(q), chunks(k), chunks(v), chunks(beta.unsqueeze(-1))
-    k_t = k_c.transpose(1, 2)  # [n · bh, d_dot, c]
-
-    # UT transform: Wc = T diag(β) K and Uc = T diag(β) V with T = (I + A)⁻¹, A = strictly_lower(diag(β) K Kᵀ).
-    exact = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 for float64 inputs
-    kk = torch.bmm(k_c, k_t)
     with torch.autocast(q.device.type, enabled=False):
-        beta_x = beta_c.to(exact)
-        t = unit_lower_inverse((beta_x * kk.to(exact)).tril(-1))
-        w_c = torch.bmm(t, beta_x * k_c.to(exact))  # [n · bh, c, d_dot]
-        u_c = torch.bmm(t, beta_x * v_c.to(exact))  # [n · bh, c, d_v]
-
-        # The sequential part, one chunk at a time: U = Uc − Wc S₀,  S ← S₀ + Kᵀ U.
-        # (unbind, not indexing: the backward of n selects would allocate n full-size gradients)
         if state is None:
-            s = w_c.new_zeros(bh, d_dot, d_v)
+            s_init = q.new_zeros(bh, d_dot, d_v, dtype=exact)
         else:
-            s = state.transpose(-1, -2).to(exact).reshape(bh, d_dot, d_v)
-        starts, pseudo_values = [], []
-        for w_j, u_j, k_t_j in zip(w_c.unflatten(0, (n, bh)).unbind(0), u_c.unflatten(0, (n, bh)).unbind(0),
-                                   k_t.to(exact).unflatten(0, (n, bh)).unbind(0)):
-            starts.append(s)
-            u_j = torch.baddbmm(u_j, w_j, s, alpha=-1)
-            pseudo_values.append(u_j)
-            s = torch.baddbmm(s, k_t_j, u_j)
-        final_state = s.view(batch, heads, d_dot, d_v).transpose(-1, -2).to(v.dtype)
-        s0 = torch.stack(starts).flatten(0, 1).to(q.dtype)  # [n · bh, d_dot, d_v]
-        u = torch.stack(pseudo_values).flatten(0, 1).to(q.dtype)  # [n · bh, c, d_v]
-
-    # Outputs, all chunks at once: O = Q S₀ + lower(Q Kᵀ) U  (lower includes the diagonal: yᵢ reads W⁽ⁱ⁾).
-    out = torch.baddbmm(torch.bmm(q_c, s0), torch.bmm(q_c, k_t).tril(), u)
-
+            s_init = state.transpose(-1, -2).to(exact).reshape(bh, d_dot, d_v)
+        out, s = _ChunkedDeltaRule.apply(chunks(q), chunks(k), chunks(v), chunks(beta.unsqueeze(-1)), s_init, n, bh)
+    final_state = s.view(batch, heads, d_dot, d_v).transpose(-1, -2).to(v.dtype)
     # [n · batch · heads, c, d_v] -> [seq_len, batch, heads, d_v]
     out = out.view(n, batch, heads, c, d_v).permute(0, 3, 1, 2, 4).reshape(n * c, batch, heads, d_v)
-    return out[:seq_len], final_state
+    return out[:seq_len].to(v.dtype), final_state
