@@ -31,8 +31,9 @@ class UsageError(Exception):
 
 
 def _training_error():
+    from lazylab.experiments.distributed import DistributedError
     from lazylab.experiments.trainer import TrainingError
-    return TrainingError
+    return TrainingError, DistributedError
 
 
 def user_error_message(e: BaseException) -> Optional[str]:
@@ -41,9 +42,9 @@ def user_error_message(e: BaseException) -> Optional[str]:
     A data or training error raised while the config engine computed an item arrives wrapped in a
     CalculatorError; the user sees the original message.
     """
-    if isinstance(e, CalculatorError) and isinstance(e.__cause__, (DataError, _training_error(), UsageError)):
+    if isinstance(e, CalculatorError) and isinstance(e.__cause__, (DataError, *_training_error(), UsageError)):
         e = e.__cause__
-    if isinstance(e, (ConfigError, DataError, UsageError, _training_error())):
+    if isinstance(e, (ConfigError, DataError, UsageError, *_training_error())):
         return str(e).splitlines()[0] if str(e) else type(e).__name__
     return None
 
@@ -203,20 +204,30 @@ def parameter_count(model) -> int:
 
 def execute(name: str, conf, run_dir: Path, *, resume: bool) -> Dict[str, Any]:
     """Train inside a labml experiment and print the summary; returns the last metrics record."""
+    import contextlib
+    from lazylab.experiments import distributed
     from lazylab.experiments.nlp_autoregression import device_of
     from lazylab.experiments.tracking import LabmlRun
     from lazylab.experiments.trainer import train
-    info = json.loads((run_dir / 'run.json').read_text(encoding='utf-8'))
-    n_params = parameter_count(conf.model)
-    length = f'{conf.total_steps:,} steps'
-    if conf.max_minutes > 0:
-        length = f'{conf.max_minutes:g} minutes (at most {conf.total_steps:,} steps)'
-    print(f'{name}: {n_params:,} parameters, {length} of {conf.batch_size}×{conf.seq_len} characters on '
-          f'{device_of(conf)} → {run_dir}', flush=True)
-    flat = {k: v for k, v in to_dict(conf)['values'].items()}
-    with LabmlRun(run_dir, name, info['uuid'], flat, conf.dashboard) as labml_run:
-        last = train(conf, run_dir, resume=resume, labml_run=labml_run)
-    if 'loss.valid' in last:
+    is_main, world_size = distributed.is_main_process(), distributed.get_world_size()
+    if is_main:
+        n_params = parameter_count(conf.model)
+        length = f'{conf.total_steps:,} steps'
+        if conf.max_minutes > 0:
+            length = f'{conf.max_minutes:g} minutes (at most {conf.total_steps:,} steps)'
+        batch = f'{conf.batch_size}×{conf.seq_len}'
+        if world_size > 1:
+            batch += f' per process, {world_size} processes (effective batch {conf.batch_size * world_size})'
+        print(f'{name}: {n_params:,} parameters, {length} of {batch} characters on {device_of(conf)} → {run_dir}',
+              flush=True)
+    labml_run = contextlib.nullcontext()
+    if is_main:  # only rank 0 records the run in labml
+        info = json.loads((run_dir / 'run.json').read_text(encoding='utf-8'))
+        flat = {k: v for k, v in to_dict(conf)['values'].items()}
+        labml_run = LabmlRun(run_dir, name, info['uuid'], flat, conf.dashboard)
+    with labml_run as tracker:
+        last = train(conf, run_dir, resume=resume, labml_run=tracker)
+    if is_main and 'loss.valid' in last:
         print(f'done: step {last["step"]:,}, valid loss {last["loss.valid"]:.4f} nats/char, '
               f'accuracy {last["accuracy.valid"]:.3f}, {last.get("tokens_per_s", 0):,.0f} tokens/s; '
               f'run dir {run_dir}', flush=True)
@@ -229,15 +240,29 @@ def train_main(name: str, argv: Sequence[str]) -> Optional[Path]:
     if '-h' in argv or '--help' in argv:
         print(f'usage: lazylab train {name} [key=value …] [--config FILE.yaml]\n\n' + options_text(name))
         return None
+    from lazylab.experiments import distributed
     conf = make_configs(name, argv)
-    prepare(conf)
-    run_dir = new_run_dir(conf, name)
-    dump(conf, run_dir / 'configs.yaml')
-    info = {'experiment': name, 'run_id': run_dir.name, 'uuid': uuid_lib.uuid4().hex,
-            'argv': list(argv), 'created': time.strftime('%Y-%m-%dT%H:%M:%S')}
-    (run_dir / 'run.json').write_text(json.dumps(info, indent=1) + '\n', encoding='utf-8')
-    execute(name, conf, run_dir, resume=False)
+    with distributed.process_group(_device(conf)):  # under torchrun: join the job (a no-op otherwise)
+        prepare(conf)
+        run_dir = None
+        if distributed.is_main_process():  # rank 0 creates the run directory; the others learn its name
+            run_dir = new_run_dir(conf, name)
+            dump(conf, run_dir / 'configs.yaml')
+            info = {'experiment': name, 'run_id': run_dir.name, 'uuid': uuid_lib.uuid4().hex,
+                    'argv': list(argv), 'created': time.strftime('%Y-%m-%dT%H:%M:%S')}
+            (run_dir / 'run.json').write_text(json.dumps(info, indent=1) + '\n', encoding='utf-8')
+        run_dir = Path(distributed.broadcast_object(str(run_dir) if run_dir else None))
+        execute(name, conf, run_dir, resume=False)
     return run_dir
+
+
+def _device(conf):
+    """The torch.device of `conf.device`, or a UsageError (checked again, with the rest, by `prepare`)."""
+    from lazylab.experiments.trainer import resolve_device
+    try:
+        return resolve_device(conf.device)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def open_run(run_dir: str) -> Tuple[str, Any, Path]:
@@ -257,11 +282,13 @@ def open_run(run_dir: str) -> Tuple[str, Any, Path]:
 
 def resume_main(run_dir: str) -> Path:
     """`lazylab resume RUN_DIR`: rebuild the run's configs and continue from its checkpoint."""
+    from lazylab.experiments import distributed
     from lazylab.experiments.trainer import CHECKPOINT, load_checkpoint
     name, conf, path = open_run(run_dir)
     load_checkpoint(path / CHECKPOINT)  # CheckpointError before anything else happens
-    prepare(conf)
-    execute(name, conf, path, resume=True)
+    with distributed.process_group(_device(conf)):
+        prepare(conf)
+        execute(name, conf, path, resume=True)
     return path
 
 

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from lazylab.configs import BaseConfigs
 
 from lazylab.data import SequentialLoader, ShuffledLoader
+from lazylab.experiments import distributed
 
 CHECKPOINT = 'checkpoint.pt'
 METRICS = 'metrics.jsonl'
@@ -225,30 +226,38 @@ def _minutes(seconds: float) -> str:
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, loader, device: torch.device, autocast) -> Dict[str, float]:
-    """Mean cross-entropy (nats/token) and accuracy of next-token prediction over all batches of `loader`."""
+    """Mean cross-entropy (nats/token) and accuracy of next-token prediction over all batches of `loader`.
+
+    Under torchrun each process takes its share of every batch's columns and the sums are added up, so the
+    result is that of the whole batches.
+    """
     was_training = model.training
     model.eval()
     loss_sum, correct, count = 0.0, 0, 0
     for x, y in loader:
-        x, y = x.to(device), y.to(device)
-        with autocast():
-            logits, _ = model(x)
-        loss_sum += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction='sum').item()
-        correct += (logits.argmax(-1) == y).sum().item()
-        count += y.numel()
+        x, y = distributed.batch_share(x).to(device), distributed.batch_share(y).to(device)
+        if y.numel():
+            with autocast():
+                logits, _ = model(x)
+            loss_sum += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction='sum').item()
+            correct += (logits.argmax(-1) == y).sum().item()
+            count += y.numel()
     model.train(was_training)
+    loss_sum, correct, count = distributed.all_reduce_sum(loss_sum, correct, count)
     return {'loss': loss_sum / count, 'accuracy': correct / count}
 
 
-def train(c, run_dir: Path, *, resume: bool = False, is_main: bool = True, labml_run=None) -> Dict[str, Any]:
+def train(c, run_dir: Path, *, resume: bool = False, labml_run=None) -> Dict[str, Any]:
     """Train `c.model` on `c.dataset`; returns the last metrics record (with the final, whole-split validation).
 
     Args:
         c: a resolved NLPAutoRegressionConfigs (see the module docstring for what is read).
         run_dir: the run's directory (exists; configs.yaml already written).
         resume: continue from run_dir/checkpoint.pt.
-        is_main: this process writes files (rank 0 under torchrun).
         labml_run: a started tracking.LabmlRun to mirror the metrics into, or None.
+
+    Under torchrun (see distributed.py) each process trains on its shard of every batch, the model is wrapped in
+    DDP, losses and validation are averaged over the processes, and only rank 0 writes files and prints.
 
     Raises:
         CheckpointError: resume=True and the checkpoint is missing or damaged.
@@ -258,16 +267,21 @@ def train(c, run_dir: Path, *, resume: bool = False, is_main: bool = True, labml
     device = resolve_device(c.device)
     model, optimizer, scheduler = c.model, c.optimizer.optimizer, c.optimizer.scheduler
     data = c.dataset
-    step_model = torch.compile(model) if c.compile else model
+    rank, world_size = distributed.get_rank(), distributed.get_world_size()
+    is_main = rank == 0
+    step_model = distributed.wrap(model, device)  # DDP averages the gradients over processes (if several)
+    step_model = torch.compile(step_model) if c.compile else step_model
     dtype = {'float32': None, 'bfloat16': torch.bfloat16}[c.dtype]
 
     def autocast():
         return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 
-    train_loader = ShuffledLoader(data.train, seq_len=c.seq_len, batch_size=c.batch_size, seed=c.seed)
-    valid_quick = SequentialLoader(data.valid, seq_len=c.seq_len, batch_size=c.batch_size,
+    train_loader = ShuffledLoader(data.train, seq_len=c.seq_len, batch_size=c.batch_size, seed=c.seed,
+                                  rank=rank, world_size=world_size)
+    # validation batches span all processes (evaluate takes this process's columns)
+    valid_quick = SequentialLoader(data.valid, seq_len=c.seq_len, batch_size=c.batch_size * world_size,
                                    max_batches=c.valid_batches)
-    valid_full = SequentialLoader(data.valid, seq_len=c.seq_len, batch_size=c.batch_size,
+    valid_full = SequentialLoader(data.valid, seq_len=c.seq_len, batch_size=c.batch_size * world_size,
                                   max_batches=c.final_valid_batches or None)
     valid_every = c.valid_interval or max(1, len(train_loader) // c.inner_iterations)
     budget = c.max_minutes * 60  # seconds; 0: no time limit
@@ -281,7 +295,8 @@ def train(c, run_dir: Path, *, resume: bool = False, is_main: bool = True, labml
         model.load_state_dict(ck['model'])
         optimizer.load_state_dict(ck['optimizer'])
         scheduler.load_state_dict(ck['scheduler'])
-        _set_rng_states(ck['rng'])
+        per_rank = ck.get('rng_per_rank') or [ck['rng']]
+        _set_rng_states(per_rank[rank] if len(per_rank) == world_size else ck['rng'])
         pos = Position(**ck['position'])
         sums = ck['sums']
         if is_main:
@@ -296,11 +311,15 @@ def train(c, run_dir: Path, *, resume: bool = False, is_main: bool = True, labml
 
     def save(path: Path = run_dir / CHECKPOINT):
         pos.elapsed = clock()
+        rng = _rng_states()
+        rng_per_rank = distributed.all_gather_object(rng) if world_size > 1 else None
+        distributed.check_replicas_in_sync(model)
         if is_main:
             save_checkpoint(path, {'format': 'lazylab-checkpoint-1', 'model': model.state_dict(),
                                    'optimizer': optimizer.state_dict(), 'scheduler': scheduler.state_dict(),
-                                   'rng': _rng_states(), 'position': asdict(pos), 'sums': dict(sums),
-                                   'vocabulary': data.tokenizer.itos})
+                                   'rng': rng, 'rng_per_rank': rng_per_rank, 'world_size': world_size,
+                                   'position': asdict(pos), 'sums': dict(sums), 'vocabulary': data.tokenizer.itos})
+        saved_step[0] = pos.step
 
     def record(valid: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
         """Turn the sums since the last record into a metrics record; write and show it."""
@@ -321,25 +340,28 @@ def train(c, run_dir: Path, *, resume: bool = False, is_main: bool = True, labml
         if budget > 0:
             eta = min(eta, budget - clock())
         progress.total_steps = pos.total_steps
-        progress.show(pos, r, eta=eta, newline=valid is not None)
+        if is_main:
+            progress.show(pos, r, eta=eta, newline=valid is not None)
         return r
 
     def sample() -> None:
         """Sample from the model with a generator of its own, so training's random state is untouched."""
+        if not is_main:
+            return
         g = torch.Generator(device=device).manual_seed(c.seed + pos.step)
         prompt = data.tokenizer.encode(c.prompt).to(device)
         with autocast():
             ids = model.generate(prompt, c.sample_tokens, temperature=c.sample_temperature, generator=g)
         text = data.tokenizer.decode(ids.cpu())
         progress.text('sample: ' + text.replace('\n', ' ⏎ '))
-        if is_main:
-            with open(run_dir / SAMPLES, 'a', encoding='utf-8') as f:
-                f.write(f'--- step {pos.step}, {pos.tokens:,} tokens\n{text}\n')
+        with open(run_dir / SAMPLES, 'a', encoding='utf-8') as f:
+            f.write(f'--- step {pos.step}, {pos.tokens:,} tokens\n{text}\n')
+
+    saved_step = [load_checkpoint(run_dir / CHECKPOINT)['position']['step'] if resume else None]
 
     def kept() -> str:
-        if not (run_dir / CHECKPOINT).exists():
-            return 'no checkpoint was written'
-        return f'the checkpoint of step {load_checkpoint(run_dir / CHECKPOINT)["position"]["step"]} is kept'
+        return 'no checkpoint was written' if saved_step[0] is None else \
+            f'the checkpoint of step {saved_step[0]} is kept'
 
     def out_of_time() -> bool:
         return budget > 0 and clock() >= budget
@@ -372,7 +394,8 @@ def train(c, run_dir: Path, *, resume: bool = False, is_main: bool = True, labml
             step_seconds = (clock() - last_fit[0]) / max(1, pos.step - last_fit[1])
         final_seconds = valid_seconds * len(valid_full) / len(valid_quick)
         steps_left = (budget - clock() - final_seconds) / step_seconds
-        pos.total_steps = min(c.total_steps, pos.step + max(1, int(steps_left)))
+        # every process must stop at the same step: rank 0's clock decides
+        pos.total_steps = distributed.broadcast_object(min(c.total_steps, pos.step + max(1, int(steps_left))))
         for schedule in scheduler.lr_lambdas:
             schedule.total_steps = pos.total_steps
         last_fit[:] = [clock(), pos.step]
@@ -381,15 +404,22 @@ def train(c, run_dir: Path, *, resume: bool = False, is_main: bool = True, labml
     last_fit = [clock(), pos.step]  # (clock, step) of the last fit to the time budget
     step_lr = optimizer.param_groups[0]['lr']
     model.train()
-    while pos.step < pos.total_steps and not out_of_time():
+    done = False
+    while pos.step < pos.total_steps and not done:
         for x, y in train_loader.epoch(pos.epoch, start=pos.batch):
             t0 = time.time()
             x, y = x.to(device), y.to(device)
             with autocast():
                 logits, _ = step_model(x)
             loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-            if not torch.isfinite(loss):
-                raise NonFiniteLossError(f'training loss is {loss.item()} at step {pos.step + 1}; {kept()} '
+            # one all-reduce (nothing in a single process) gives every process the mean loss, the accuracy counts
+            # and whether any of them ran out of time, so that all take the same decisions below
+            correct = (logits.detach().argmax(-1) == y).sum().item()
+            loss_sum, correct, count, late = distributed.all_reduce_sum(loss.item(), correct, y.numel(),
+                                                                        float(out_of_time()))
+            mean_loss = loss_sum / world_size
+            if not math.isfinite(mean_loss):
+                raise NonFiniteLossError(f'training loss is {mean_loss} at step {pos.step + 1}; {kept()} '
                                          f'(try a lower optimizer.learning_rate or grad_norm_clip)')
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -399,17 +429,17 @@ def train(c, run_dir: Path, *, resume: bool = False, is_main: bool = True, labml
             optimizer.step()
             scheduler.step()
 
-            pos.step, pos.batch, pos.tokens = pos.step + 1, pos.batch + 1, pos.tokens + y.numel()
+            pos.step, pos.batch, pos.tokens = pos.step + 1, pos.batch + 1, pos.tokens + int(count)
             seconds = time.time() - t0
             pos.elapsed = clock()
-            sums['loss'] += loss.item()
-            sums['correct'] += (logits.detach().argmax(-1) == y).sum().item()
-            sums['count'] += y.numel()
+            sums['loss'] += mean_loss
+            sums['correct'] += int(correct)
+            sums['count'] += int(count)
             sums['steps'] += 1
-            sums['tokens'] += y.numel()
+            sums['tokens'] += int(count)
             sums['seconds'] += seconds
 
-            done = pos.step >= pos.total_steps or out_of_time()
+            done = pos.step >= pos.total_steps or late > 0
             if pos.step == warm_step:
                 warm_clock = clock()
             first_fit = fit_to_budget and not pos.calibrated and pos.step == CALIBRATION_STEPS
