@@ -376,32 +376,37 @@ def train(c, run_dir: Path, *, resume: bool = False, labml_run=None) -> Dict[str
         r = record(valid)
         sample()
         if fit_to_budget and not final:
-            fit_steps_to_budget(time.time() - started_at)
+            timing.update(valid_seconds=time.time() - started_at)
+            if not pos.calibrated:  # the first steps are slow (allocations, caches): time from warm_step on
+                timing.update(since_clock=warm_clock or elapsed_before, since_step=warm_step if warm_clock
+                              else step_started_at)
+                pos.calibrated = True
+            fit_steps_to_budget(just_validated=True)
+            timing.update(since_clock=clock(), since_step=pos.step)
         save()
         return r
 
-    def fit_steps_to_budget(valid_seconds: float) -> None:
-        """Choose the step count that ends the run, final validation included, at `max_minutes`, from the time
-        per step measured so far (validations included), and stretch the LR schedule over it. Done after timing
-        the first CALIBRATION_STEPS steps and again at every validation, so a machine that speeds up or slows
-        down mid-run still ends on time."""
-        if not pos.calibrated:  # the first steps are slow (allocations, caches): time the later two thirds
-            since_clock, since_step = (warm_clock, warm_step) if warm_clock else (elapsed_before, step_started_at)
-            step_seconds = (clock() - valid_seconds - since_clock) / (pos.step - since_step) \
-                + valid_seconds / valid_every
-            pos.calibrated = True
-        else:
-            step_seconds = (clock() - last_fit[0]) / max(1, pos.step - last_fit[1])
+    def fit_steps_to_budget(just_validated: bool) -> None:
+        """Choose the step count that ends the run, final validation included, at `max_minutes`, and stretch the
+        LR schedule over it. Time per step = training time per step over the current validation interval plus
+        the last validation's time shared over its interval. Done after the first CALIBRATION_STEPS steps and
+        then every `log_interval` steps, so a machine that speeds up or slows down mid-run still ends on time."""
+        steps = pos.step - timing['since_step']
+        if steps <= 0:
+            return
+        valid_seconds = timing['valid_seconds']
+        training_seconds = clock() - timing['since_clock'] - (valid_seconds if just_validated else 0.0)
+        step_seconds = training_seconds / steps + valid_seconds / valid_every
         final_seconds = valid_seconds * len(valid_full) / len(valid_quick)
         steps_left = (budget - clock() - final_seconds) / step_seconds
         # every process must stop at the same step: rank 0's clock decides
         pos.total_steps = distributed.broadcast_object(min(c.total_steps, pos.step + max(1, int(steps_left))))
         for schedule in scheduler.lr_lambdas:
             schedule.total_steps = pos.total_steps
-        last_fit[:] = [clock(), pos.step]
 
     warm_step, warm_clock = CALIBRATION_STEPS // 3, None
-    last_fit = [clock(), pos.step]  # (clock, step) of the last fit to the time budget
+    # timing for fit_steps_to_budget: training since (since_clock, since_step); the last validation's seconds
+    timing = {'since_clock': clock(), 'since_step': pos.step, 'valid_seconds': 0.0}
     step_lr = optimizer.param_groups[0]['lr']
     model.train()
     done = False
@@ -447,6 +452,8 @@ def train(c, run_dir: Path, *, resume: bool = False, labml_run=None) -> Dict[str
                 last_record = validate(final=done)
             elif pos.step % c.log_interval == 0:
                 last_record = record()
+                if fit_to_budget and pos.calibrated:
+                    fit_steps_to_budget(just_validated=False)
             if done:
                 break
         else:
