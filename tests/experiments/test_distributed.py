@@ -285,6 +285,10 @@ def _check_models(out: Path) -> None:
     assert D.all_gather_object(rank * 10) == [r * 10 for r in range(world)]
     items = list(range(11))
     assert D.all_reduce_sum(float(sum(D.shard(items)))) == (float(sum(items)),)
+    batch = torch.arange(3 * 5).view(3, 5)  # [seq_len, batch]: the processes split the columns
+    assert D.batch_share(batch).shape == (3, [3, 2][rank])
+    assert D.all_reduce_sum(float(D.batch_share(batch).sum())) == (float(batch.sum()),)
+    assert D.any_process(rank == 1) is True and D.any_process(False) is False
 
     # the replica check fails on every rank, naming rank 1, once rank 1's weights differ
     torch.manual_seed(0)
@@ -358,6 +362,112 @@ def test_an_exception_on_one_rank_stops_the_job_with_its_message(tmp_path):
     assert rc != 0
     assert 'lazylab: process rank 1 of 2 stopped (ValueError: boom on purpose)' in log, log
     assert not (tmp_path / 'rank0-passed-the-collective').exists()
+
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Two processes end to end: `torchrun … -m lazylab.experiments.transformer`
+# ---------------------------------------------------------------------------------------------------------------
+
+# 30 steps, validation + checkpoint every 6, metrics every 3; batch 4 per process (8 for the single process).
+E2E = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'max_steps=30', 'valid_interval=6',
+       'log_interval=3', 'valid_batches=2', 'final_valid_batches=4', 'sample_tokens=20', 'device=cpu', 'threads=1',
+       'optimizer.optimizer=AdamW', 'optimizer.learning_rate=0.01', 'optimizer.warmup=5',
+       'optimizer.schedule=cosine']
+STEPS = [3, 6, 9, 12, 15, 18, 21, 24, 27, 30]
+
+
+def _run_dir(runs: Path) -> Path:
+    dirs = list((runs / 'transformer').iterdir())
+    assert len(dirs) == 1, dirs  # one run directory for the whole job: rank 0 made it
+    return dirs[0]
+
+
+@pytest.fixture(scope='module')
+def single_and_ddp(tmp_path_factory):
+    """(single-process run dir, two-process run dir, two-process output): batch 8 in one process, 4 in each of 2."""
+    from lazylab.experiments.trainer import read_metrics  # noqa: F401  (fail early if the trainer is missing)
+    base = tmp_path_factory.mktemp('e2e')
+    run([sys.executable, '-m', 'lazylab.experiments.transformer', *E2E, 'batch_size=8', f'runs_dir={base / "one"}'],
+        cwd=base)
+    log = run(TORCHRUN + ['-m', 'lazylab.experiments.transformer', *E2E, 'batch_size=4',
+                          f'runs_dir={base / "two"}'], cwd=base)
+    return _run_dir(base / 'one'), _run_dir(base / 'two'), log
+
+
+def test_two_processes_train_like_one_process_on_the_combined_batches(single_and_ddp):
+    from lazylab.experiments.trainer import load_checkpoint, read_metrics
+    one, two, log = single_and_ddp
+    a, b = read_metrics(one / 'metrics.jsonl'), read_metrics(two / 'metrics.jsonl')
+    assert [r['step'] for r in a] == [r['step'] for r in b] == STEPS
+    for ra, rb in zip(a, b):
+        assert ra['tokens'] == rb['tokens'] == ra['step'] * 8 * 16  # tokens count every process
+        assert ra['lr'] == rb['lr']
+        for key in ('loss.train', 'loss.valid'):  # mean over both processes' batches / validation shards
+            assert (key in ra) == (key in rb)
+            if key in ra:
+                assert rb[key] == pytest.approx(ra[key], rel=1e-4), (ra['step'], key)
+        assert rb.get('accuracy.valid') == pytest.approx(ra.get('accuracy.valid'), abs=1.5 / (8 * 16))
+    pa, pb = load_checkpoint(one / 'checkpoint.pt'), load_checkpoint(two / 'checkpoint.pt')
+    assert pb['world_size'] == 2 and pa['position']['tokens'] == pb['position']['tokens']
+    for k, v in pa['model'].items():
+        if k.endswith('self_attn.key.linear.bias'):
+            # q·b_k is the same for every key, and softmax ignores a shift, so this bias's exact gradient is 0:
+            # both runs get rounding noise there, which Adam scales up to full-size (different) steps
+            continue
+        torch.testing.assert_close(pb['model'][k], v, rtol=1e-4, atol=1e-5, msg=lambda m: f'{k}: {m}')
+    # what the job printed came from rank 0 only: one sample per validation, one summary
+    assert log.count('sample: ') == 5 and log.count('done: step 30') == 1, log
+    assert '2 processes' in log and 'effective batch 8' in log, log
+
+
+def _rank_of(pid: int) -> Optional[int]:
+    try:
+        env = Path(f'/proc/{pid}/environ').read_bytes().split(b'\0')
+    except OSError:
+        return None
+    for item in env:
+        if item.startswith(b'RANK='):
+            return int(item[5:])
+    return None
+
+
+def test_killing_one_rank_ends_the_job_and_the_run_resumes_exactly(single_and_ddp, tmp_path):
+    from lazylab.experiments.trainer import load_checkpoint, read_metrics
+    _, reference, _ = single_and_ddp
+    runs = tmp_path / 'runs'
+    job = Job(TORCHRUN + ['-m', 'lazylab.experiments.transformer', *E2E, 'batch_size=4', f'runs_dir={runs}'],
+              cwd=tmp_path, env={'LAZYLAB_DIST_TIMEOUT': '300'})
+    try:
+        workers = job.find_workers(2)
+        rank1 = next(pid for pid in workers if _rank_of(pid) == 1)
+        deadline, killed_at = time.monotonic() + 180, None
+        while time.monotonic() < deadline and job.proc.poll() is None:
+            metrics = list(runs.glob('transformer/*/metrics.jsonl'))
+            steps = [r['step'] for r in read_metrics(metrics[0])] if metrics else []
+            if steps and steps[-1] >= 9:  # a checkpoint exists (step 6); the run is not finished
+                os.kill(rank1, signal.SIGKILL)
+                killed_at = steps[-1]
+                break
+            time.sleep(0.01)
+        assert killed_at is not None and killed_at < 30, job.output()
+        rc = job.wait(within=60)  # torchrun stops rank 0 at once; 60 s only guards against a hang
+        log = job.output()
+    finally:
+        job.close()
+    assert rc != 0 and 'Signal 9 (SIGKILL) received by PID' in log, log
+    run_dir = _run_dir(runs)
+    assert load_checkpoint(run_dir / 'checkpoint.pt')['position']['step'] < 30
+
+    run(TORCHRUN + ['-m', 'lazylab.cli', 'resume', str(run_dir)], cwd=tmp_path)
+    got, want = read_metrics(run_dir / 'metrics.jsonl'), read_metrics(reference / 'metrics.jsonl')
+    assert [r['step'] for r in got] == STEPS
+    for g, w in zip(got, want):
+        for key in ('loss.train', 'accuracy.train', 'loss.valid', 'accuracy.valid', 'lr', 'tokens'):
+            assert g.get(key) == w.get(key), (g['step'], key)  # bitwise
+    ours, theirs = load_checkpoint(run_dir / 'checkpoint.pt'), load_checkpoint(reference / 'checkpoint.pt')
+    for k, v in theirs['model'].items():
+        assert torch.equal(ours['model'][k], v), k
 
 
 if __name__ == '__main__':
