@@ -67,6 +67,10 @@ class CausalSoftmaxTransformer(nn.Module):
         return self.norm(x)
 
 
+CLOCK = time.perf_counter  # --cpu-time switches to time.process_time (this process's CPU seconds)
+CLOCK_NOTE = {time.perf_counter: '', time.process_time: ', CPU time'}
+
+
 def median_rates(fns, reps, work):
     """{name: work / median seconds}, timing the callables round-robin after one warm-up each."""
     times = {name: [] for name in fns}
@@ -74,9 +78,9 @@ def median_rates(fns, reps, work):
         fn()
     for _ in range(reps):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start = CLOCK()
             fn()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(CLOCK() - start)
     return {name: work / statistics.median(t) for name, t in times.items()}
 
 
@@ -110,7 +114,8 @@ def bench_attention(seq_lens, batch, d_model, heads, nu, chunk_size, reps, ref_m
 
         rates = median_rates({name: fwd_bwd(m) for name, m in fns.items()}, reps, seq_len * batch)
         report(f"FastWeightsAttention forward+backward, seq_len {seq_len}, batch {batch}, d_model {d_model}, "
-               f"{heads} heads, nu {nu} (CPU, {torch.get_num_threads()} threads, median of {reps})", rates, 'tok/s')
+               f"{heads} heads, nu {nu} (CPU, {torch.get_num_threads()} threads, median of {reps}"
+               f"{CLOCK_NOTE[CLOCK]})", rates, 'tok/s')
 
 
 def train_step(model, seq_len, batch):
@@ -144,7 +149,7 @@ def bench_training(seq_lens, batch, sizes, nu, chunk_size, reps, ref_max_len):
         rates = median_rates({n: train_step(m, seq_len, batch) for n, m in models.items()}, reps, seq_len * batch)
         report(f"fast weights training (forward+loss+backward+Adam), seq_len {seq_len}, batch {batch}, d_model "
                f"{d_model}, {heads} heads, d_ff {d_ff}, {n_layers} layers, nu {nu} "
-               f"(CPU, {torch.get_num_threads()} threads, median of {reps})", rates, 'tok/s')
+               f"(CPU, {torch.get_num_threads()} threads, median of {reps}{CLOCK_NOTE[CLOCK]})", rates, 'tok/s')
         names = list(rates)
         print(f"  -> lazylab fast weights / softmax transformer: {rates[names[-2]] / rates[names[-1]]:.2f}x")
 
@@ -175,7 +180,7 @@ def bench_generation(prompt_len, new_tokens, sizes, nu, reps):
     d_model, heads, d_ff, n_layers = sizes
     report(f"fast weights generation, {new_tokens} new tokens after a {prompt_len}-token prompt, batch 1, d_model "
            f"{d_model}, {heads} heads, d_ff {d_ff}, {n_layers} layers (CPU, {torch.get_num_threads()} threads, "
-           f"median of {reps})", rates, 'tok/s')
+           f"median of {reps}{CLOCK_NOTE[CLOCK]})", rates, 'tok/s')
 
 
 def main(argv=None):
@@ -188,7 +193,13 @@ def main(argv=None):
     parser.add_argument('--ref-max-len', type=int, default=1024,
                         help='skip the (slow) labml_nn token loop above this seq_len')
     parser.add_argument('--skip', nargs='*', default=[], choices=['attention', 'training', 'generation'])
+    parser.add_argument('--cpu-time', action='store_true',
+                        help='time with process CPU seconds instead of wall time: steadier on a loaded machine '
+                             '(use with --threads 1, where CPU time is the work done)')
     args = parser.parse_args(argv)
+    global CLOCK
+    if args.cpu_time:
+        CLOCK = time.process_time
     if ref is None:
         raise SystemExit('labml-nn 0.5.1 is needed for the side-by-side benchmark (pip install labml-nn==0.5.1)')
     torch.set_num_threads(args.threads)

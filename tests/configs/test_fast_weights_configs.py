@@ -67,7 +67,8 @@ def test_items_reach_the_modules():
     assert layer.dropout.p == 0.25 and layer.feed_forward.dropout.p == 0.25
     assert model.generator.out_features == SMALL['n_tokens']
     # layers do not share weights
-    assert layer.feed_forward.layer1.weight.data_ptr() != model.transformer.layers[1].feed_forward.layer1.weight.data_ptr()
+    other = model.transformer.layers[1]
+    assert layer.feed_forward.layer1.weight.data_ptr() != other.feed_forward.layer1.weight.data_ptr()
 
 
 def test_token_wise_option_builds_the_token_wise_model_with_equal_outputs():
