@@ -260,7 +260,9 @@ class FastWeightsAttentionTransformer(nn.Module):
         """Continue from the per-layer fast weights `state`; returns (output, new per-layer fast weights).
 
         Calling this on consecutive chunks of a sequence, carrying the state, gives the outputs of one call on
-        the whole sequence (the incremental-state protocol of `lazylab.models.autoregressive`).
+        the whole sequence (the incremental-state protocol of `lazylab.models.autoregressive`). When training on
+        consecutive segments, detach the state between them (`[w.detach() for w in state]`) to truncate
+        backpropagation at the segment boundary.
         """
         if state is None:
             state = [None] * len(self.layers)
