@@ -53,6 +53,13 @@ def pairs(kv: bool, sizes):
     return r, o
 
 
+CLOCK = time.perf_counter
+
+
+def CLOCK_NOTE() -> str:
+    return ', CPU time' if CLOCK is time.process_time else ''
+
+
 def train_step_timer(model: nn.Module, seq_len: int, batch: int):
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(1)
@@ -60,7 +67,7 @@ def train_step_timer(model: nn.Module, seq_len: int, batch: int):
     loss_fn = nn.CrossEntropyLoss()
 
     def step() -> float:
-        start = time.perf_counter()
+        start = CLOCK()
         logits, _ = model(data[:-1])
         loss = loss_fn(logits.reshape(-1, N_VOCAB), data[1:].reshape(-1))
         opt.zero_grad()
@@ -68,7 +75,7 @@ def train_step_timer(model: nn.Module, seq_len: int, batch: int):
         opt.step()
         if hasattr(model.transformer, 'free'):
             model.transformer.free()
-        return time.perf_counter() - start
+        return CLOCK() - start
 
     return step
 
@@ -104,7 +111,7 @@ def bench_training(seq_lens, batch, sizes, reps, variants):
             rows = [(name, tokens / statistics.median(times[name])) for name, _ in timers if name.endswith(' ' + tag)]
             report(f"feedback training (forward+loss+backward+Adam), {tag}, seq_len {seq_len}, batch {batch}, "
                    f"d_model {d_model}, {heads} heads, d_ff {d_ff}, {n_layers} layers "
-                   f"(CPU, {torch.get_num_threads()} threads, median of {reps})", rows, 'tok/s')
+                   f"(CPU, {torch.get_num_threads()} threads, median of {reps}{CLOCK_NOTE()})", rows, 'tok/s')
 
 
 def bench_generation(prompt_len, new_tokens, sizes, reps):
@@ -122,13 +129,13 @@ def bench_generation(prompt_len, new_tokens, sizes, reps):
     times = {name: [] for name, _ in runs}
     for _ in range(reps):
         for name, fn in runs:
-            start = time.perf_counter()
+            start = CLOCK()
             fn()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(CLOCK() - start)
     d_model, heads, d_ff, n_layers = sizes
     report(f"feedback generation, {new_tokens} new tokens after a {prompt_len}-token prompt, batch 1, d_model "
            f"{d_model}, {heads} heads, d_ff {d_ff}, {n_layers} layers (CPU, {torch.get_num_threads()} threads, "
-           f"median of {reps})", [(n, new_tokens / statistics.median(t)) for n, t in times.items()], 'tok/s')
+           f"median of {reps}{CLOCK_NOTE()})", [(n, new_tokens / statistics.median(t)) for n, t in times.items()], 'tok/s')
 
 
 def main(argv=None):
@@ -140,7 +147,13 @@ def main(argv=None):
     parser.add_argument('--variant', choices=['kv', 'original', 'both'], default='both')
     parser.add_argument('--skip-generation', action='store_true')
     parser.add_argument('--skip-training', action='store_true')
+    parser.add_argument('--cpu-time', action='store_true',
+                        help='time with process CPU time instead of wall time (steadier on a loaded machine; '
+                             'use with --threads 1)')
     args = parser.parse_args(argv)
+    global CLOCK
+    if args.cpu_time:
+        CLOCK = time.process_time
     if ref is None:
         raise SystemExit('labml-nn 0.5.1 is needed for the side-by-side benchmark (pip install labml-nn==0.5.1)')
     torch.set_num_threads(args.threads)

@@ -229,54 +229,145 @@ class _Memory:
 
 
 class _Tape:
-    """Gradient accumulator for the slots written during one forward call (slots n0 … n0 + steps - 1)."""
+    """Backward-pass accumulators of one forward call (its memory slots are n0 … n0 + steps - 1).
 
-    def __init__(self, memory: _Memory, n0: int, steps: int):
+    - `grad [groups, batch·heads, steps, d_k]`: gradients of the slots written by this call;
+    - `pos_grad[l] [heads, d_k, R]`, `bias_grad[l] [heads, 1, R]`: gradients of layer l's position terms;
+    - `pending`: per group, the (left, right) factors of the current step's slot gradients, added with one
+      in-place batched matmul per group when the step's read runs (for the KV model that sums the L layers'
+      contributions in one product instead of L).
+    """
+
+    def __init__(self, memory: _Memory, n0: int, steps: int, layer_steps: List['_LayerStep']):
         self.memory = memory
         self.n0 = n0
+        self.layer_steps = layer_steps
         self.grad = memory.data.new_zeros(memory.groups, memory.batch * memory.heads, steps, memory.d_k)
-        self.pass_id = None    # the autograd graph task (backward pass) that last used the tape
-        self.last_read = None  # t of the most recent read whose backward has run in that pass
+        self.pos_grad = [torch.zeros_like(s.pos_data) for s in layer_steps]
+        self.bias_grad = [torch.zeros_like(s.bias_data) for s in layer_steps]
+        self.pending: List[List[Tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(memory.groups)]
+        self.pass_id = None  # the autograd graph task (backward pass) that last used the tape
+        self.horizon = None  # t of the latest read whose backward has run in that pass
 
-    def begin(self, t: int):
-        """Check that reads run backwards in time within a pass; start from zero in a new pass."""
+    def begin(self, t: int, is_read: bool):
+        """Start from zero in a new backward pass; check that steps run backwards in time within one."""
         pass_id = torch._C._current_graph_task_id()
         if pass_id != self.pass_id:
-            # A new backward pass (retain_graph, or autograd.grad after an earlier pass that may have skipped
-            # reads it did not need): forget what the earlier pass accumulated.
-            self.pass_id = pass_id
+            # A new pass (retain_graph, or autograd.grad after a pass that skipped reads it did not need).
+            self.pass_id, self.horizon = pass_id, None
             self.grad.zero_()
-        elif self.last_read is not None and t >= self.last_read:
-            raise RuntimeError(f"feedback memory: backward reached the read of step {t} after step "
-                               f"{self.last_read}; reads must run backwards in time")
-        self.last_read = t
+            for g in self.pos_grad + self.bias_grad:
+                g.zero_()
+            self.pending = [[] for _ in self.pending]
+        elif self.horizon is not None and t >= self.horizon:
+            raise RuntimeError(f"feedback memory: backward reached step {t} after the read of step "
+                               f"{self.horizon}; steps must run backwards in time")
+        if is_read:
+            self.horizon = t
+
+    def stash(self, group: int, left: torch.Tensor, right: torch.Tensor):
+        """Record slot-gradient factors of one layer at the current step: Σ_τ left[:, 0, τ] ⊗ right[:, 0, :]."""
+        self.pending[group].append((left, right))
+
+    def flush(self, t: int):
+        """Add the pending factors of step t into the gradients of slots n0 … t-1, in place."""
+        n0 = self.n0
+        for g, items in enumerate(self.pending):
+            if not items:
+                continue
+            left = items[0][0] if len(items) == 1 else torch.cat([a for a, _ in items], dim=1)   # [bh, n, t]
+            right = items[0][1] if len(items) == 1 else torch.cat([b for _, b in items], dim=1)  # [bh, n, d]
+            self.grad[g, :, :t - n0].baddbmm_(left[:, :, n0:t].transpose(1, 2), right)
+            items.clear()
 
 
 class _ReadMemory(torch.autograd.Function):
-    """Views of the first t memory slots, differentiable with respect to slot t-1 (`anchor`, the projections
-    written at step t-1, [batch, groups·heads·d_k]).
+    """The dependency edge from step t's attention to slot t-1 (`anchor`: the projections written at step t-1,
+    [batch, groups·heads·d_k]); returns a 0-dim token that step t's `_AttendMemory` calls take as input.
 
-    Backward: adds each view's gradient into the tape (own slots only) and returns the finished gradient of
-    slot t-1. See the module docstring for why every later read has already run by then.
+    Backward (after all of step t's attention backwards, which the token guarantees): flushes their slot
+    gradients and returns the finished gradient of slot t-1 to the step that wrote it. The read of the call's
+    first attending step (t = n0 + 1), which runs last, also takes the layers' position tensors and returns
+    their accumulated gradients. See the module docstring for why the order is right.
     """
 
     @staticmethod
-    def forward(ctx, tape: _Tape, t: int, anchor: torch.Tensor):
-        ctx.tape, ctx.t = tape, t
-        return tape.memory.views(t)
+    def forward(ctx, tape: _Tape, t: int, anchor: torch.Tensor, *positions: torch.Tensor):
+        ctx.tape, ctx.t, ctx.n_positions = tape, t, len(positions)
+        return anchor.new_zeros(())
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, *grads):
+    def backward(ctx, _token_grad):
         tape, t = ctx.tape, ctx.t
-        tape.begin(t)
-        n0 = tape.n0
-        for g, grad in enumerate(grads):
-            if grad is not None:
-                tape.grad[g, :, :t - n0] += grad[:, n0:t]
+        tape.begin(t, is_read=True)
+        tape.flush(t)
         m = tape.memory
-        slot = tape.grad[:, :, t - 1 - n0].view(m.groups, m.batch, m.heads, m.d_k)
-        return None, None, slot.transpose(0, 1).clone(memory_format=torch.contiguous_format).view(m.batch, -1)
+        slot = tape.grad[:, :, t - 1 - tape.n0].view(m.groups, m.batch, m.heads, m.d_k)
+        anchor_grad = slot.transpose(0, 1).clone(memory_format=torch.contiguous_format).view(m.batch, -1)
+        position_grads = []
+        if ctx.n_positions:
+            for pos, bias in zip(tape.pos_grad, tape.bias_grad):
+                position_grads += [pos.clone(), bias.clone()]
+        return (None, None, anchor_grad, *position_grads)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, bias: torch.Tensor,
+            heads: int, d_k: int, p_drop: float, training: bool):
+    """Attention of one step over t memory slots.
+
+    q [b, h·d] (already c(W_q z + u)), k, v [b·h, t, d], pos [h, d, t], bias [h, 1, t].
+    Returns o [b, h·d], the attention a [b·h, 1, t] and the dropout mask (scaled by 1/(1-p)) or None.
+    """
+    b, t = q.shape[0], k.shape[1]
+    pos_scores = torch.baddbmm(bias, q.view(b, heads, d_k).transpose(0, 1), pos)          # [h, b, t]
+    scores = torch.bmm(q.view(b * heads, 1, d_k), k.transpose(1, 2)).view(b, heads, t) + pos_scores.transpose(0, 1)
+    a = torch.softmax(scores, dim=-1).view(b * heads, 1, t)
+    mask = None
+    if training and p_drop > 0:
+        mask = torch.empty_like(a).bernoulli_(1 - p_drop).div_(1 - p_drop)
+    o = torch.bmm(a if mask is None else a * mask, v)
+    return o.view(b, heads * d_k), a, mask
+
+
+class _AttendMemory(torch.autograd.Function):
+    """`_attend` as one autograd node whose backward writes the key/value/position gradients in place.
+
+    Forward as `_attend`. Backward, with gs the score gradient [b·h, 1, t]: returns ∂q; adds qᵀgs into the
+    layer's position gradients; stashes (gs, q) for the keys and (a, ∂o) for the values on the tape.
+    """
+
+    @staticmethod
+    def forward(ctx, token, q, tape: _Tape, step: '_LayerStep', t: int, k, v, training: bool):
+        r = step.max_mem - t
+        o, a, mask = _attend(q, k, v, step.pos_data[:, :, r:], step.bias_data[:, :, r:], step.heads, step.d_k,
+                             step.p_attn, training)
+        ctx.save_for_backward(q)
+        ctx.tape, ctx.step, ctx.t, ctx.k, ctx.v, ctx.a, ctx.mask = tape, step, t, k, v, a, mask
+        return o
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_o):
+        (q,) = ctx.saved_tensors
+        tape, step, t, a, mask = ctx.tape, ctx.step, ctx.t, ctx.a, ctx.mask
+        tape.begin(t, is_read=False)
+        b, h, d = q.shape[0], step.heads, step.d_k
+        r = step.max_mem - t
+        pos = step.pos_data[:, :, r:]
+        go = grad_o.reshape(b * h, 1, d)
+        grad_a = torch.bmm(go, ctx.v.transpose(1, 2))                                         # [bh, 1, t]
+        if mask is not None:
+            grad_a = grad_a * mask
+        gs = torch._softmax_backward_data(grad_a, a, -1, a.dtype)                           # [bh, 1, t]
+        gs_h = gs.view(b, h, t).transpose(0, 1)                                              # [h, b, t]
+        grad_q = torch.bmm(gs_h, pos.transpose(1, 2)).transpose(0, 1).reshape(b * h, 1, d)  # position part
+        grad_q.baddbmm_(gs, ctx.k)                                                           # + content part
+        tape.pos_grad[step.index][:, :, r:].baddbmm_(q.view(b, h, d).permute(1, 2, 0), gs_h)
+        tape.bias_grad[step.index][:, :, r:] += gs_h.sum(1, keepdim=True)
+        tape.stash(step.k_group, gs, q.view(b * h, 1, d))
+        tape.stash(step.v_group, a if mask is None else a * mask, go)
+        return grad_o.new_zeros(()), grad_q.view(b, h * d), None, None, None, None, None, None
 
 
 class FeedbackState:
@@ -301,7 +392,9 @@ def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
 def _feed_forward(ff: nn.Module, z: torch.Tensor, training: bool) -> torch.Tensor:
     """FFN of one step; inlines labml-nn-style `FeedForward` (ours or labml-nn's), otherwise calls the module."""
     if isinstance(ff, FeedForward) or type(ff).__name__ == 'FeedForward' and hasattr(ff, 'layer1'):
-        hidden = ff.activation(F.linear(z, ff.layer1.weight, ff.layer1.bias))
+        act = ff.activation
+        hidden = F.linear(z, ff.layer1.weight, ff.layer1.bias)
+        hidden = torch.relu(hidden) if type(act) is nn.ReLU else act(hidden)
         if ff.is_gated:
             hidden = hidden * F.linear(z, ff.linear_v.weight, ff.linear_v.bias)
         hidden = _dropout(hidden, ff.dropout.p, training)
@@ -320,15 +413,16 @@ class _LayerStep:
     `pos [heads, d_k, R]` the p_δ, for distances δ = R … 1 (column R - δ), R the longest memory of the call.
     """
 
-    def __init__(self, layer: FeedbackTransformerLayer, max_mem: int):
+    def __init__(self, layer: FeedbackTransformerLayer, index: int, max_mem: int, k_group: int, v_group: int):
         attn = layer.attn
-        self.layer = layer
+        self.layer, self.index, self.k_group, self.v_group = layer, index, k_group, v_group
         self.heads, self.d_k = attn.heads, attn.d_k
         c = attn.scale
         self.w_q = attn.query.linear.weight * c
         self.b_q = attn.query_pos_bias.reshape(-1) * c
         if attn.query.linear.bias is not None:
             self.b_q = self.b_q + attn.query.linear.bias * c
+        self.max_mem = max_mem
         if max_mem > 0:
             attn.check_memory_length(max_mem)
             p = attn.key_pos_embeddings[attn.P - max_mem:]                       # [R, h, d]
@@ -336,30 +430,29 @@ class _LayerStep:
             s = (s - torch.einsum('rhd,hd->rh', p, attn.query_pos_bias)) * c
             self.pos = p.permute(1, 2, 0).contiguous()                           # [h, d, R]
             self.bias = s.t().unsqueeze(1).contiguous()                          # [h, 1, R]
-        self.max_mem = max_mem
+            self.pos_data, self.bias_data = self.pos.detach(), self.bias.detach()
         self.p_attn = attn.dropout.p
         self.p_layer = layer.dropout.p
+        ln = layer.norm_self_attn
+        self.ln_attn = (ln.normalized_shape, ln.weight, ln.bias, ln.eps)
+        ln = layer.norm_ff
+        self.ln_ff = (ln.normalized_shape, ln.weight, ln.bias, ln.eps)
+        self.w_o, self.b_o = attn.output.weight, attn.output.bias
 
     def __call__(self, x: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], t: int,
-                 training: bool) -> torch.Tensor:
-        """One layer at one step: x [batch, d_model]; k, v: [batch·heads, t, d_k] views or None."""
-        layer = self.layer
+                 training: bool, tape: Optional[_Tape], token: Optional[torch.Tensor]) -> torch.Tensor:
+        """One layer at one step: x [batch, d_model]; k, v: [batch·heads, t, d_k] views or None (no memory)."""
         if k is not None:
-            b = x.shape[0]
-            h, d = self.heads, self.d_k
-            z = F.layer_norm(x, layer.norm_self_attn.normalized_shape, layer.norm_self_attn.weight,
-                             layer.norm_self_attn.bias, layer.norm_self_attn.eps)
-            q = F.linear(z, self.w_q, self.b_q)                                  # [b, h·d]
-            r = self.max_mem - t
-            pos_scores = torch.baddbmm(self.bias[:, :, r:], q.view(b, h, d).transpose(0, 1), self.pos[:, :, r:])
-            scores = torch.bmm(q.view(b * h, 1, d), k.transpose(1, 2)).view(b, h, t) + pos_scores.transpose(0, 1)
-            a = _dropout(torch.softmax(scores, dim=-1), self.p_attn, training)
-            o = torch.bmm(a.view(b * h, 1, t), v).view(b, h * d)
-            o = F.linear(o, layer.attn.output.weight, layer.attn.output.bias)
-            x = x + _dropout(o, self.p_layer, training)
-        n = layer.norm_ff
-        z = F.layer_norm(x, n.normalized_shape, n.weight, n.bias, n.eps)
-        return x + _dropout(_feed_forward(layer.feed_forward, z, training), self.p_layer, training)
+            q = F.linear(F.layer_norm(x, *self.ln_attn), self.w_q, self.b_q)     # [b, h·d]
+            if token is not None:
+                o = _AttendMemory.apply(token, q, tape, self, t, k, v, training)
+            else:
+                r = self.max_mem - t
+                o = _attend(q, k, v, self.pos[:, :, r:], self.bias[:, :, r:], self.heads, self.d_k,
+                            self.p_attn, training)[0]
+            x = x + _dropout(F.linear(o, self.w_o, self.b_o), self.p_layer, training)
+        ff = _feed_forward(self.layer.feed_forward, F.layer_norm(x, *self.ln_ff), training)
+        return x + _dropout(ff, self.p_layer, training)
 
 
 class _FeedbackBase(nn.Module):
@@ -384,7 +477,8 @@ class _FeedbackBase(nn.Module):
     def _groups(self) -> int:
         raise NotImplementedError
 
-    def _layer_kv(self, views: Tuple[torch.Tensor, ...], i: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _kv_groups(self, i: int) -> Tuple[int, int]:
+        """Memory groups holding layer i's keys and values."""
         raise NotImplementedError
 
     def forward(self, x_seq: torch.Tensor) -> torch.Tensor:
@@ -413,7 +507,7 @@ class _FeedbackBase(nn.Module):
         if state is not None and state.memory.batch != batch:
             raise ValueError(f"{type(self).__name__}: state holds batch_size={state.memory.batch}, "
                              f"x_seq has batch_size={batch}")
-        layer_steps = [_LayerStep(layer, n0 + steps - 1) for layer in self.layers]
+        layer_steps = [_LayerStep(layer, i, n0 + steps - 1, *self._kv_groups(i)) for i, layer in enumerate(self.layers)]
         if state is None:
             memory = _Memory(self._groups(), batch, attn0.heads, attn0.d_k, steps, x_seq)
         else:
@@ -423,21 +517,24 @@ class _FeedbackBase(nn.Module):
         training = self.training
         w = torch.softmax(self.weights, dim=0)
         proj_w, proj_b = self._memory_projection()
-        tape = _Tape(memory, n0, steps) if torch.is_grad_enabled() else None
+        grad = torch.is_grad_enabled()
+        tape = _Tape(memory, n0, steps, layer_steps) if grad and n0 + steps > 1 else None
         anchor = None
         outputs = []
         for i, x in enumerate(x_seq.unbind(0)):
             t = n0 + i
-            if t == 0:
-                views = None
-            elif tape is not None and anchor is not None:
-                views = _ReadMemory.apply(tape, t, anchor)
-            else:
-                views = memory.views(t)
+            token = None
+            if tape is not None and anchor is not None:
+                positions = [p for s in layer_steps for p in (s.pos, s.bias)] if t == n0 + 1 else []
+                token = _ReadMemory.apply(tape, t, anchor, *positions)
+            views = memory.views(t) if t > 0 else None
             layer_outputs = [x]
             for li, step in enumerate(layer_steps):
-                k, v = self._layer_kv(views, li) if views is not None else (None, None)
-                x = step(x, k, v, t, training)
+                if views is None:
+                    k = v = None
+                else:
+                    k, v = views[step.k_group], views[step.v_group]
+                x = step(x, k, v, t, training, tape, token)
                 layer_outputs.append(x)
             mem = torch.stack(layer_outputs, dim=-1) @ w                         # [b, d_model]
             anchor = F.linear(mem, proj_w, proj_b)
@@ -477,8 +574,8 @@ class FeedbackTransformer(_FeedbackBase):
                 biases.append(proj.bias if proj.bias is not None else proj.weight.new_zeros(proj.out_features))
         return torch.cat(weights), torch.cat(biases)
 
-    def _layer_kv(self, views, i):
-        return views[2 * i], views[2 * i + 1]
+    def _kv_groups(self, i):
+        return 2 * i, 2 * i + 1
 
     def forward_reference(self, x_seq: torch.Tensor) -> torch.Tensor:
         """The slow, plain loop (labml-nn's algorithm): re-stack the memory and call each layer every step."""
@@ -528,8 +625,8 @@ class FeedbackTransformerKV(_FeedbackBase):
     def _memory_projection(self):
         return torch.cat([self.key.linear.weight, self.value.linear.weight]), None
 
-    def _layer_kv(self, views, i):
-        return views
+    def _kv_groups(self, i):
+        return 0, 1
 
     def free(self):
         """No-op, for labml-nn compatibility (its KV model keeps a stack between calls; ours keeps nothing)."""

@@ -1,0 +1,63 @@
+"""Configurable Feedback Transformer (`lazylab.models.feedback`): `FeedbackConfigs`.
+
+The defaults are those of labml-nn 0.5.1's feedback experiment (d_model 512, 8 heads, d_ff 2048, 6 layers, no
+dropout, model 'feedback_transformer_kv'); each `model` option builds the same `AutoregressiveModel` as labml-nn's
+option of that name, so from the same seed the state dicts are equal. Added: `n_positions`, the rows of each
+layer's relative-position tables (labml-nn's fixed 4096); the longest memory a step may attend over.
+
+    conf = FeedbackConfigs()
+    conf._set_values({'n_tokens': 65, 'd_model': 128, 'heads': 4, 'd_ff': 512, 'n_layers': 4,
+                      'model': 'feedback_transformer', 'ffn.glu_variant': 'SwiGLU'})
+    model = conf.model          # AutoregressiveModel(65, 128, FeedbackTransformer(...))
+
+The FFN is a `FeedForwardConfigs` whose d_model, d_ff and dropout default to this config's; each layer gets its
+own copy (the transformer deep-copies the layer).
+"""
+from lazylab.configs import BaseConfigs, option
+from lazylab.configs.transformer import FeedForwardConfigs
+from lazylab.models import feedback
+from lazylab.models.autoregressive import AutoregressiveModel
+
+
+class FeedbackConfigs(BaseConfigs):
+    """Feedback Transformer (Fan et al. 2020) language model and its parts."""
+    n_tokens: int  # vocabulary size (the experiment sets it from the dataset)
+    d_model: int = 512  # model width
+    heads: int = 8  # attention heads; d_model must be divisible by it
+    d_ff: int = 2048  # FFN hidden width
+    n_layers: int = 6  # transformer layers
+    dropout: float = 0.0  # on attention weights, attention and FFN outputs, and the FFN hidden layer
+    n_positions: int = feedback.DEFAULT_N_POSITIONS  # relative positions per layer: longest memory a step sees
+
+    ffn: FeedForwardConfigs
+    model: AutoregressiveModel = 'feedback_transformer_kv'  # or 'feedback_transformer' (the original)
+
+
+@option(FeedbackConfigs.ffn, 'default')
+def _ffn_configs(c: FeedbackConfigs):
+    conf = FeedForwardConfigs()
+    conf.set_default(FeedForwardConfigs.d_model, func=lambda: c.d_model)
+    conf.set_default(FeedForwardConfigs.d_ff, func=lambda: c.d_ff)
+    conf.set_default(FeedForwardConfigs.dropout, func=lambda: c.dropout)
+    return conf
+
+
+def _layer(c: FeedbackConfigs, kv: bool) -> feedback.FeedbackTransformerLayer:
+    # Attention before FFN: labml-nn's creation order, so one seed gives the same weights.
+    attn = feedback.FeedbackAttention(c.heads, c.d_model, c.dropout, is_kv_precomputed=kv,
+                                      n_positions=c.n_positions)
+    return feedback.FeedbackTransformerLayer(d_model=c.d_model, attn=attn, feed_forward=c.ffn.ffn,
+                                             dropout_prob=c.dropout)
+
+
+@option(FeedbackConfigs.model, 'feedback_transformer')
+def _feedback_transformer(c: FeedbackConfigs):
+    """The original: every layer projects the memory to its own keys and values."""
+    return AutoregressiveModel(c.n_tokens, c.d_model, feedback.FeedbackTransformer(_layer(c, False), c.n_layers))
+
+
+@option(FeedbackConfigs.model, 'feedback_transformer_kv')
+def _feedback_transformer_kv(c: FeedbackConfigs):
+    """Keys and values computed once per memory vector and shared by all layers."""
+    return AutoregressiveModel(c.n_tokens, c.d_model,
+                               feedback.FeedbackTransformerKV(_layer(c, True), c.n_layers, c.d_model, c.heads))
