@@ -227,6 +227,8 @@ def execute(name: str, conf, run_dir: Path, *, resume: bool) -> Dict[str, Any]:
         labml_run = LabmlRun(run_dir, name, info['uuid'], flat, conf.dashboard)
     with labml_run as tracker:
         last = train(conf, run_dir, resume=resume, labml_run=tracker)
+    if is_main and not last:
+        print(f'nothing to do: the run in {run_dir} has already finished', flush=True)
     if is_main and 'loss.valid' in last:
         print(f'done: step {last["step"]:,}, valid loss {last["loss.valid"]:.4f} nats/char, '
               f'accuracy {last["accuracy.valid"]:.3f}, {last.get("tokens_per_s", 0):,.0f} tokens/s; '

@@ -16,6 +16,7 @@ socket check; an unreachable server costs one warning, never a hang or retries) 
 import contextlib
 import io
 import os
+import re
 from pathlib import Path
 from typing import Any, Dict
 
@@ -42,17 +43,20 @@ class LabmlRun:
         use_app = configure_app_writer(dashboard or None, search_from=Path.cwd())
         writers = {'file', 'app'} if use_app else {'file'}
         _remove_stale_pid(run_dir / 'labml' / name / uuid / 'run.pid')
-        with _without_git_notices():
+        with _without_git_notices(), contextlib.redirect_stdout(io.StringIO()):  # labml prints blank lines here
             experiment.create(uuid=uuid, name=name, writers=writers,
                               python_file=str(run_dir / 'configs.yaml'), disable_screen=True)
-        experiment.configs(configs)
+            experiment.configs(configs)
         self._experiment = experiment
         self._started = None
 
     def __enter__(self) -> 'LabmlRun':
-        with contextlib.redirect_stdout(io.StringIO()):  # labml prints the run's name and git state here
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):  # labml prints the run's name and git state here
             self._started = self._experiment.start()
             self._started.__enter__()
+        for url in re.findall(r'https?://\S+', re.sub(r'\x1b\[[0-9;]*m', '', out.getvalue())):
+            print(f'labml dashboard: {url}', flush=True)  # the one line worth keeping: where to watch the run
         return self
 
     def __exit__(self, *exc) -> None:
