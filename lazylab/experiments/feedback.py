@@ -12,13 +12,16 @@ import sys
 from torch import nn
 
 from lazylab.configs import option
+from lazylab.configs.feedback import FeedbackConfigs
 from lazylab.experiments.nlp_autoregression import NLPAutoRegressionConfigs, device_of
-from lazylab.models.autoregressive import AutoregressiveModel
 
 
 class Configs(NLPAutoRegressionConfigs):
-    """Feedback-transformer language model; `model=feedback_transformer_kv|feedback_transformer`."""
+    """Feedback-transformer language model; `model=feedback_transformer_kv|feedback_transformer`. The common keys
+    (d_model, heads, d_ff, n_layers, dropout) are the defaults of `feedback` (a FeedbackConfigs), whose own items
+    select the rest, e.g. `feedback.ffn.glu_variant=SwiGLU`, `feedback.n_positions=1024`."""
     model: nn.Module = 'feedback_transformer_kv'
+    feedback: FeedbackConfigs    # the model's parts
     batch_size: int = 64         # a wide batch: the memory makes each step sequential over seq_len
     heads: int = 4               # attention heads
     d_ff: int = 512              # feed-forward hidden width
@@ -26,26 +29,29 @@ class Configs(NLPAutoRegressionConfigs):
     dropout: float = 0.0         # dropout probability
 
 
-def _layer(c: Configs, kv: bool):
-    from lazylab.models.feed_forward import FeedForward
-    from lazylab.models.feedback import FeedbackAttention, FeedbackTransformerLayer
-    return FeedbackTransformerLayer(d_model=c.d_model,
-                                    attn=FeedbackAttention(c.heads, c.d_model, c.dropout, is_kv_precomputed=kv),
-                                    feed_forward=FeedForward(c.d_model, c.d_ff, c.dropout), dropout_prob=c.dropout)
+@option(Configs.feedback, 'FeedbackConfigs')
+def _feedback_configs(c: Configs):
+    conf = FeedbackConfigs()
+    for key in ('n_tokens', 'd_model', 'heads', 'd_ff', 'n_layers', 'dropout'):
+        conf.set_default(getattr(FeedbackConfigs, key), func=lambda key=key: getattr(c, key))
+    return conf
+
+
+def _build(c: Configs, variant: str):
+    c.feedback._set_values({'model': variant})
+    return c.feedback.model.to(device_of(c))
 
 
 @option(Configs.model, 'feedback_transformer')
 def _feedback_transformer(c: Configs):
-    from lazylab.models.feedback import FeedbackTransformer
-    core = FeedbackTransformer(_layer(c, kv=False), c.n_layers)
-    return AutoregressiveModel(c.n_tokens, c.d_model, core).to(device_of(c))
+    """The paper's original: every layer projects the memory to its own keys and values."""
+    return _build(c, 'feedback_transformer')
 
 
 @option(Configs.model, 'feedback_transformer_kv')
 def _feedback_transformer_kv(c: Configs):
-    from lazylab.models.feedback import FeedbackTransformerKV
-    core = FeedbackTransformerKV(_layer(c, kv=True), c.n_layers, c.d_model, c.heads)
-    return AutoregressiveModel(c.n_tokens, c.d_model, core).to(device_of(c))
+    """Keys and values computed once per memory vector and shared by the layers (labml_nn's faster variant)."""
+    return _build(c, 'feedback_transformer_kv')
 
 
 #: named settings applied before the user's (`preset=labml_nn`: labml_nn's feedback experiment)
