@@ -223,8 +223,10 @@ def execute(name: str, conf, run_dir: Path, *, resume: bool) -> Dict[str, Any]:
     labml_run = contextlib.nullcontext()
     if is_main:  # only rank 0 records the run in labml
         info = json.loads((run_dir / 'run.json').read_text(encoding='utf-8'))
-        flat = {k: v for k, v in to_dict(conf)['values'].items()}
-        labml_run = LabmlRun(run_dir, name, info['uuid'], flat, conf.dashboard)
+        from lazylab.configs import explain
+        flat = dict(to_dict(conf)['values'])
+        explicit = [k for k, row in explain(conf).items() if row['source'] == 'override']
+        labml_run = LabmlRun(run_dir, name, info['uuid'], flat, conf.dashboard, explicit)
     with labml_run as tracker:
         last = train(conf, run_dir, resume=resume, labml_run=tracker)
     if is_main and not last:

@@ -18,17 +18,19 @@ import io
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Iterable
 
 
 class LabmlRun:
     """One labml experiment whose files live in `run_dir / 'labml'`.
 
+    `configs` is the flat dump (`lazylab.configs.to_dict(conf)['values']`); `explicit`, the keys the user set.
     Use as a context manager around the training loop; `log(step, values)` sends numeric indicators
     (labml names: `loss.train`, `loss.valid`, …) with `step` as labml's global step.
     """
 
-    def __init__(self, run_dir: Path, name: str, uuid: str, configs: Dict[str, Any], dashboard: str = ''):
+    def __init__(self, run_dir: Path, name: str, uuid: str, configs: Dict[str, Any], dashboard: str = '',
+                 explicit: Iterable[str] = ()):
         from labml import experiment, lab
         from labml.internal import lab as labml_lab
 
@@ -46,7 +48,8 @@ class LabmlRun:
         with _without_git_notices(), contextlib.redirect_stdout(io.StringIO()):  # labml prints blank lines here
             experiment.create(uuid=uuid, name=name, writers=writers,
                               python_file=str(run_dir / 'configs.yaml'), disable_screen=True)
-            experiment.configs(configs)
+            # the keys the user set go in as overrides: labml (and its dashboard) marks those as specified
+            experiment.configs(configs, {k: configs[k] for k in explicit if k in configs})
         self._experiment = experiment
         self._started = None
 
