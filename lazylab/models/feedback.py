@@ -24,16 +24,25 @@ reference recomputes every layer's projections of the whole memory at every step
 and written into a pre-allocated buffer `[groups, batch·heads, capacity, d_k]` that only grows (capacity doubles;
 no 512-step stack). Each step's attention reads a *view* of the first t slots; nothing is re-stacked.
 
-Autograd and the in-place writes: a view read at step t is saved by the matmuls of step t, and later steps write
-slots ≥ t. Those slots are outside the view, so the values autograd saved are never changed; the writes go
-through an alias whose version counter is separate (`Tensor.data`) so autograd's modified-in-place check, which
-would otherwise fire on any write to the shared storage, does not. Gradients reach the keys and values through
-`_ReadMemory`: its backward adds the gradient of the t-slot view into a gradient buffer and returns the finished
-gradient of slot t-1 to the step that wrote it. That is correct because autograd runs the reads backwards in
-time: the read at step t+1 depends, through slot t, on everything computed at step t, including the read at
-step t, so every later read has added its share to slot t-1 before the read at step t runs. `_ReadMemory`
-checks this order and raises if it is ever violated. `forward_reference` is the slow, obviously correct loop
-(re-stack the memory, call each layer's plain `forward`) that the tests compare against.
+Autograd and the in-place writes: a view read at step t is used by step t's attention, and later steps write
+slots ≥ t. Those slots are outside the view, so what step t's backward reads is never changed; the writes go
+through an alias whose version counter is separate (`Tensor.data`), so autograd's modified-in-place check, which
+would otherwise fire on any write to the shared storage, does not.
+
+Gradients of the memory are accumulated by hand in a per-call `_Tape`, with one autograd node per layer and step
+for the whole attention (`_AttendMemory`: scores, softmax, weighted values) and one per step for the memory
+(`_ReadMemory`):
+- `_AttendMemory` backward returns ∂q and writes ∂(position table) in place; the slot gradients
+  (∂k_τ = Σ gs_τ q, ∂v_τ = Σ a_τ ∂o) are stashed as factors;
+- `_ReadMemory(t)` backward adds the stashed factors of step t into the slot gradients with one in-place
+  batched matmul per group (for the KV model: the L layers in one product) and returns the finished gradient of
+  slot t-1 to the projection that wrote it; the read of the first step also returns the position gradients.
+This is correct because autograd runs these nodes backwards in time: step t+1 depends, through slot t, on all of
+step t (its token makes every `_AttendMemory` of step t run before `_ReadMemory(t)`), so every later step has
+added its share to slot t-1 before `_ReadMemory(t)` runs. The tape checks this order and raises if it is ever
+violated, and starts from zero in each new backward pass (retain_graph, autograd.grad).
+`forward_reference` is the slow, obviously correct loop (re-stack the memory, call each layer's plain
+`forward`) that the tests compare against, besides labml-nn itself.
 
 Relative positions (Transformer-XL style, as in labml-nn): a key at distance δ = t - τ ∈ [1, P] from the query
 uses row P - δ of `key_pos_embeddings [P, heads, d_k]` and `key_pos_bias [P, heads]`. P = `n_positions` (4096 by
