@@ -17,6 +17,31 @@ from lazylab.experiments.nlp_autoregression import NLPAutoRegressionConfigs, dev
 from lazylab.models.autoregressive import AutoregressiveModel
 
 
+class TokenAndPositionEmbeddings(nn.Module):
+    """Token embedding plus a learned embedding per position, without the √d_model scale of labml_nn's
+    embeddings (GPT-2's input layer).
+
+    Why: labml_nn's embeddings multiply N(0, 1) token vectors by √d_model (≈ 11 at d_model 128); in a pre-norm
+    transformer that residual stream is then ~10× larger than what each layer adds to it, and learning is slow.
+
+    Args:
+        d_model: width; n_vocab: vocabulary size; max_len: number of positions (the training seq_len).
+
+    Shapes:
+        x: LongTensor [seq_len, batch_size] with seq_len ≤ max_len → [seq_len, batch_size, d_model]
+    """
+
+    def __init__(self, d_model: int, n_vocab: int, max_len: int):
+        super().__init__()
+        self.linear = nn.Embedding(n_vocab, d_model)
+        self.positional_encodings = nn.Parameter(torch.zeros(max_len, 1, d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > self.positional_encodings.shape[0]:
+            raise ValueError(f'seq_len={x.shape[0]} exceeds max_len={self.positional_encodings.shape[0]}')
+        return self.linear(x) + self.positional_encodings[:x.shape[0]]
+
+
 class AutoregressiveTransformer(AutoregressiveModel):
     """A decoder-only transformer LM, laid out as labml_nn's `AutoregressiveTransformer` (basic experiment):
     `src_embed` (token + positional embedding), `encoder` (layers under a causal mask, final LayerNorm),
@@ -72,6 +97,8 @@ class Configs(NLPAutoRegressionConfigs):
     """The causal transformer baseline. Common keys (d_model, heads, d_ff, n_layers, dropout) are copied into
     `transformer` (a TransformerConfigs), whose own options select the parts to compare, e.g.
     `transformer.ffn.glu_variant=SwiGLU`, `transformer.encoder_attn=relative`, `transformer.src_embed=fixed_pos`.
+    The input embeddings default to `TokenAndPositionEmbeddings` (learned positions, no √d_model scale);
+    `transformer.src_embed=fixed_pos` gives labml_nn's (the `labml_nn` preset does).
     """
     model: nn.Module = 'transformer'
     transformer: TransformerConfigs   # the parts: attention, FFN variant, embeddings
@@ -87,6 +114,9 @@ def _transformer_configs(c: Configs):
     conf.n_src_vocab = conf.n_tgt_vocab = c.n_tokens
     conf.d_model, conf.n_heads, conf.n_layers, conf.dropout = c.d_model, c.heads, c.n_layers, c.dropout
     conf._set_values({'ffn.d_ff': c.d_ff})  # reaches the FFN sub-config when it is created
+    # unless transformer.src_embed names one of TransformerConfigs' options (fixed_pos, learned_pos, no_pos)
+    conf.set_default(TransformerConfigs.src_embed,
+                     func=lambda: TokenAndPositionEmbeddings(c.d_model, c.n_tokens, c.seq_len))
     return conf
 
 
@@ -101,7 +131,7 @@ PRESETS = {
     'labml_nn': {'d_model': 512, 'heads': 8, 'n_layers': 6, 'd_ff': 2048, 'seq_len': 128, 'batch_size': 64,
                  'optimizer.optimizer': 'Noam', 'optimizer.learning_rate': 1.0, 'optimizer.warmup': 2000,
                  'dropout': 0.0, 'epochs': 128, 'max_steps': 0, 'max_minutes': 0, 'inner_iterations': 25,
-                 'valid_interval': 0},
+                 'valid_interval': 0, 'transformer.src_embed': 'fixed_pos'},
 }
 
 

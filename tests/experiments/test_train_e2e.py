@@ -67,8 +67,8 @@ def test_loss_falls_and_run_dir_holds_configs_metrics_samples_checkpoint(referen
         assert r['tokens'] == r['step'] * 4 * 16
         assert ('loss.valid' in r) == ('accuracy.valid' in r) == (r['step'] % 10 == 0)
     valid = [r['loss.valid'] for r in records if 'loss.valid' in r]
-    assert valid[0] < 4.2 and valid[-1] < valid[0] - 0.4, valid  # ln 65 = 4.17 at chance
-    assert records[-1]['loss.train'] < records[0]['loss.train'] - 0.4
+    assert valid[-1] < valid[0] < 4.2 and valid[-1] < 4.17 - 0.8, valid  # ln 65 = 4.17 at chance
+    assert records[-1]['loss.train'] < records[0]['loss.train'] - 0.5
     # warm-up then cosine to 10%: lr(t) = 0.01 · (0.1 + 0.9 · ½(1 + cos(π (t − 5) / 55))) after step t
     assert records[-1]['lr'] == pytest.approx(0.001, rel=1e-6)
     assert 'valid loss' in stdout and 'sample: It is' in stdout and f'run dir {run_dir}' in stdout
@@ -124,9 +124,12 @@ def test_generate_from_checkpoint_is_greedy_argmax_at_temperature_zero(reference
             ids.append(int(logits[-1, 0].argmax()))
     assert text == ''.join(ck['vocabulary'][i] for i in ids)
     # sampling with a seed is reproducible and stays within the vocabulary
-    assert cli.main(['generate', str(run_dir), '--prompt', 'A', '--tokens', '30', '--seed', '3', '--top-k', '5']) == 0
-    assert cli.main(['generate', str(run_dir), '--prompt', 'A', '--tokens', '30', '--seed', '3', '--top-k', '5']) == 0
-    a, b = capsys.readouterr().out.split('\n')[:2]
+    outputs = []
+    for _ in range(2):
+        assert cli.main(['generate', str(run_dir), '--prompt', 'A', '--tokens', '30', '--seed', '3',
+                         '--top-k', '5']) == 0
+        outputs.append(capsys.readouterr().out[:-1])  # print's newline
+    a, b = outputs
     assert a == b and len(a) == 31 and set(a) <= set(ck['vocabulary'])
 
 
