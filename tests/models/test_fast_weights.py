@@ -3,6 +3,7 @@ agree on outputs and parameter gradients, carried state equals one pass, and gen
 """
 import pytest
 import torch
+from torch import nn
 from hypothesis import given, settings, strategies as st
 
 import labml_nn.transformers.fast_weights as ref
@@ -95,6 +96,17 @@ def test_token_wise_attention_step_equals_labml_nn():
         torch.testing.assert_close(y_ours, y_theirs, rtol=0, atol=1e-6)
         torch.testing.assert_close(w_ours, w_theirs, rtol=0, atol=1e-6)
     assert w_ours.shape == (3, HEADS, D_MODEL // HEADS, 2 * (D_MODEL // HEADS) * 2)
+
+
+def test_fused_projection_equals_calling_the_submodules():
+    # The attention projects q, k, v, β with one matmul when the projections are the standard ones; a changed
+    # gate (here an extra Identity) takes the plain path through the submodules. Both must agree.
+    torch.manual_seed(4)
+    attn = fw.FastWeightsAttention(HEADS, D_MODEL, 0.0, fw.DPFP(nu=2))
+    x = torch.randn(9, 2, D_MODEL)
+    fused = attn(x)
+    attn.interpolation_weight.append(nn.Identity())
+    torch.testing.assert_close(attn(x), fused, rtol=0, atol=1e-6)
 
 
 def test_token_wise_equals_whole_sequence_with_renamed_gate():

@@ -105,7 +105,10 @@ def run_delta_rule(kernel: str, chunk_size: int, q: torch.Tensor, k: torch.Tenso
     """
     if kernel == 'loop':
         return delta_rule_loop(q, k, v, beta, state)
-    if kernel == 'step' or q.shape[0] == 1:
+    if q.shape[0] == 1:
+        y, state = delta_rule_step(q[0], k[0], v[0], beta[0], state)
+        return y.unsqueeze(0), state
+    if kernel == 'step':
         ys = []
         for i in range(q.shape[0]):
             y, state = delta_rule_step(q[i], k[i], v[i], beta[i], state)
@@ -182,12 +185,30 @@ class FastWeightsAttention(nn.Module):
             raise ValueError(f"FastWeightsAttention expects x of shape [seq_len, batch_size, d_model], "
                              f"got {tuple(x.shape)}")
         seq_len, batch_size, _ = x.shape
-        query = self.phi(self.query(x))  # [seq_len, batch_size, heads, d_dot]
-        key = self.phi(self.key(x))
-        value = self.value(x)  # [seq_len, batch_size, heads, d_k]
-        beta = self.interpolation_weight(x)  # [seq_len, batch_size, heads, 1]
+        query, key, value, beta = self._project(x)
         y, state = run_delta_rule(self.kernel, self.chunk_size, query, key, value, beta, state)
         return self.output(y.reshape(seq_len, batch_size, -1)), state
+
+    def _project(self, x: torch.Tensor):
+        """φ'(q), φ'(k): [seq_len, batch_size, heads, d_dot]; v: [..., heads, d_k]; β: [..., heads(, 1)].
+
+        With the standard bias-free projections this is one matmul for all four and one call of φ' for q and k
+        together (φ' acts on each head's vector separately, so stacking the heads changes nothing): fewer
+        operations, which is what a one-token generation step pays for. Equal to calling the four submodules
+        (whose forward hooks are then not run).
+        """
+        gate = self.interpolation_weight
+        fusable = (isinstance(gate, nn.Sequential) and len(gate) == 2 and isinstance(gate[1], nn.Sigmoid) and
+                   all(type(p) is PrepareForMultiHeadAttention and p.linear.bias is None
+                       for p in (self.query, self.key, self.value, gate[0])))
+        if not fusable:
+            return self.phi(self.query(x)), self.phi(self.key(x)), self.value(x), gate(x)
+        h, d_k = self.heads, self.d_k
+        weight = torch.cat([self.query.linear.weight, self.key.linear.weight, self.value.linear.weight,
+                            gate[0].linear.weight])  # [3·h·d_k + h, d_model]
+        qk, value, beta = nn.functional.linear(x, weight).split([2 * h * d_k, h * d_k, h], dim=-1)
+        query, key = self.phi(qk.unflatten(-1, (2 * h, d_k))).split(h, dim=-2)
+        return query, key, value.unflatten(-1, (h, d_k)), torch.sigmoid(beta)
 
 
 class FastWeightsAttentionTransformerLayer(nn.Module):

@@ -73,7 +73,7 @@ def delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
         new_state = (beta * v).unsqueeze(-1) * k.unsqueeze(-2)
     else:
         retrieved = (state @ k.unsqueeze(-1)).squeeze(-1)  # v̄ᵢ = W kᵢ
-        new_state = state + (beta * (v - retrieved)).unsqueeze(-1) * k.unsqueeze(-2)
+        new_state = torch.addcmul(state, (beta * (v - retrieved)).unsqueeze(-1), k.unsqueeze(-2))
     y = (new_state @ q.unsqueeze(-1)).squeeze(-1)
     return y, new_state
 
