@@ -50,7 +50,7 @@ DEFAULT_CHUNK_SIZE = 16  # fastest on CPU for d_dot = 64 (small batched matmuls)
 
 
 class DPFP(nn.Module):
-    """Deterministic Parameter-Free Projection φ' (Schlag et al. 2021, §5.4), normalised by its sum.
+    """Deterministic Parameter-Free Projection φ' (Schlag et al. 2021), normalised by its sum.
 
     With r = ReLU([k, −k]) (size 2·d_key), φ is the concatenation over i = 1..ν of r ⊙ roll(r, i):
 
@@ -120,7 +120,7 @@ def run_delta_rule(kernel: str, chunk_size: int, q: torch.Tensor, k: torch.Tenso
 
 
 class FastWeightsAttention(nn.Module):
-    """Delta-rule fast-weight attention over a whole sequence (Schlag, Irie & Schmidhuber 2021, eq. 21-25).
+    """Delta-rule fast-weight attention over a whole sequence (Schlag, Irie & Schmidhuber 2021).
 
     Per head, with φ' the sum-normalised feature map:
         v̄ᵢ = W⁽ⁱ⁻¹⁾ φ'(kᵢ),   W⁽ⁱ⁾ = W⁽ⁱ⁻¹⁾ + βᵢ (vᵢ − v̄ᵢ) ⊗ φ'(kᵢ),   yᵢ = W⁽ⁱ⁾ φ'(qᵢ),   βᵢ = σ(W_β xᵢ)

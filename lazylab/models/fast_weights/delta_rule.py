@@ -1,6 +1,6 @@
 """The delta rule of fast-weight attention, computed three ways.
 
-Schlag, Irie & Schmidhuber 2021, "Linear Transformers Are Secretly Fast Weight Programmers", eq. (21)-(25).
+Schlag, Irie & Schmidhuber 2021, "Linear Transformers Are Secretly Fast Weight Programmers" (the delta-rule update).
 Per batch element and head, with keys and queries already mapped by the feature map φ' (size d_dot),
 values of size d_v and a write strength βᵢ ∈ (0, 1):
 
@@ -14,7 +14,7 @@ labml_nn's layout ('bhvk') and the state layout used throughout `lazylab.models.
 * `delta_rule_step`    one token; what generation uses (O(1) work per token).
 * `delta_rule_loop`    the equations above, token by token: the slow, obviously-correct reference.
 * `delta_rule_chunked` the chunkwise-parallel form (Yang, Wang, Zhang, Shen & Kim 2024, "Parallelizing Linear
-  Transformers with the Delta Rule over Sequence Length", §3): within a chunk the product of the
+  Transformers with the Delta Rule over Sequence Length"): within a chunk the product of the
   Householder-like updates is written in WY/UT form, (I + A)⁻¹ found with matrix products; only the
   [d_dot, d_v] state is carried from chunk to chunk.
 
@@ -201,7 +201,7 @@ class _ChunkedDeltaRule(torch.autograd.Function):
 
 def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
                        state: Optional[torch.Tensor] = None, chunk_size: int = 64) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The delta rule, chunkwise-parallel (Yang et al. 2024, §3.2-3.3; WY/UT representation).
+    """The delta rule, chunkwise-parallel (Yang et al. 2024; WY/UT representation).
 
     Work with the transposed state S = Wᵀ ([d_dot, d_v]); one token is S ← (I − β k kᵀ) S + β k vᵀ. For a chunk of
     C tokens (rows of K, Q: [C, d_dot], V: [C, d_v], starting from state S₀), the state after token t is
