@@ -213,8 +213,10 @@ def execute(name: str, conf, run_dir: Path, *, resume: bool) -> Dict[str, Any]:
     if is_main:
         n_params = parameter_count(conf.model)
         length = f'{conf.total_steps:,} steps'
-        if conf.max_minutes > 0:
+        if conf.max_minutes > 0 and conf.max_steps == 0:  # the time budget decides the step count
             length = f'{conf.max_minutes:g} minutes (at most {conf.total_steps:,} steps)'
+        elif conf.max_minutes > 0:
+            length += f' (at most {conf.max_minutes:g} minutes)'
         batch = f'{conf.batch_size}×{conf.seq_len}'
         if world_size > 1:
             batch += f' per process, {world_size} processes (effective batch {conf.batch_size * world_size})'
