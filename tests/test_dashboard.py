@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 STEPS = 30
 # A tiny model on the first 20,000 characters of Tiny Shakespeare: seconds per run, a loss.train record every step.
 TINY = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=32', 'batch_size=4', 'log_interval=1',
-        'valid_batches=2', 'sample_tokens=40', 'device=cpu', 'seed=1']
+        'valid_batches=2', 'sample_tokens=40', 'device=cpu', 'seed=1', 'optimizer.optimizer=Adam']
 
 
 def _free_port() -> int:

@@ -43,6 +43,10 @@ class LabmlRun:
         labml_lab._internal = labml_lab.Lab(path=run_dir)
         lab.configure({'path': str(run_dir), 'experiments_path': 'labml', 'data_path': 'labml/data'})
         use_app = configure_app_writer(dashboard or None, search_from=Path.cwd())
+        if use_app:
+            # labml's app writer sends the console to the dashboard by patching sys.stdout.write when this module is
+            # first imported; import it now, before any stdout redirection below, so it patches the real stdout.
+            import labml.internal.app.logs  # noqa: F401
         writers = {'file', 'app'} if use_app else {'file'}
         _remove_stale_pid(run_dir / 'labml' / name / uuid / 'run.pid')
         with _without_git_notices(), contextlib.redirect_stdout(io.StringIO()):  # labml prints blank lines here
