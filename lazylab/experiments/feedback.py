@@ -23,6 +23,8 @@ class Configs(NLPAutoRegressionConfigs):
     model: nn.Module = 'feedback_transformer_kv'
     feedback: FeedbackConfigs    # the model's parts
     batch_size: int = 64         # a wide batch: the memory makes each step sequential over seq_len
+    threads: int = 1             # one CPU thread: the per-token steps are too small to share, and two threads
+                                 # stall badly when anything else runs on the machine
     heads: int = 4               # attention heads
     d_ff: int = 512              # feed-forward hidden width
     n_layers: int = 4            # layers
