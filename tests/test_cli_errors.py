@@ -119,6 +119,18 @@ def test_nan_loss_stops_with_exit_2_naming_the_step(tmp_path, capsys):
     assert text.startswith('training loss is nan at step 2; no checkpoint was written'), text
 
 
+def test_resume_on_another_number_of_processes_is_refused(short_run, tmp_path, capsys):
+    import shutil
+    run = tmp_path / 'run'
+    shutil.copytree(short_run, run)
+    ck = torch.load(run / 'checkpoint.pt', weights_only=True)
+    ck['world_size'] = 2  # as if a two-process torchrun job had written it
+    torch.save(ck, run / 'checkpoint.pt')
+    before = (run / 'metrics.jsonl').read_bytes()
+    assert 'was saved by 2 process(es); resume it with 2, not 1' in _error(capsys, ['resume', str(run)])
+    assert (run / 'metrics.jsonl').read_bytes() == before
+
+
 def test_nan_loss_keeps_the_last_good_checkpoint(tmp_path, capsys, monkeypatch):
     import torch.nn.functional as F
     runs = tmp_path / 'runs'

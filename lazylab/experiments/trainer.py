@@ -292,6 +292,10 @@ def train(c, run_dir: Path, *, resume: bool = False, labml_run=None) -> Dict[str
     sums = {'loss': 0.0, 'correct': 0, 'count': 0, 'steps': 0, 'tokens': 0, 'seconds': 0.0}
     if resume:
         ck = load_checkpoint(run_dir / CHECKPOINT)
+        saved_world_size = ck.get('world_size', 1)
+        if saved_world_size != world_size:  # data shards and per-rank RNG states would mean something else
+            raise CheckpointError(f'{run_dir / CHECKPOINT} was saved by {saved_world_size} process(es); '
+                                  f'resume it with {saved_world_size}, not {world_size}')
         model.load_state_dict(ck['model'])
         optimizer.load_state_dict(ck['optimizer'])
         scheduler.load_state_dict(ck['scheduler'])
@@ -301,6 +305,9 @@ def train(c, run_dir: Path, *, resume: bool = False, labml_run=None) -> Dict[str
         sums = ck['sums']
         if is_main:
             metrics.drop_after(pos.step)
+    elif world_size > 1:
+        # parameters are already equal on every process (same seed, DDP broadcasts); dropout masks must not be
+        torch.manual_seed(c.seed * 1_000_003 + rank)
     progress = Progress(pos.total_steps)
     started, step_started_at, elapsed_before = time.time(), pos.step, pos.elapsed
     last_record: Dict[str, Any] = {}
