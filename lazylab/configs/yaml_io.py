@@ -51,6 +51,11 @@ def to_dict(configs: Any) -> Dict[str, Any]:
         if st.spec.meta.get(key):
             meta.append(path)
         if key not in st.cache:
+            # a value the user gave but nothing read yet is still part of the configuration to replay
+            given = st.overrides.get(key, st.assigned.get(key, _NOT_TEXT))
+            text = _NOT_TEXT if given is _NOT_TEXT else _text_value(given)
+            if text is not _NOT_TEXT:
+                values[path] = text
             continue
         p = st.provenance.get(key)
         value = st.cache[key]

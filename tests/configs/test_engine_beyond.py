@@ -468,3 +468,19 @@ def test_deepcopy_and_pickle_keep_given_and_computed_values():
     restored = pickle.loads(pickle.dumps(twin))
     assert restored.seq_len == 12 and restored.ffn.ffn == ('ffn', 8, 64, 'Relu', False)
     assert lc.describe(Experiment)[4]['default'] == 'RED'
+
+
+def test_dump_keeps_overrides_nobody_read_yet():
+    from lazylab.configs import BaseConfigs, dump, load
+
+    class Conf(BaseConfigs):
+        d_model: int = 512
+        d_ff: int = 2048
+        name: str = 'x'
+
+    conf = Conf()
+    conf._set_values({'d_model': 256, 'name': 'y'})
+    assert conf.name == 'y'  # d_model is overridden but never read
+    replay = Conf()
+    load(replay, dump(conf))
+    assert (replay.d_model, replay.d_ff, replay.name) == (256, 2048, 'y')
