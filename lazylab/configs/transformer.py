@@ -17,6 +17,7 @@ One deliberate difference: labml-nn builds 'relative' attention with its default
 `dropout` says; here it uses `dropout`, like 'mha' does. With the default dropout (0.1) the two agree.
 """
 import copy
+from typing import Literal
 
 from torch import nn
 
@@ -27,6 +28,9 @@ from lazylab.models.relative_mha import RelativeMultiHeadAttention
 from lazylab.models.transformer import (Decoder, EmbeddingsWithLearnedPositionalEncoding,
                                         EmbeddingsWithPositionalEncoding, Encoder, EncoderDecoder, Generator,
                                         TransformerLayer)
+
+#: the names `glu_variant` accepts: 'none' (plain FFN) or one of the aggregates below
+GLUVariant = Literal['none', 'GLU', 'Bilinear', 'ReGLU', 'GEGLU', 'SwiGLU']
 
 
 class FeedForwardConfigs(BaseConfigs):
@@ -45,7 +49,7 @@ class FeedForwardConfigs(BaseConfigs):
     bias1: bool = True  # bias of the first layer
     bias2: bool = True  # bias of the second layer
     bias_gate: bool = False  # bias of the gate's linear layer
-    glu_variant: str = 'none'  # 'none', 'GLU', 'Bilinear', 'ReGLU', 'GEGLU' or 'SwiGLU'
+    glu_variant: GLUVariant = 'none'  # 'none', 'GLU', 'Bilinear', 'ReGLU', 'GEGLU' or 'SwiGLU'
 
 
 @option(FeedForwardConfigs.activation, 'ReLU')

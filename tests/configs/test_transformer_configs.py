@@ -225,3 +225,10 @@ def test_d_model_not_divisible_by_heads_names_both():
     with pytest.raises(ConfigError, match=r'encoder_attn.*d_model=30.*heads=4') as error:
         conf.encoder_attn
     assert isinstance(error.value.__cause__, ValueError)
+
+
+def test_misspelt_glu_variant_is_an_error_naming_the_choices():
+    from lazylab.configs import BadValueError, apply_overrides
+    conf = TransformerConfigs()
+    with pytest.raises(BadValueError, match=r"ffn\.glu_variant: expected one of 'none', 'GLU', .*got 'SwiGlu'"):
+        apply_overrides(conf, {'ffn.glu_variant': 'SwiGlu'})
