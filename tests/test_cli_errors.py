@@ -49,7 +49,7 @@ CASES = [
     (['train', 'transformer', 'transformer.encoder_attn=relativ'],
      r"unknown option 'relativ' for transformer.encoder_attn .*did you mean 'relative'"),
     (['train', 'transformer', 'd_model'], r"expected key=value, got 'd_model'"),
-    (['train', 'transformr'], r"unknown experiment 'transformr'; did you mean 'transformer'\?"),
+    (['train', 'transformr'], r"unknown experiment 'transformr' \(did you mean 'transformer'\?\); experiments: feedback"),
     (['train', 'transformer', 'text={tmp}/missing.txt'], r'text file not found: .*missing.txt'),
     (['train', 'transformer', 'text={tmp}/latin1.txt'],
      r'latin1.txt is not UTF-8 text: invalid byte 0xe9 at byte offset 35$'),  # 15 + 17 + len("caf")
@@ -66,7 +66,7 @@ CASES = [
     (['train', 'transformer', '--config', '{tmp}/list.yaml'], r'must hold a mapping'),
     (['train', 'transformer', 'preset=gpu'], r"unknown preset 'gpu' for transformer; presets: labml_nn"),
     (['train', 'transformer', '--verbose'], r"unknown option '--verbose'"),
-    (['options', 'fast_weight'], r"unknown experiment 'fast_weight'; did you mean 'fast_weights'"),
+    (['options', 'fast_weight'], r"unknown experiment 'fast_weight' \(did you mean 'fast_weights'"),
     (['resume', '{tmp}'], r'is not a lazylab run directory'),
     (['generate', '{tmp}', '--prompt', 'a'], r'required: --tokens'),
     (['plot', '{tmp}', '-o', '{tmp}/x.png'], r'has no metrics.jsonl'),

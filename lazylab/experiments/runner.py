@@ -72,8 +72,8 @@ def load_experiment(name: str):
     """The module lazylab.experiments.NAME (it defines `Configs`, `PRESETS` and `main`)."""
     if name not in EXPERIMENTS:
         close = difflib.get_close_matches(name, EXPERIMENTS, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ''
-        raise UsageError(f"unknown experiment {name!r}{hint} experiments: {', '.join(EXPERIMENTS)}")
+        hint = f" (did you mean '{close[0]}'?)" if close else ''
+        raise UsageError(f"unknown experiment {name!r}{hint}; experiments: {', '.join(EXPERIMENTS)}")
     return importlib.import_module(f'lazylab.experiments.{name}')
 
 
