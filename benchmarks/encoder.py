@@ -12,10 +12,7 @@ import statistics
 import time
 
 import torch
-from labml import tracker
-
-if not hasattr(tracker, 'debug'):  # labml-nn 0.5.1's MultiHeadAttention calls it; labml 0.5.3 lacks it
-    tracker.debug = lambda *args, **kwargs: None
+import _reference  # noqa: F401  (lets labml_nn run on labml 0.5.3)
 
 from labml_nn.transformers import feed_forward as ref_ff, mha as ref_mha, models as ref_models  # noqa: E402
 

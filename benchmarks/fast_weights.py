@@ -30,10 +30,7 @@ from lazylab.models.mha import MultiHeadAttention, subsequent_mask
 from lazylab.models.transformer import TransformerLayer
 
 try:
-    from labml import tracker
-
-    if not hasattr(tracker, 'debug'):  # labml-nn 0.5.1 calls it; labml 0.5.3 lacks it
-        tracker.debug = lambda *args, **kwargs: None
+    import _reference  # noqa: F401  (lets labml_nn run on labml 0.5.3)
     from labml_nn.transformers import fast_weights as ref
     from labml_nn.transformers.feed_forward import FeedForward as RefFeedForward
 except ImportError:  # pragma: no cover - the reference is a test/benchmark dependency
