@@ -12,7 +12,7 @@ from torch import nn
 
 from lazylab.configs import option
 from lazylab.configs.fast_weights import FastWeightsConfigs
-from lazylab.experiments.nlp_autoregression import NLPAutoRegressionConfigs, device_of
+from lazylab.experiments.nlp_autoregression import LABML_NN_PRESET, NLPAutoRegressionConfigs, device_of
 
 
 class Configs(NLPAutoRegressionConfigs):
@@ -41,10 +41,7 @@ def _fast_weights_transformer(c: Configs):
 
 #: named settings applied before the user's (`preset=labml_nn`: labml_nn's fast-weights experiment)
 PRESETS = {
-    'labml_nn': {'d_model': 512, 'heads': 8, 'n_layers': 6, 'd_ff': 2048, 'nu': 1, 'seq_len': 128,
-                 'batch_size': 16, 'optimizer.optimizer': 'Noam', 'optimizer.learning_rate': 1.0,
-                 'optimizer.warmup': 2000, 'dropout': 0.0, 'epochs': 128, 'max_steps': 0, 'max_minutes': 0,
-                 'inner_iterations': 25, 'valid_interval': 0},
+    'labml_nn': {**LABML_NN_PRESET, 'nu': 1, 'batch_size': 16},  # labml_nn's fast-weights experiment uses 16
 }
 
 

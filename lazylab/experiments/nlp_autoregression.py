@@ -14,6 +14,14 @@ from lazylab.experiments.optimizers import OptimizerConfigs
 from lazylab.experiments.trainer import TrainerConfigs, resolve_device
 
 
+#: labml_nn's published experiment settings (d_model 512, 8 heads, 6 layers, Noam lr 1.0, 128 epochs); each
+#: experiment's `preset=labml_nn` is this plus its own keys
+LABML_NN_PRESET = {'d_model': 512, 'heads': 8, 'n_layers': 6, 'd_ff': 2048, 'seq_len': 128, 'batch_size': 64,
+                   'optimizer.optimizer': 'Noam', 'optimizer.learning_rate': 1.0, 'optimizer.warmup': 2000,
+                   'dropout': 0.0, 'epochs': 128, 'max_steps': 0, 'max_minutes': 0, 'inner_iterations': 25,
+                   'valid_interval': 0}
+
+
 class NLPAutoRegressionConfigs(TrainerConfigs):
     """Trainer items plus data, model width, optimizer and sampling.
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from lazylab.configs import option
 from lazylab.configs.transformer import TransformerConfigs
-from lazylab.experiments.nlp_autoregression import NLPAutoRegressionConfigs, device_of
+from lazylab.experiments.nlp_autoregression import LABML_NN_PRESET, NLPAutoRegressionConfigs, device_of
 from lazylab.models.autoregressive import AutoregressiveModel
 
 
@@ -132,10 +132,7 @@ def _transformer(c: Configs):
 
 #: named settings applied before the user's (`preset=labml_nn`)
 PRESETS = {
-    'labml_nn': {'d_model': 512, 'heads': 8, 'n_layers': 6, 'd_ff': 2048, 'seq_len': 128, 'batch_size': 64,
-                 'optimizer.optimizer': 'Noam', 'optimizer.learning_rate': 1.0, 'optimizer.warmup': 2000,
-                 'dropout': 0.0, 'epochs': 128, 'max_steps': 0, 'max_minutes': 0, 'inner_iterations': 25,
-                 'valid_interval': 0, 'transformer.src_embed': 'fixed_pos'},
+    'labml_nn': {**LABML_NN_PRESET, 'transformer.src_embed': 'fixed_pos'},
 }
 
 
