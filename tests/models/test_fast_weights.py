@@ -58,6 +58,32 @@ def test_dpfp_equals_labml_nn(nu):
     torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
 
 
+@settings(max_examples=25, deadline=None)
+@given(nu=st.integers(1, 4), d_key=st.integers(4, 40), rows=st.integers(1, 70), zeros=st.booleans(),
+       seed=st.integers(0, 2 ** 16))
+def test_fused_dpfp_is_bitwise_labml_nn_forward_and_matches_its_gradient(nu, d_key, rows, zeros, seed):
+    # the fused forward/backward (`dpfp.py`) against labml-nn's autograd of the definition, on a
+    # non-contiguous input, with exact zeros (where ReLU and the sign masks meet) when `zeros`
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(rows, 2 * d_key, generator=g, dtype=torch.float64)[:, ::2]
+    if zeros:
+        k[::3, ::2] = 0.
+    k32 = k.float()
+    torch.testing.assert_close(fw.DPFP(nu=nu)(k32), ref.DPFP(nu=nu)(k32), rtol=0, atol=0)
+    ours_in, theirs_in = k.clone().requires_grad_(), k.clone().requires_grad_()
+    ours, theirs = fw.DPFP(nu=nu)(ours_in), ref.DPFP(nu=nu)(theirs_in)
+    grad = torch.randn(ours.shape, generator=g, dtype=torch.float64)
+    ours.backward(grad)
+    theirs.backward(grad)
+    torch.testing.assert_close(ours_in.grad, theirs_in.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_fused_dpfp_passes_gradcheck():
+    k = torch.randn(4, 3, 6, dtype=torch.float64, requires_grad=True)
+    for nu in (1, 3):
+        assert torch.autograd.gradcheck(fw.DPFP(nu=nu), (k,))
+
+
 # ---- equivalence with labml_nn ----
 
 @pytest.mark.parametrize('nu', [1, 2, 3])

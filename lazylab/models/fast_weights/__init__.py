@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from lazylab.models.fast_weights.delta_rule import delta_rule_chunked, delta_rule_loop, delta_rule_step
+from lazylab.models.fast_weights.dpfp import dpfp_normalised
 from lazylab.models.feed_forward import FeedForward  # re-exported, as labml_nn does (its experiment imports it here)
 from lazylab.models.mha import PrepareForMultiHeadAttention
 
@@ -80,11 +81,14 @@ class DPFP(nn.Module):
         self.eps = eps
 
     def forward(self, k: torch.Tensor) -> torch.Tensor:
+        if self.nu <= k.shape[-1] and k.is_floating_point():
+            return dpfp_normalised(k, self.nu, self.eps)  # same values, a fraction of the passes
         phi = self.dpfp(k)
         return phi / (phi.sum(dim=-1, keepdim=True) + self.eps)
 
     def dpfp(self, k: torch.Tensor) -> torch.Tensor:
-        """The un-normalised φ(k): [..., d_key] → [..., 2 · d_key · ν]."""
+        """The un-normalised φ(k): [..., d_key] → [..., 2 · d_key · ν], written as the definition (the reference
+        the fused `forward` is tested against)."""
         r = self.relu(torch.cat([k, -k], dim=-1))
         rolled = torch.stack([r.roll(shifts=i, dims=-1) for i in range(1, self.nu + 1)], dim=-2)  # [..., ν, 2·d_key]
         return (r.unsqueeze(-2) * rolled).flatten(-2)  # broadcasting r over the ν copies, no repeat

@@ -1,0 +1,83 @@
+"""DPFP, the feature map of the Fast Weights Transformer, with a fused forward and backward.
+
+Schlag, Irie & Schmidhuber 2021, "Linear Transformers Are Secretly Fast Weight Programmers", section 4.2
+(Deterministic Parameter-Free Projection). With r = ReLU([k, −k]) (size 2·d), φ concatenates, for i = 1..ν,
+the products r ⊙ roll(r, i); the model uses φ'(k) = φ(k) / (Σⱼ φ(k)ⱼ + eps).
+
+How it is computed here: element j < d of r ⊙ roll(r, i) is ReLU(kⱼ)·ReLU(b⁽ⁱ⁾ⱼ) and element d + j is
+ReLU(−kⱼ)·ReLU(−b⁽ⁱ⁾ⱼ), where b⁽ⁱ⁾ = roll(k, i) with its first i entries negated (they wrap around from the −k
+half). Both are pⱼ = kⱼ·b⁽ⁱ⁾ⱼ when kⱼ and b⁽ⁱ⁾ⱼ share a sign, and zero otherwise, so
+
+    m⁽ⁱ⁾ = ReLU(k ⊙ b⁽ⁱ⁾)    (size d)
+    φ⁽ⁱ⁾ = [m⁽ⁱ⁾ ⊙ 1(k > 0),  m⁽ⁱ⁾ ⊙ 1(k < 0)]
+
+Forward and backward are a handful of elementwise passes (most d wide instead of 2·d) instead of the twenty or
+so that autograd records for the concatenate-roll-multiply form. The products are the same numbers and φ is
+summed in the same layout, so φ' is bit-for-bit the definition's (and labml-nn's); the gradients agree to
+rounding. Masks are float tensors: bool masks take an unvectorised path in PyTorch's CPU kernels.
+"""
+import torch
+
+
+def _partner(k: torch.Tensor, i: int) -> torch.Tensor:
+    """b⁽ⁱ⁾ = roll(k, i) with its first i entries negated: [..., d] → [..., d]."""
+    b = k.roll(shifts=i, dims=-1)
+    b[..., :i].neg_()
+    return b
+
+
+def _indicator(x: torch.Tensor) -> torch.Tensor:
+    """1(x > 0) in x's dtype."""
+    return torch.gt(x, 0, out=torch.empty_like(x))
+
+
+class _DPFPFunction(torch.autograd.Function):
+    """φ'(k) for k [..., d] → [..., 2·d·ν] (see the module docstring). Not twice differentiable."""
+
+    @staticmethod
+    def forward(ctx, k: torch.Tensor, nu: int, eps: float):
+        k = k.contiguous()
+        d = k.shape[-1]
+        partners = torch.stack([_partner(k, i) for i in range(1, nu + 1)], dim=-2)  # [..., ν, d]
+        m = torch.mul(partners, k.unsqueeze(-2)).clamp_min_(0)  # m⁽ⁱ⁾ = ReLU(k ⊙ b⁽ⁱ⁾)
+        positive = _indicator(k).unsqueeze(-2)  # [..., 1, d]
+        out = k.new_empty(*k.shape[:-1], nu, 2, d)
+        torch.mul(m, positive, out=out[..., 0, :])
+        torch.sub(m, out[..., 0, :], out=out[..., 1, :])  # where k = 0, m = 0 too
+        # φ holds the same numbers in the same places as the definition's, so this sum (and the result) is
+        # bit-for-bit the reference's
+        out = out.view(*k.shape[:-1], 2 * d * nu)
+        total = out.sum(dim=-1, keepdim=True).add_(eps)
+        out.div_(total)
+        ctx.save_for_backward(k, partners, m, total, positive)
+        ctx.nu = nu
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        k, partners, m, total, positive = ctx.saved_tensors
+        nu, d = ctx.nu, k.shape[-1]
+        total = total.unsqueeze(-1)  # [..., 1, 1] against m's [..., ν, d]
+        grad = grad_out.reshape(*k.shape[:-1], nu, 2, d)
+        # d out / d m⁽ⁱ⁾ picks the half that m was written to: g₂ + (g₁ − g₂) ⊙ 1(k > 0)
+        grad_m = torch.sub(grad[..., 0, :], grad[..., 1, :]).mul_(positive).add_(grad[..., 1, :])  # [..., ν, d]
+        # through the normalisation φ / total:  (g − Σ g ⊙ φ / total) / total, then the ReLU (m > 0 ⇔ p > 0)
+        dot = (grad_m * m).sum(dim=(-2, -1), keepdim=True).div_(total)
+        grad_p = grad_m.sub_(dot).div_(total).mul_(_indicator(m))
+        grad_k = grad_p[..., 0, :] * partners[..., 0, :]  # Σ over i (a copy-free sum: ν = 1 is the common case)
+        for i in range(1, nu):
+            grad_k.addcmul_(grad_p[..., i, :], partners[..., i, :])
+        grad_partners = grad_p.mul_(k.unsqueeze(-2))
+        for i in range(1, nu + 1):
+            g = grad_partners[..., i - 1, :]
+            g[..., :i].neg_()
+            grad_k += g.roll(shifts=-i, dims=-1)
+        return grad_k, None, None
+
+
+def dpfp_normalised(k: torch.Tensor, nu: int, eps: float) -> torch.Tensor:
+    """φ'(k) = φ(k) / (Σ φ(k) + eps): [..., d] → [..., 2·d·ν], fused; needs 1 ≤ ν ≤ d (a roll by more than d
+    wraps past the other half, which the formula above does not cover)."""
+    if not 1 <= nu <= k.shape[-1]:
+        raise ValueError(f"the fused DPFP needs 1 <= nu <= d_key, got nu={nu}, d_key={k.shape[-1]}")
+    return _DPFPFunction.apply(k, nu, eps)
