@@ -121,82 +121,79 @@ def unit_lower_inverse(a: torch.Tensor) -> torch.Tensor:
 class _ChunkedDeltaRule(torch.autograd.Function):
     """The chunkwise delta rule with a hand-written backward (see `delta_rule_chunked` for the forward equations).
 
-    Autograd through the forward would work too, but its backward is about twice as slow on CPU: it keeps one
-    node per op and per chunk, and lays the small batched matmuls out less well. Inputs are chunk-major:
-    q, k: [N, c, d_dot], v: [N, c, d_v], beta: [N, c, 1] with N = n · bh (chunk j is rows j·bh … (j+1)·bh − 1),
-    s_init: [bh, d_dot, d_v]. Returns O [N, c, d_v] and the final S [bh, d_dot, d_v]. Not twice differentiable.
+    Inputs are chunk-major: q, k: [N, c, d_dot], v: [N, c, d_v], beta: [N, c, 1] with N = n · bh (chunk j is
+    rows j·bh … (j+1)·bh − 1); s_init: [bh, d_dot, d_v]. Returns O [N, c, d_v] and the final S [bh, d_dot, d_v].
+    Not twice differentiable.
 
-    Backward, for one chunk (dO given, dS_{j+1} flowing back from the later chunks):
-        du_j  = Pᵀ dO_j + K_j dS_{j+1}                       (u_j feeds O_j and S_{j+1})
-        dS_j  = dS_{j+1} + Q_jᵀ dO_j − W_jᵀ du_j
-        dQ    = dO S₀ᵀ + tril(dO uᵀ) K,   dK ∋ tril(dO uᵀ)ᵀ Q + u dS_{j+1}ᵀ
-        dW    = −du S₀ᵀ,  dUc = du  →  dT = dW (βK)ᵀ + dUc (βV)ᵀ,  d(βK) = Tᵀ dW,  d(βV) = Tᵀ dUc
-        dA    = strictly_lower(−Tᵀ dT Tᵀ)   (T = (I + A)⁻¹)
+    Layout of the work: everything inside a chunk (K Kᵀ, T, Wc, Uc, lower(Q Kᵀ)) is one batched product over all
+    N chunks; everything that touches a state S (d_dot × d_v per chunk, the largest operand) happens in the loop
+    over chunks, batched over the bh heads, while that S is in cache. A batched product over all chunks' states
+    would stream n·bh·d_dot·d_v floats through memory for a handful of flops each: on CPU it runs at half speed.
+
+    Backward, for chunk j (dO given, dS = dS_{j+1} flowing back from the later chunks):
+        dU_j  = Pᵀ dO_j + K_j dS                   (U_j feeds O_j and S_{j+1})
+        dS_j  = dS + Q_jᵀ dO_j − W_jᵀ dU_j
+        dQ_j  = dO_j S_jᵀ + dP K_j,  dK_j ∋ dPᵀ Q_j + U_j dSᵀ,   dP = lower(dO Uᵀ)
+        dW_j  = −dU_j S_jᵀ  →  dT = dW (βK)ᵀ + dU (βV)ᵀ,  d(βK) = Tᵀ dW,  d(βV) = Tᵀ dU
+        dA    = strictly_lower(−Tᵀ dT Tᵀ)                    (T = (I + A)⁻¹)
         dK   ∋ (β dA + (β dA)ᵀ) K + β d(βK),   dV = β d(βV),   dβ = rowsum(dA ⊙ K Kᵀ + d(βK) ⊙ K + d(βV) ⊙ V)
-    Only the dS recurrence is sequential (two matmuls per chunk, like the forward).
+    dW and dA are carried with the opposite sign (saves negations); only the dS recurrence is sequential.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, beta, s_init, n: int, bh: int):
         k_t = k.transpose(1, 2)
-        t = unit_lower_inverse((beta * torch.bmm(k, k_t)).tril(-1))
-        w = torch.bmm(t, beta * k)  # Wc = T diag(β) K
-        u_tilde = torch.bmm(t, beta * v)  # Uc = T diag(β) V
-        s = s_init
-        starts, pseudo_values = [], []
-        for w_j, u_j, k_t_j in zip(w.unflatten(0, (n, bh)).unbind(0), u_tilde.unflatten(0, (n, bh)).unbind(0),
-                                   k_t.unflatten(0, (n, bh)).unbind(0)):
-            starts.append(s)
-            u_j = torch.baddbmm(u_j, w_j, s, alpha=-1)  # U = Uc − Wc S₀
-            pseudo_values.append(u_j)
-            s = torch.baddbmm(s, k_t_j, u_j)  # S ← S₀ + Kᵀ U
-        s0 = torch.stack(starts).flatten(0, 1)  # [N, d_dot, d_v]: the state each chunk starts from
-        u = torch.stack(pseudo_values).flatten(0, 1)  # [N, c, d_v]
-        p = torch.bmm(q, k_t).tril()  # lower(Q Kᵀ), diagonal included: yᵢ reads W⁽ⁱ⁾
-        out = torch.baddbmm(torch.bmm(q, s0), p, u)  # O = Q S₀ + lower(Q Kᵀ) U
-        ctx.save_for_backward(q, k, v, beta, t, w, s0, u, p)
+        kkt = torch.bmm(k, k_t)
+        t = unit_lower_inverse((beta * kkt).tril_(-1))
+        beta_k, beta_v = beta * k, beta * v
+        w = torch.bmm(t, beta_k)  # Wc = T diag(β) K
+        u = torch.bmm(t, beta_v)  # Uc = T diag(β) V, turned into U in place below
+        p = torch.bmm(q, k_t).tril_()  # lower(Q Kᵀ), diagonal included: yᵢ reads W⁽ⁱ⁾
+        states = s_init.new_empty(n + 1, *s_init.shape)  # states[j]: S at the start of chunk j
+        states[0] = s_init
+        out = torch.empty_like(u)
+        by_chunk = [x.unflatten(0, (n, bh)) for x in (q, k_t, w, u, p, out)]
+        for j, (q_j, k_t_j, w_j, u_j, p_j, out_j) in enumerate(zip(*by_chunk)):
+            s = states[j]
+            u_j.baddbmm_(w_j, s, alpha=-1)  # U = Uc − Wc S
+            torch.bmm(q_j, s, out=out_j).baddbmm_(p_j, u_j)  # O = Q S + lower(Q Kᵀ) U
+            torch.baddbmm(s, k_t_j, u_j, out=states[j + 1])  # S ← S + Kᵀ U
+        ctx.save_for_backward(q, k, v, beta, kkt, t, w, u, p, states, beta_k, beta_v)
         ctx.n, ctx.bh = n, bh
-        return out, s
+        return out, states[n].clone()
 
     @staticmethod
     def backward(ctx, d_out, d_s_final):
-        q, k, v, beta, t, w, s0, u, p = ctx.saved_tensors
+        q, k, v, beta, kkt, t, w, u, p, states, beta_k, beta_v = ctx.saved_tensors
         n, bh = ctx.n, ctx.bh
-        # Output O = Q S₀ + P U, P = lower(Q Kᵀ)
-        d_p = torch.bmm(d_out, u.transpose(1, 2)).tril()
-        d_q = torch.baddbmm(torch.bmm(d_out, s0.transpose(1, 2)), d_p, k)
-        d_k = torch.bmm(d_p.transpose(1, 2), q)
-        d_u_out = torch.bmm(p.transpose(1, 2), d_out)  # the part of dU from O
-        d_s_out = torch.bmm(q.transpose(1, 2), d_out)  # the part of dS₀ from O
-        # The recurrence, backwards over chunks.
-        ds = d_s_final
-        d_us, d_s_nexts = [], []
-        for k_j, w_j, du_out_j, ds_out_j in zip(
-                reversed(k.unflatten(0, (n, bh)).unbind(0)),
-                reversed(w.unflatten(0, (n, bh)).unbind(0)), reversed(d_u_out.unflatten(0, (n, bh)).unbind(0)),
-                reversed(d_s_out.unflatten(0, (n, bh)).unbind(0))):
-            d_s_nexts.append(ds)
-            du = torch.baddbmm(du_out_j, k_j, ds)
-            d_us.append(du)
-            ds = torch.baddbmm(ds + ds_out_j, w_j.transpose(1, 2), du, alpha=-1)
-        d_s_init = ds
-        du = torch.stack(d_us[::-1]).flatten(0, 1)  # [N, c, d_v]
-        d_s_next = torch.stack(d_s_nexts[::-1]).flatten(0, 1)  # [N, d_dot, d_v]
-        d_k = torch.baddbmm(d_k, u, d_s_next.transpose(1, 2))  # from S ← S₀ + Kᵀ U
-        d_w = -torch.bmm(du, s0.transpose(1, 2))  # from U = Uc − Wc S₀
+        d_out = d_out.contiguous()
+        d_p = torch.bmm(d_out, u.transpose(1, 2)).tril_()
+        d_u = torch.bmm(p.transpose(1, 2), d_out)  # the part of dU from O; the loop adds K dS
+        d_q = torch.bmm(d_p, k)  # the loop adds dO Sᵀ
+        d_k = torch.bmm(d_p.transpose(1, 2), q)  # the loop adds U dSᵀ
+        d_w_neg = torch.empty_like(w)  # −dW = dU Sᵀ
+        ds = d_s_final.clone()
+        by_chunk = [x.unflatten(0, (n, bh)) for x in (q, k, w, u, d_out, d_u, d_q, d_k, d_w_neg)]
+        for j in reversed(range(n)):
+            q_j, k_j, w_j, u_j, d_out_j, d_u_j, d_q_j, d_k_j, d_w_neg_j = (x[j] for x in by_chunk)
+            s = states[j]
+            d_k_j.baddbmm_(u_j, ds.transpose(1, 2))
+            d_u_j.baddbmm_(k_j, ds)
+            d_q_j.baddbmm_(d_out_j, s.transpose(1, 2))
+            torch.bmm(d_u_j, s.transpose(1, 2), out=d_w_neg_j)
+            ds.baddbmm_(q_j.transpose(1, 2), d_out_j).baddbmm_(w_j.transpose(1, 2), d_u_j, alpha=-1)
         # Wc = T (βK), Uc = T (βV)
-        beta_k, beta_v = beta * k, beta * v
-        d_t = torch.baddbmm(torch.bmm(d_w, beta_k.transpose(1, 2)), du, beta_v.transpose(1, 2))
+        d_t = torch.bmm(d_u, beta_v.transpose(1, 2)).baddbmm_(d_w_neg, beta_k.transpose(1, 2), alpha=-1)
         t_t = t.transpose(1, 2)
-        d_beta_k = torch.bmm(t_t, d_w)
-        d_beta_v = torch.bmm(t_t, du)
-        # T = (I + A)⁻¹, A = strictly_lower(β K Kᵀ)
-        d_a = -torch.bmm(torch.bmm(t_t, d_t), t_t).tril(-1)
-        d_kk = beta * d_a
-        d_k = torch.baddbmm(d_k, d_kk + d_kk.transpose(1, 2), k) + beta * d_beta_k
-        d_beta = ((d_a * torch.bmm(k, k.transpose(1, 2))).sum(-1, keepdim=True) +
-                  (d_beta_k * k).sum(-1, keepdim=True) + (d_beta_v * v).sum(-1, keepdim=True))
-        return d_q, d_k, beta * d_beta_v, d_beta, d_s_init, None, None
+        d_beta_k_neg = torch.bmm(t_t, d_w_neg)
+        d_beta_v = torch.bmm(t_t, d_u)
+        # T = (I + A)⁻¹, A = strictly_lower(β K Kᵀ):  −dA = strictly_lower(Tᵀ dT Tᵀ)
+        d_a_neg = torch.bmm(torch.bmm(t_t, d_t), t_t).tril_(-1)
+        sym = beta * d_a_neg
+        d_k.baddbmm_(sym + sym.transpose(1, 2), k, alpha=-1).addcmul_(beta, d_beta_k_neg, value=-1)
+        d_beta = ((d_beta_v * v).sum(-1, keepdim=True) - (d_a_neg * kkt).sum(-1, keepdim=True) -
+                  (d_beta_k_neg * k).sum(-1, keepdim=True))
+        return d_q, d_k, beta * d_beta_v, d_beta, ds, None, None
 
 
 def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
