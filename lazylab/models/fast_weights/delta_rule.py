@@ -125,19 +125,22 @@ class _ChunkedDeltaRule(torch.autograd.Function):
     rows j·bh … (j+1)·bh − 1); s_init: [bh, d_dot, d_v]. Returns O [N, c, d_v] and the final S [bh, d_dot, d_v].
     Not twice differentiable.
 
-    Layout of the work: everything inside a chunk (K Kᵀ, T, Wc, Uc, lower(Q Kᵀ)) is one batched product over all
-    N chunks; everything that touches a state S (d_dot × d_v per chunk, the largest operand) happens in the loop
-    over chunks, batched over the bh heads, while that S is in cache. A batched product over all chunks' states
-    would stream n·bh·d_dot·d_v floats through memory for a handful of flops each: on CPU it runs at half speed.
+    Per chunk, with Tβ = T diag(β) and S the state at the chunk's start:
+        R = V − K S,   U = Tβ R,   O = Q S + P U,   S' = S + Kᵀ U          (P = lower(Q Kᵀ))
+    (U = Uc − Wc S of `delta_rule_chunked`, factored so that Wc and diag(β) K, V are never formed.)
 
-    Backward, for chunk j (dO given, dS = dS_{j+1} flowing back from the later chunks):
-        dU_j  = Pᵀ dO_j + K_j dS                   (U_j feeds O_j and S_{j+1})
-        dS_j  = dS + Q_jᵀ dO_j − W_jᵀ dU_j
-        dQ_j  = dO_j S_jᵀ + dP K_j,  dK_j ∋ dPᵀ Q_j + U_j dSᵀ,   dP = lower(dO Uᵀ)
-        dW_j  = −dU_j S_jᵀ  →  dT = dW (βK)ᵀ + dU (βV)ᵀ,  d(βK) = Tᵀ dW,  d(βV) = Tᵀ dU
-        dA    = strictly_lower(−Tᵀ dT Tᵀ)                    (T = (I + A)⁻¹)
-        dK   ∋ (β dA + (β dA)ᵀ) K + β d(βK),   dV = β d(βV),   dβ = rowsum(dA ⊙ K Kᵀ + d(βK) ⊙ K + d(βV) ⊙ V)
-    dW and dA are carried with the opposite sign (saves negations); only the dS recurrence is sequential.
+    Layout of the work: everything inside a chunk (Q Kᵀ, K Kᵀ, T) is one batched product over all N chunks;
+    everything that touches a state (d_dot × d_v per chunk, the largest operand) happens in the loop over chunks,
+    batched over the bh heads, while that state is in cache. A batched product over all chunks' states streams
+    n·bh·d_dot·d_v floats through memory for a handful of flops each: on CPU it runs at half speed.
+
+    Backward, for chunk j (dO given, dS' flowing back from the later chunks):
+        dU = Pᵀ dO + K dS',   dR = Tβᵀ dU  (= dV),   dS = dS' + Qᵀ dO − Kᵀ dR
+        dQ = dO Sᵀ + dP K,    dK ∋ dPᵀ Q + U dS'ᵀ − dR Sᵀ,   dP = lower(dO Uᵀ)
+        dTβ = dU Rᵀ  →  dT = dTβ diag(β),  dβ ∋ colsum(dTβ ⊙ T)
+        dA = strictly_lower(−Tᵀ dT Tᵀ)    (T = (I + A)⁻¹, A = strictly_lower(diag(β) K Kᵀ))
+        dK ∋ (β dA + (β dA)ᵀ) K,   dβ ∋ rowsum(dA ⊙ K Kᵀ)
+    dA is carried with the opposite sign (saves negations); only the dS recurrence is sequential.
     """
 
     @staticmethod
@@ -145,55 +148,57 @@ class _ChunkedDeltaRule(torch.autograd.Function):
         k_t = k.transpose(1, 2)
         kkt = torch.bmm(k, k_t)
         t = unit_lower_inverse((beta * kkt).tril_(-1))
-        beta_k, beta_v = beta * k, beta * v
-        w = torch.bmm(t, beta_k)  # Wc = T diag(β) K
-        u = torch.bmm(t, beta_v)  # Uc = T diag(β) V, turned into U in place below
+        t_beta = t * beta.transpose(1, 2)  # T diag(β): column j scaled by β_j
         p = torch.bmm(q, k_t).tril_()  # lower(Q Kᵀ), diagonal included: yᵢ reads W⁽ⁱ⁾
         states = s_init.new_empty(n + 1, *s_init.shape)  # states[j]: S at the start of chunk j
         states[0] = s_init
-        out = torch.empty_like(u)
-        by_chunk = [x.unflatten(0, (n, bh)) for x in (q, k_t, w, u, p, out)]
-        for j, (q_j, k_t_j, w_j, u_j, p_j, out_j) in enumerate(zip(*by_chunk)):
+        r, u, out = torch.empty_like(v), torch.empty_like(v), torch.empty_like(v)
+        q_s = v.new_empty(bh, *v.shape[1:])
+        by_chunk = [x.unflatten(0, (n, bh)) for x in (q, k, k_t, v, t_beta, p, r, u, out)]
+        for j, (q_j, k_j, k_t_j, v_j, t_beta_j, p_j, r_j, u_j, out_j) in enumerate(zip(*by_chunk)):
             s = states[j]
-            u_j.baddbmm_(w_j, s, alpha=-1)  # U = Uc − Wc S
-            torch.bmm(q_j, s, out=out_j).baddbmm_(p_j, u_j)  # O = Q S + lower(Q Kᵀ) U
-            torch.baddbmm(s, k_t_j, u_j, out=states[j + 1])  # S ← S + Kᵀ U
-        ctx.save_for_backward(q, k, v, beta, kkt, t, w, u, p, states, beta_k, beta_v)
+            torch.bmm(k_j, s, out=r_j)
+            torch.sub(v_j, r_j, out=r_j)  # R = V − K S
+            torch.bmm(t_beta_j, r_j, out=u_j)  # U = T diag(β) R
+            torch.bmm(q_j, s, out=q_s)
+            torch.baddbmm(q_s, p_j, u_j, out=out_j)  # O = Q S + P U
+            torch.baddbmm(s, k_t_j, u_j, out=states[j + 1])  # S' = S + Kᵀ U
+        ctx.save_for_backward(q, k, beta, kkt, t, t_beta, p, r, u, states)
         ctx.n, ctx.bh = n, bh
         return out, states[n].clone()
 
     @staticmethod
     def backward(ctx, d_out, d_s_final):
-        q, k, v, beta, kkt, t, w, u, p, states, beta_k, beta_v = ctx.saved_tensors
+        q, k, beta, kkt, t, t_beta, p, r, u, states = ctx.saved_tensors
         n, bh = ctx.n, ctx.bh
         d_out = d_out.contiguous()
         d_p = torch.bmm(d_out, u.transpose(1, 2)).tril_()
-        d_u = torch.bmm(p.transpose(1, 2), d_out)  # the part of dU from O; the loop adds K dS
+        d_u = torch.bmm(p.transpose(1, 2), d_out)  # the loop adds K dS'
         d_q = torch.bmm(d_p, k)  # the loop adds dO Sᵀ
-        d_k = torch.bmm(d_p.transpose(1, 2), q)  # the loop adds U dSᵀ
-        d_w_neg = torch.empty_like(w)  # −dW = dU Sᵀ
+        d_k = torch.bmm(d_p.transpose(1, 2), q)  # the loop adds U dS'ᵀ − dR Sᵀ
+        d_r = torch.empty_like(d_u)
         ds = d_s_final.clone()
-        by_chunk = [x.unflatten(0, (n, bh)) for x in (q, k, w, u, d_out, d_u, d_q, d_k, d_w_neg)]
+        by_chunk = [x.unflatten(0, (n, bh)) for x in (q, k, t_beta, u, d_out, d_u, d_r, d_q, d_k)]
         for j in reversed(range(n)):
-            q_j, k_j, w_j, u_j, d_out_j, d_u_j, d_q_j, d_k_j, d_w_neg_j = (x[j] for x in by_chunk)
-            s = states[j]
+            q_j, k_j, t_beta_j, u_j, d_out_j, d_u_j, d_r_j, d_q_j, d_k_j = (x[j] for x in by_chunk)
+            # bmm copies a transposed right-hand operand itself; once per chunk here instead of twice
+            s_t = states[j].transpose(1, 2).contiguous()
             d_k_j.baddbmm_(u_j, ds.transpose(1, 2))
             d_u_j.baddbmm_(k_j, ds)
-            d_q_j.baddbmm_(d_out_j, s.transpose(1, 2))
-            torch.bmm(d_u_j, s.transpose(1, 2), out=d_w_neg_j)
-            ds.baddbmm_(q_j.transpose(1, 2), d_out_j).baddbmm_(w_j.transpose(1, 2), d_u_j, alpha=-1)
-        # Wc = T (βK), Uc = T (βV)
-        d_t = torch.bmm(d_u, beta_v.transpose(1, 2)).baddbmm_(d_w_neg, beta_k.transpose(1, 2), alpha=-1)
+            torch.bmm(t_beta_j.transpose(1, 2), d_u_j, out=d_r_j)
+            d_q_j.baddbmm_(d_out_j, s_t)
+            d_k_j.baddbmm_(d_r_j, s_t, alpha=-1)
+            ds.baddbmm_(q_j.transpose(1, 2), d_out_j).baddbmm_(k_j.transpose(1, 2), d_r_j, alpha=-1)
+        # U = T diag(β) R
+        d_t_beta = torch.bmm(d_u, r.transpose(1, 2))
+        d_beta = (d_t_beta * t).sum(1).unsqueeze(-1)  # column sums → [N, c, 1]
         t_t = t.transpose(1, 2)
-        d_beta_k_neg = torch.bmm(t_t, d_w_neg)
-        d_beta_v = torch.bmm(t_t, d_u)
-        # T = (I + A)⁻¹, A = strictly_lower(β K Kᵀ):  −dA = strictly_lower(Tᵀ dT Tᵀ)
-        d_a_neg = torch.bmm(torch.bmm(t_t, d_t), t_t).tril_(-1)
-        sym = beta * d_a_neg
-        d_k.baddbmm_(sym + sym.transpose(1, 2), k, alpha=-1).addcmul_(beta, d_beta_k_neg, value=-1)
-        d_beta = ((d_beta_v * v).sum(-1, keepdim=True) - (d_a_neg * kkt).sum(-1, keepdim=True) -
-                  (d_beta_k_neg * k).sum(-1, keepdim=True))
-        return d_q, d_k, beta * d_beta_v, d_beta, ds, None, None
+        # T = (I + A)⁻¹, A = strictly_lower(diag(β) K Kᵀ):  −dA = strictly_lower(Tᵀ dT Tᵀ)
+        d_a_neg = torch.bmm(torch.bmm(t_t, d_t_beta.mul_(beta.transpose(1, 2))), t_t).tril_(-1)
+        d_beta -= (d_a_neg * kkt).sum(-1, keepdim=True)
+        sym = d_a_neg.mul_(beta)
+        d_k.baddbmm_(sym + sym.transpose(1, 2), k, alpha=-1)
+        return d_q, d_k, d_r, d_beta, ds, None, None
 
 
 def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
@@ -248,9 +253,10 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
     def chunks(x):
         # [seq_len, batch, heads, d] -> [n · batch · heads, c, d], chunk-major and contiguous, so that every
         # matmul is a plain 3-d bmm and chunk j's rows are the contiguous block [j · bh, (j + 1) · bh).
+        # One copy: splitting the sequence axis is a view even for the strided q, k that split off a projection.
         if pad:
             x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 1) + (0, pad))
-        return x.reshape(n, c, bh, x.shape[-1]).transpose(1, 2).reshape(n * bh, c, x.shape[-1]).to(exact)
+        return x.unflatten(0, (n, c)).permute(0, 2, 3, 1, 4).reshape(n * bh, c, x.shape[-1]).to(exact)
 
     with torch.autocast(q.device.type, enabled=False):
         if state is None:

@@ -19,10 +19,13 @@ rounding. Masks are float tensors: bool masks take an unvectorised path in PyTor
 import torch
 
 
-def _partner(k: torch.Tensor, i: int) -> torch.Tensor:
-    """b⁽ⁱ⁾ = roll(k, i) with its first i entries negated: [..., d] → [..., d]."""
-    b = k.roll(shifts=i, dims=-1)
-    b[..., :i].neg_()
+def _partners(k: torch.Tensor, nu: int) -> torch.Tensor:
+    """b⁽ⁱ⁾ = roll(k, i) with its first i entries negated, for i = 1..ν: [..., d] → [..., ν, d]."""
+    d = k.shape[-1]
+    b = k.new_empty(*k.shape[:-1], nu, d)
+    for i in range(1, nu + 1):
+        b[..., i - 1, i:] = k[..., :d - i]
+        torch.neg(k[..., d - i:], out=b[..., i - 1, :i])
     return b
 
 
@@ -38,7 +41,7 @@ class _DPFPFunction(torch.autograd.Function):
     def forward(ctx, k: torch.Tensor, nu: int, eps: float):
         k = k.contiguous()
         d = k.shape[-1]
-        partners = torch.stack([_partner(k, i) for i in range(1, nu + 1)], dim=-2)  # [..., ν, d]
+        partners = _partners(k, nu)  # [..., ν, d]
         m = torch.mul(partners, k.unsqueeze(-2)).clamp_min_(0)  # m⁽ⁱ⁾ = ReLU(k ⊙ b⁽ⁱ⁾)
         positive = _indicator(k).unsqueeze(-2)  # [..., 1, d]
         out = k.new_empty(*k.shape[:-1], nu, 2, d)
@@ -59,19 +62,19 @@ class _DPFPFunction(torch.autograd.Function):
         nu, d = ctx.nu, k.shape[-1]
         total = total.unsqueeze(-1)  # [..., 1, 1] against m's [..., ν, d]
         grad = grad_out.reshape(*k.shape[:-1], nu, 2, d)
-        # d out / d m⁽ⁱ⁾ picks the half that m was written to: g₂ + (g₁ − g₂) ⊙ 1(k > 0)
-        grad_m = torch.sub(grad[..., 0, :], grad[..., 1, :]).mul_(positive).add_(grad[..., 1, :])  # [..., ν, d]
+        # d out / d m⁽ⁱ⁾ picks the half that m was written to: g₂ + 1(k > 0) (g₁ − g₂)
+        grad_m = torch.lerp(grad[..., 1, :], grad[..., 0, :], positive)  # [..., ν, d]
         # through the normalisation φ / total:  (g − Σ g ⊙ φ / total) / total, then the ReLU (m > 0 ⇔ p > 0)
-        dot = (grad_m * m).sum(dim=(-2, -1), keepdim=True).div_(total)
+        dot = torch.linalg.vecdot(grad_m.flatten(-2), m.flatten(-2)).unsqueeze(-1).unsqueeze(-1).div_(total)
         grad_p = grad_m.sub_(dot).div_(total).mul_(_indicator(m))
         grad_k = grad_p[..., 0, :] * partners[..., 0, :]  # Σ over i (a copy-free sum: ν = 1 is the common case)
         for i in range(1, nu):
             grad_k.addcmul_(grad_p[..., i, :], partners[..., i, :])
         grad_partners = grad_p.mul_(k.unsqueeze(-2))
-        for i in range(1, nu + 1):
+        for i in range(1, nu + 1):  # b⁽ⁱ⁾ⱼ is k_{j−i}, negated for j < i
             g = grad_partners[..., i - 1, :]
-            g[..., :i].neg_()
-            grad_k += g.roll(shifts=-i, dims=-1)
+            grad_k[..., :d - i] += g[..., i:]
+            grad_k[..., d - i:] -= g[..., :i]
         return grad_k, None, None
 
 
