@@ -81,8 +81,11 @@ class DPFP(nn.Module):
         self.eps = eps
 
     def forward(self, k: torch.Tensor) -> torch.Tensor:
-        if self.nu <= k.shape[-1] and k.is_floating_point():
-            return dpfp_normalised(k, self.nu, self.eps)  # same values, a fraction of the passes
+        # Both paths give the same bits. The fused one saves passes over large tensors and most of the backward;
+        # small inputs without autograd (a generation step) are quicker as the few plain operations.
+        small_inference = k.numel() <= 16384 and not (torch.is_grad_enabled() and k.requires_grad)
+        if self.nu <= k.shape[-1] and k.is_floating_point() and not small_inference:
+            return dpfp_normalised(k, self.nu, self.eps)
         phi = self.dpfp(k)
         return phi / (phi.sum(dim=-1, keepdim=True) + self.eps)
 
@@ -208,11 +211,23 @@ class FastWeightsAttention(nn.Module):
         if not fusable:
             return self.phi(self.query(x)), self.phi(self.key(x)), self.value(x), gate(x)
         h, d_k = self.heads, self.d_k
-        weight = torch.cat([self.query.linear.weight, self.key.linear.weight, self.value.linear.weight,
-                            gate[0].linear.weight])  # [3·h·d_k + h, d_model]
+        weights = (self.query.linear.weight, self.key.linear.weight, self.value.linear.weight, gate[0].linear.weight)
+        weight = self._fused_weight(weights)  # [3·h·d_k + h, d_model]
         qk, value, beta = nn.functional.linear(x, weight).split([2 * h * d_k, h * d_k, h], dim=-1)
         query, key = self.phi(qk.unflatten(-1, (2 * h, d_k))).split(h, dim=-2)
         return query, key, value.unflatten(-1, (h, d_k)), torch.sigmoid(beta)
+
+    def _fused_weight(self, weights: Tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The four projection weights stacked. Without autograd (generation) the stack is kept until a weight
+        changes (in place, as an optimizer step does, or replaced), instead of being rebuilt for every token."""
+        if torch.is_grad_enabled() and any(w.requires_grad for w in weights):
+            return torch.cat(weights)  # in the graph, so that each weight gets its gradient
+        key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights)
+        cached = getattr(self, '_fused_cache', None)
+        if cached is None or cached[0] != key:
+            cached = (key, torch.cat(weights))
+            self._fused_cache = cached
+        return cached[1]
 
 
 class FastWeightsAttentionTransformerLayer(nn.Module):
@@ -244,10 +259,31 @@ class FastWeightsAttentionTransformerLayer(nn.Module):
 
     def forward_with_state(self, x: torch.Tensor, state: Optional[torch.Tensor] = None
                            ) -> Tuple[torch.Tensor, torch.Tensor]:
+        if x.shape[0] == 1 and not self.training and not torch.is_grad_enabled() and self._plain_parts():
+            return self._generation_step(x, state)
         attn, state = self.attn.forward_with_state(x, state)
         x = x + self.dropout(attn)
         x = x + self.dropout(self.feed_forward(self.norm_ff(x)))
         return x, state
+
+    def _plain_parts(self) -> bool:
+        """Whether the layer is built from the standard parts that `_generation_step` spells out."""
+        ff, attn = self.feed_forward, self.attn
+        return (type(ff) is FeedForward and not ff.is_gated and type(ff.activation) is nn.ReLU and
+                type(self.norm_ff) is nn.LayerNorm and type(attn) is FastWeightsAttention and
+                type(attn.output) is nn.Linear)
+
+    def _generation_step(self, x: torch.Tensor, state: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """One token in eval mode without autograd: the operations of `forward_with_state` in the same order (so
+        the same result, bit for bit), without the module calls, shape checks and identity dropouts that
+        otherwise cost more than the arithmetic of a one-token step."""
+        attn, ff, norm = self.attn, self.feed_forward, self.norm_ff
+        query, key, value, beta = attn._project(x)
+        y, state = delta_rule_step(query[0], key[0], value[0], beta[0], state)
+        x = x + nn.functional.linear(y.reshape(x.shape), attn.output.weight, attn.output.bias)
+        hidden = nn.functional.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+        hidden = nn.functional.linear(hidden, ff.layer1.weight, ff.layer1.bias).relu_()
+        return x + nn.functional.linear(hidden, ff.layer2.weight, ff.layer2.bias), state
 
 
 class FastWeightsAttentionTransformer(nn.Module):
