@@ -216,6 +216,30 @@ def test_generation_steps_equal_the_full_pass():
     assert torch.equal(fast, slow)
 
 
+def test_generation_step_is_bitwise_the_module_path_and_sees_weight_updates():
+    # eval mode without autograd takes `_generation_step` (no module calls, cached stacked projection weight);
+    # with autograd on, the same call goes through the modules: the two must agree exactly
+    torch.manual_seed(0)
+    lm = AutoregressiveModel(11, D_MODEL, randomise(build(fw, nu=1), seed=4)).eval()
+    tokens = torch.randint(0, 11, (6, 2))
+    _, state = lm.forward_with_state(tokens[:5])
+
+    def both(token, state):
+        with torch.no_grad():
+            lean = lm.forward_with_state(token, state)
+        return lean, lm.forward_with_state(token, state)
+
+    (lean, lean_state), (module, module_state) = both(tokens[5:], state)
+    assert torch.equal(lean, module)
+    assert all(torch.equal(a, b) for a, b in zip(lean_state, module_state))
+    # an in-place update of a projection weight (an optimiser step) must not be hidden by the cache
+    with torch.no_grad():
+        lm.transformer.layers[0].attn.key.linear.weight.mul_(-1.5)
+    (lean_after, _), (module_after, _) = both(tokens[5:], state)
+    assert torch.equal(lean_after, module_after)
+    assert not torch.equal(lean_after, lean)
+
+
 # ---- stability ----
 
 def test_long_sequence_has_finite_outputs_and_gradients():

@@ -93,6 +93,8 @@ class DPFP(nn.Module):
         """The un-normalised φ(k): [..., d_key] → [..., 2 · d_key · ν], written as the definition (the reference
         the fused `forward` is tested against)."""
         r = self.relu(torch.cat([k, -k], dim=-1))
+        if self.nu == 1:  # the common case, without the stack (fewer operations for a generation step)
+            return r * r.roll(shifts=1, dims=-1)
         rolled = torch.stack([r.roll(shifts=i, dims=-1) for i in range(1, self.nu + 1)], dim=-2)  # [..., ν, 2·d_key]
         return (r.unsqueeze(-2) * rolled).flatten(-2)  # broadcasting r over the ν copies, no repeat
 
@@ -260,7 +262,8 @@ class FastWeightsAttentionTransformerLayer(nn.Module):
     def forward_with_state(self, x: torch.Tensor, state: Optional[torch.Tensor] = None
                            ) -> Tuple[torch.Tensor, torch.Tensor]:
         if x.shape[0] == 1 and not self.training and not torch.is_grad_enabled() and self._plain_parts():
-            return self._generation_step(x, state)
+            y, state = self._generation_step(x[0], state)
+            return y.unsqueeze(0), state
         attn, state = self.attn.forward_with_state(x, state)
         x = x + self.dropout(attn)
         x = x + self.dropout(self.feed_forward(self.norm_ff(x)))
@@ -274,12 +277,12 @@ class FastWeightsAttentionTransformerLayer(nn.Module):
                 type(attn.output) is nn.Linear)
 
     def _generation_step(self, x: torch.Tensor, state: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-        """One token in eval mode without autograd: the operations of `forward_with_state` in the same order (so
-        the same result, bit for bit), without the module calls, shape checks and identity dropouts that
-        otherwise cost more than the arithmetic of a one-token step."""
+        """One token x [batch_size, d_model] in eval mode without autograd: the operations of `forward_with_state`
+        in the same order (so the same result, bit for bit), without the module calls, shape checks and identity
+        dropouts that otherwise cost more than the arithmetic of a one-token step."""
         attn, ff, norm = self.attn, self.feed_forward, self.norm_ff
         query, key, value, beta = attn._project(x)
-        y, state = delta_rule_step(query[0], key[0], value[0], beta[0], state)
+        y, state = delta_rule_step(query, key, value, beta, state)
         x = x + nn.functional.linear(y.reshape(x.shape), attn.output.weight, attn.output.bias)
         hidden = nn.functional.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
         hidden = nn.functional.linear(hidden, ff.layer1.weight, ff.layer1.bias).relu_()
@@ -329,8 +332,21 @@ class FastWeightsAttentionTransformer(nn.Module):
             state = [None] * len(self.layers)
         elif len(state) != len(self.layers):
             raise ValueError(f"state has {len(state)} entries; expected one per layer (n_layers={len(self.layers)})")
+        if x.shape[0] == 1 and not self.training and not torch.is_grad_enabled() and \
+                all(layer._plain_parts() for layer in self.layers):
+            return self._generation_step(x, state)
         new_state = []
         for layer, layer_state in zip(self.layers, state):
             x, layer_state = layer.forward_with_state(x, layer_state)
             new_state.append(layer_state)
         return self.norm(x), new_state
+
+    def _generation_step(self, x: torch.Tensor, state: List[Optional[torch.Tensor]]
+                         ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+        """One token [1, batch_size, d_model] through every layer's `_generation_step`, kept 2-d in between."""
+        x = x[0]
+        new_state = []
+        for layer, layer_state in zip(self.layers, state):
+            x, layer_state = layer._generation_step(x, layer_state)
+            new_state.append(layer_state)
+        return self.norm(x).unsqueeze(0), new_state
