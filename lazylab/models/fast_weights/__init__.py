@@ -92,7 +92,7 @@ class DPFP(nn.Module):
     def dpfp(self, k: torch.Tensor) -> torch.Tensor:
         """The un-normalised φ(k): [..., d_key] → [..., 2 · d_key · ν], written as the definition (the reference
         the fused `forward` is tested against)."""
-        r = self.relu(torch.cat([k, -k], dim=-1))
+        r = torch.cat([k, -k], dim=-1).relu_()  # `self.relu` is kept for labml_nn's module layout
         if self.nu == 1:  # the common case, without the stack (fewer operations for a generation step)
             return r * r.roll(shifts=1, dims=-1)
         rolled = torch.stack([r.roll(shifts=i, dims=-1) for i in range(1, self.nu + 1)], dim=-2)  # [..., ν, 2·d_key]
@@ -224,7 +224,7 @@ class FastWeightsAttention(nn.Module):
         changes (in place, as an optimizer step does, or replaced), instead of being rebuilt for every token."""
         if torch.is_grad_enabled() and any(w.requires_grad for w in weights):
             return torch.cat(weights)  # in the graph, so that each weight gets its gradient
-        key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights)
+        key = tuple((w.data_ptr(), w._version) for w in weights)  # a new dtype/device/tensor is a new data_ptr
         cached = getattr(self, '_fused_cache', None)
         if cached is None or cached[0] != key:
             cached = (key, torch.cat(weights))
