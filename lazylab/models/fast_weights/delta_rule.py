@@ -176,7 +176,7 @@ class _ChunkedDeltaRule(torch.autograd.Function):
         d_p = torch.bmm(d_out, u.transpose(1, 2)).tril_()
         d_u = torch.bmm(p.transpose(1, 2), d_out)  # the loop adds K dS'
         d_q, d_k, d_r = torch.empty_like(q), torch.empty_like(k), torch.empty_like(d_u)
-        ds = d_s_final.clone()
+        ds = d_s_final.clone(memory_format=torch.contiguous_format)  # updated in place below
         by_chunk = [x.unflatten(0, (n, bh)) for x in (q, k, t_beta, u, d_out, d_p, d_u, d_r, d_q, d_k)]
         for j in reversed(range(n)):
             q_j, k_j, t_beta_j, u_j, d_out_j, d_p_j, d_u_j, d_r_j, d_q_j, d_k_j = (x[j] for x in by_chunk)
