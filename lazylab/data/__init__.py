@@ -136,12 +136,18 @@ class TextDataset:
     def n_tokens(self) -> int:
         return self.tokenizer.n_tokens
 
-    def check_seq_len(self, seq_len: int) -> None:
-        """Raise DataError unless both splits hold at least one window of `seq_len` inputs plus its next token."""
+    def check_seq_len(self, seq_len: int, processes: int = 1) -> None:
+        """Raise DataError unless both splits hold at least one window of `seq_len` inputs plus its next token,
+        and at least one such window per training process (each process trains on its own windows)."""
         for split, ids in (('training', self.train), ('validation', self.valid)):
             if len(ids) < seq_len + 1:
                 raise DataError(f'the {split} split of {self.name} has {len(ids)} characters, fewer than '
                                 f'seq_len + 1 = {seq_len + 1}; use a longer text or a smaller seq_len')
+            windows = (len(ids) - 1) // seq_len
+            if windows < processes:
+                raise DataError(f'the {split} split of {self.name} has {windows} windows of seq_len {seq_len}, '
+                                f'fewer than the {processes} processes; use a longer text, a smaller seq_len or '
+                                f'fewer processes')
 
 
 def _windows(data: torch.Tensor, starts: torch.Tensor, seq_len: int) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -276,6 +276,7 @@ def train(c, run_dir: Path, *, resume: bool = False, labml_run=None) -> Dict[str
     def autocast():
         return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 
+    data.check_seq_len(c.seq_len, processes=world_size)
     train_loader = ShuffledLoader(data.train, seq_len=c.seq_len, batch_size=c.batch_size, seed=c.seed,
                                   rank=rank, world_size=world_size)
     # validation batches span all processes (evaluate takes this process's columns)

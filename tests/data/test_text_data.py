@@ -62,6 +62,18 @@ def test_short_text_error_names_split_and_seq_len():
         data.check_seq_len(90)
 
 
+def test_too_few_windows_for_the_processes_is_a_data_error():
+    # validation: 10 characters = 9 inputs + next; seq_len 4 → (10 − 1) // 4 = 2 windows, one per process for 2
+    data = TextDataset('abcdefghij' * 10, name='short.txt')
+    data.check_seq_len(4, processes=2)
+    with pytest.raises(DataError, match=r'validation split of short.txt has 2 windows of seq_len 4, fewer than '
+                                        r'the 3 processes'):
+        data.check_seq_len(4, processes=3)
+    with pytest.raises(DataError, match=r'training split of short.txt has 11 windows of seq_len 8, fewer than '
+                                        r'the 12 processes'):
+        data.check_seq_len(8, processes=12)
+
+
 @settings(max_examples=25, deadline=None)
 @given(n=st.integers(2, 300), seq_len=st.integers(1, 40), batch_size=st.integers(1, 9), seed=st.integers(0, 5),
        epoch=st.integers(0, 3))
