@@ -232,6 +232,25 @@ class FastWeightsAttention(nn.Module):
         return cached[1]
 
 
+def per_layer_state(state: Optional[List[Optional[torch.Tensor]]], n_layers: int) -> List[Optional[torch.Tensor]]:
+    """The per-layer fast weights a transformer continues from: None → one None (zeros) per layer.
+
+    Raises:
+        ValueError: a list whose length is not n_layers.
+    """
+    if state is None:
+        return [None] * n_layers
+    if len(state) != n_layers:
+        raise ValueError(f"state has {len(state)} entries; expected one per layer (n_layers={n_layers})")
+    return list(state)
+
+
+def _is_generation_step(module: nn.Module, x: torch.Tensor, layers) -> bool:
+    """One token, eval mode, no autograd, and standard layers: the case `_generation_step` spells out."""
+    return (x.shape[0] == 1 and not module.training and not torch.is_grad_enabled() and
+            all(layer._plain_parts() for layer in layers))
+
+
 class FastWeightsAttentionTransformerLayer(nn.Module):
     """One layer: x + Dropout(Attn(x)), then the pre-norm FFN block x + Dropout(FFN(LayerNorm(x))).
 
@@ -261,7 +280,7 @@ class FastWeightsAttentionTransformerLayer(nn.Module):
 
     def forward_with_state(self, x: torch.Tensor, state: Optional[torch.Tensor] = None
                            ) -> Tuple[torch.Tensor, torch.Tensor]:
-        if x.shape[0] == 1 and not self.training and not torch.is_grad_enabled() and self._plain_parts():
+        if _is_generation_step(self, x, [self]):
             y, state = self._generation_step(x[0], state)
             return y.unsqueeze(0), state
         attn, state = self.attn.forward_with_state(x, state)
@@ -328,12 +347,8 @@ class FastWeightsAttentionTransformer(nn.Module):
         consecutive segments, detach the state between them (`[w.detach() for w in state]`) to truncate
         backpropagation at the segment boundary.
         """
-        if state is None:
-            state = [None] * len(self.layers)
-        elif len(state) != len(self.layers):
-            raise ValueError(f"state has {len(state)} entries; expected one per layer (n_layers={len(self.layers)})")
-        if x.shape[0] == 1 and not self.training and not torch.is_grad_enabled() and \
-                all(layer._plain_parts() for layer in self.layers):
+        state = per_layer_state(state, len(self.layers))
+        if _is_generation_step(self, x, self.layers):
             return self._generation_step(x, state)
         new_state = []
         for layer, layer_state in zip(self.layers, state):

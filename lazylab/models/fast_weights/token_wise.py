@@ -16,7 +16,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import nn
 
-from lazylab.models.fast_weights import DPFP
+from lazylab.models.fast_weights import DPFP, per_layer_state
 from lazylab.models.fast_weights.delta_rule import delta_rule_step
 from lazylab.models.feed_forward import FeedForward  # re-exported, as labml_nn does
 from lazylab.models.mha import PrepareForMultiHeadAttention
@@ -114,11 +114,7 @@ class FastWeightsAttentionTransformer(nn.Module):
     def forward_with_state(self, x_seq: torch.Tensor, state: Optional[List[Optional[torch.Tensor]]] = None
                            ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
         """Run the tokens of x_seq in order, continuing from per-layer fast weights `state`."""
-        if state is None:
-            state = [None] * len(self.layers)
-        elif len(state) != len(self.layers):
-            raise ValueError(f"state has {len(state)} entries; expected one per layer (n_layers={len(self.layers)})")
-        weights = list(state)
+        weights = per_layer_state(state, len(self.layers))
         outputs = []
         for x in x_seq.unbind(0):
             for i, layer in enumerate(self.layers):
