@@ -9,7 +9,7 @@ round-robin so that load on the machine hits them alike):
    (65 tokens) around: labml_nn's `FastWeightsAttentionTransformer`, ours (chunked), and a softmax transformer
    of the same size (lazylab's pre-norm `TransformerLayer`s with causal `MultiHeadAttention`);
 3. generation: 128 new tokens after a 16-token prompt, batch 1, greedy: labml_nn's re-run-the-whole-prefix
-   sampling vs ours with the fast weights carried (`forward_with_state`, one step per token).
+   sampling vs ours with the fast weights carried (`generate`: one `step_function` call per token).
 
     python benchmarks/fast_weights.py            # d_model 128, 4 heads, d_ff 512, 4 layers, ν 1, batch 16,
                                                  # seq_len 128, 256, 512, 1024

@@ -11,8 +11,16 @@ with x: [seq_len, batch_size, d_model] and an opaque `state` (None = nothing see
 consecutive chunks while carrying the state must give the outputs of one call on the whole sequence. `generate`
 then costs one step per new token; a core without it is re-run on the whole prefix for every token (what labml_nn's
 samplers do).
+
+A core with `forward_with_state` may also offer
+
+    step_function() -> f(x, state) -> (y, new_state)   (or None)
+
+a function for one token x [1, batch_size, d_model] in eval mode without autograd, equal to `forward_with_state`
+on that token, with the checks and set-up done once, when it is made. `generate` makes one per call and uses it
+for every token after the prompt.
 """
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 from torch import nn
@@ -94,12 +102,12 @@ class AutoregressiveModel(nn.Module):
         self.eval()
         try:
             out = [ids]
-            incremental = use_state and self.supports_state
+            step = self._incremental_step() if use_state and self.supports_state else None
             state = None
             chunk = ids  # what the model has not seen yet
             for _ in range(max_new_tokens):
-                if incremental:
-                    logits, state = self.forward_with_state(chunk, state)
+                if step is not None:
+                    logits, state = step(chunk, state)
                 else:
                     logits, _ = self(torch.cat(out, dim=0))
                 next_id = _sample(logits[-1], temperature, top_k, generator)
@@ -109,6 +117,22 @@ class AutoregressiveModel(nn.Module):
             self.train(was_training)
         result = torch.cat(out, dim=0)
         return result.squeeze(-1) if squeeze else result
+
+    def _incremental_step(self) -> Callable[[torch.Tensor, Any], Tuple[torch.Tensor, Any]]:
+        """`forward_with_state` for generation: (ids [seq_len, batch_size], state) → (logits, state), one-token
+        calls going through the core's `step_function()` when it offers one (made here, once)."""
+        make = getattr(self.transformer, 'step_function', None)
+        core_step = make() if callable(make) else None
+        if core_step is None:
+            return self.forward_with_state
+        embed, generator = self.src_embed, self.generator
+
+        def step(ids: torch.Tensor, state: Any) -> Tuple[torch.Tensor, Any]:
+            if ids.shape[0] != 1:  # the prompt
+                return self.forward_with_state(ids, state)
+            y, state = core_step(embed(ids), state)
+            return generator(y), state
+        return step
 
 
 def _sample(logits: torch.Tensor, temperature: float, top_k: Optional[int],

@@ -69,7 +69,9 @@ def test_fused_dpfp_is_bitwise_labml_nn_forward_and_matches_its_gradient(nu, d_k
     if zeros:
         k[::3, ::2] = 0.
     k32 = k.float()
-    torch.testing.assert_close(fw.DPFP(nu=nu)(k32), ref.DPFP(nu=nu)(k32), rtol=0, atol=0)
+    expected = ref.DPFP(nu=nu)(k32)
+    torch.testing.assert_close(fw.DPFP(nu=nu)(k32), expected, rtol=0, atol=0)
+    torch.testing.assert_close(fw.DPFP(nu=nu).plain(k32), expected, rtol=0, atol=0)  # a step function's path
     ours_in, theirs_in = k.clone().requires_grad_(), k.clone().requires_grad_()
     ours, theirs = fw.DPFP(nu=nu)(ours_in), ref.DPFP(nu=nu)(theirs_in)
     grad = torch.randn(ours.shape, generator=g, dtype=torch.float64)
@@ -238,6 +240,33 @@ def test_generation_step_is_bitwise_the_module_path_and_sees_weight_updates():
     (lean_after, _), (module_after, _) = both(tokens[5:], state)
     assert torch.equal(lean_after, module_after)
     assert not torch.equal(lean_after, lean)
+
+
+def test_step_function_is_made_only_where_it_is_the_module_path_and_checks_its_input():
+    torch.manual_seed(0)
+    core = randomise(build(fw, nu=2), seed=3).eval()
+    x = torch.randn(1, 3, D_MODEL)
+    step = core.step_function()
+    with torch.no_grad():
+        _, state = core.forward_with_state(torch.randn(4, 3, D_MODEL))
+        y, new_state = step(x, state)
+    y_module, state_module = core.forward_with_state(x, state)  # autograd on: the module path
+    assert torch.equal(y, y_module) and all(torch.equal(a, b) for a, b in zip(new_state, state_module))
+    with pytest.raises(ValueError, match='one token'):
+        step(torch.randn(2, 3, D_MODEL), state)
+    with pytest.raises(ValueError, match='state must be'):
+        step(x, [w[:2] for w in state])  # a batch of 2 must not broadcast against 3
+    with pytest.raises(ValueError, match='n_layers=2'):
+        step(x, state[:1])
+    # none in training mode (dropout would be skipped), nor for parts it does not spell out
+    assert core.train().step_function() is None
+    gated = fw.FastWeightsAttentionTransformerLayer(
+        d_model=D_MODEL, attn=fw.FastWeightsAttention(HEADS, D_MODEL, 0.0, fw.DPFP()),
+        feed_forward=FeedForward(D_MODEL, D_FF, 0.0, is_gated=True), dropout_prob=0.0)
+    lm = AutoregressiveModel(11, D_MODEL, randomise(fw.FastWeightsAttentionTransformer(gated, 2), seed=5)).eval()
+    assert lm.transformer.step_function() is None
+    prompt = torch.randint(0, 11, (3, 2))  # generation then falls back to forward_with_state, with equal tokens
+    assert torch.equal(lm.generate(prompt, 6, temperature=0), lm.generate(prompt, 6, temperature=0, use_state=False))
 
 
 # ---- stability ----

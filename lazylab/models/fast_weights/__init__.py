@@ -33,12 +33,13 @@ The token-wise variants (one step per call, as labml_nn's `token_wise.py`) are i
 `lazylab.models.fast_weights.token_wise`.
 """
 import copy
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 from torch import nn
 
-from lazylab.models.fast_weights.delta_rule import delta_rule_chunked, delta_rule_loop, delta_rule_step
+from lazylab.models.fast_weights.delta_rule import (delta_rule_chunked, delta_rule_loop, delta_rule_step,
+                                                      delta_rule_token)
 from lazylab.models.fast_weights.dpfp import dpfp_normalised
 from lazylab.models.feed_forward import FeedForward  # re-exported, as labml_nn does (its experiment imports it here)
 from lazylab.models.mha import PrepareForMultiHeadAttention
@@ -86,6 +87,11 @@ class DPFP(nn.Module):
         small_inference = k.numel() <= 16384 and not (torch.is_grad_enabled() and k.requires_grad)
         if self.nu <= k.shape[-1] and k.is_floating_point() and not small_inference:
             return dpfp_normalised(k, self.nu, self.eps)
+        return self.plain(k)
+
+    def plain(self, k: torch.Tensor) -> torch.Tensor:
+        """φ'(k) by the definition's operations, without `forward`'s choice of path (a generation step function
+        calls this directly): the same bits as `forward`, but no fused backward."""
         phi = self.dpfp(k)
         return phi / (phi.sum(dim=-1, keepdim=True) + self.eps)
 
@@ -199,25 +205,37 @@ class FastWeightsAttention(nn.Module):
         return self.output(y.reshape(seq_len, batch_size, -1)), state
 
     def _project(self, x: torch.Tensor):
-        """φ'(q), φ'(k): [seq_len, batch_size, heads, d_dot]; v: [..., heads, d_k]; β: [..., heads(, 1)].
+        """φ'(q), φ'(k): [seq_len, batch_size, heads, d_dot]; v: [..., heads, d_k]; β: [..., heads(, 1)]."""
+        return self._projector()(x)
 
-        With the standard bias-free projections this is one matmul for all four and one call of φ' for q and k
+    def _projector(self, step: bool = False) -> Callable[[torch.Tensor], Tuple[torch.Tensor, ...]]:
+        """The function x [..., d_model] → (φ'(q), φ'(k), v, β) that `_project` applies.
+
+        With the standard bias-free projections it is one matmul for all four and one call of φ' for q and k
         together (φ' acts on each head's vector separately, so stacking the heads changes nothing): fewer
         operations, which is what a one-token generation step pays for. Equal to calling the four submodules
-        (whose forward hooks are then not run).
+        (whose forward hooks are then not run). The function holds the stacked weight as it is now. With
+        `step`, for a generation step function, a DPFP φ' is called as `DPFP.plain` (same bits, fewer checks).
         """
         gate = self.interpolation_weight
         fusable = (isinstance(gate, nn.Sequential) and len(gate) == 2 and isinstance(gate[1], nn.Sigmoid) and
                    all(type(p) is PrepareForMultiHeadAttention and p.linear.bias is None
                        for p in (self.query, self.key, self.value, gate[0])))
         if not fusable:
-            return self.phi(self.query(x)), self.phi(self.key(x)), self.value(x), gate(x)
-        h, d_k = self.heads, self.d_k
+            return lambda x: (self.phi(self.query(x)), self.phi(self.key(x)), self.value(x), gate(x))
+        phi, h, d_k = self.phi, self.heads, self.d_k
+        if step and type(phi) is DPFP:
+            phi = phi.plain
         weights = (self.query.linear.weight, self.key.linear.weight, self.value.linear.weight, gate[0].linear.weight)
         weight = self._fused_weight(weights)  # [3·h·d_k + h, d_model]
-        qk, value, beta = nn.functional.linear(x, weight).split([2 * h * d_k, h * d_k, h], dim=-1)
-        query, key = self.phi(qk.unflatten(-1, (2 * h, d_k))).split(h, dim=-2)
-        return query, key, value.unflatten(-1, (h, d_k)), torch.sigmoid(beta)
+        sizes = [2 * h * d_k, h * d_k, h]
+
+        # (the C-level split_with_sizes, chunk and view: Tensor.split and unflatten add Python-level wrappers)
+        def project(x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+            qk, value, beta = nn.functional.linear(x, weight).split_with_sizes(sizes, dim=-1)
+            query, key = phi(qk.view(*qk.shape[:-1], 2 * h, d_k)).chunk(2, dim=-2)
+            return query, key, value.view(*value.shape[:-1], h, d_k), torch.sigmoid(beta)
+        return project
 
     def _fused_weight(self, weights: Tuple[torch.Tensor, ...]) -> torch.Tensor:
         """The four projection weights stacked. Without autograd (generation) the stack is kept until a weight
@@ -245,10 +263,9 @@ def per_layer_state(state: Optional[List[Optional[torch.Tensor]]], n_layers: int
     return list(state)
 
 
-def _is_generation_step(module: nn.Module, x: torch.Tensor, layers) -> bool:
-    """One token, eval mode, no autograd, and standard layers: the case `_generation_step` spells out."""
-    return (x.shape[0] == 1 and not module.training and not torch.is_grad_enabled() and
-            all(layer._plain_parts() for layer in layers))
+def _one_token_inference(module: nn.Module, x: torch.Tensor) -> bool:
+    """One token, eval mode, no autograd: the case a step function (`step_function`) computes."""
+    return x.shape[0] == 1 and not module.training and not torch.is_grad_enabled()
 
 
 class FastWeightsAttentionTransformerLayer(nn.Module):
@@ -280,32 +297,46 @@ class FastWeightsAttentionTransformerLayer(nn.Module):
 
     def forward_with_state(self, x: torch.Tensor, state: Optional[torch.Tensor] = None
                            ) -> Tuple[torch.Tensor, torch.Tensor]:
-        if _is_generation_step(self, x, [self]):
-            y, state = self._generation_step(x[0], state)
-            return y.unsqueeze(0), state
+        if _one_token_inference(self, x):
+            step = self.step_function()
+            if step is not None:
+                y, state = step(x[0], state)
+                return y.unsqueeze(0), state
         attn, state = self.attn.forward_with_state(x, state)
         x = x + self.dropout(attn)
         x = x + self.dropout(self.feed_forward(self.norm_ff(x)))
         return x, state
 
-    def _plain_parts(self) -> bool:
-        """Whether the layer is built from the standard parts that `_generation_step` spells out."""
-        ff, attn = self.feed_forward, self.attn
-        return (type(ff) is FeedForward and not ff.is_gated and type(ff.activation) is nn.ReLU and
-                type(self.norm_ff) is nn.LayerNorm and type(attn) is FastWeightsAttention and
-                type(attn.output) is nn.Linear)
-
-    def _generation_step(self, x: torch.Tensor, state: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-        """One token x [batch_size, d_model] in eval mode without autograd: the operations of `forward_with_state`
-        in the same order (so the same result, bit for bit), without the module calls, shape checks and identity
-        dropouts that otherwise cost more than the arithmetic of a one-token step."""
+    def step_function(self) -> Optional[Callable[[torch.Tensor, Optional[torch.Tensor]],
+                                                 Tuple[torch.Tensor, torch.Tensor]]]:
+        """This layer's `forward_with_state` for one token in eval mode, as a function
+        (x [batch_size, d_model], state) → (x', state') that runs the same operations in the same order (so the
+        same result, bit for bit) without the module calls, shape checks and identity dropouts that otherwise
+        cost more than a one-token step's arithmetic. The checks are made here, once: use the function while the
+        layer's parts and weights stay as they are. None in training mode, or when the layer is not built from
+        the standard parts (FeedForward with ReLU, not gated; LayerNorm; FastWeightsAttention).
+        """
         attn, ff, norm = self.attn, self.feed_forward, self.norm_ff
-        query, key, value, beta = attn._project(x)
-        y, state = delta_rule_step(query, key, value, beta, state)
-        x = x + nn.functional.linear(y.reshape(x.shape), attn.output.weight, attn.output.bias)
-        hidden = nn.functional.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
-        hidden = nn.functional.linear(hidden, ff.layer1.weight, ff.layer1.bias).relu_()
-        return x + nn.functional.linear(hidden, ff.layer2.weight, ff.layer2.bias), state
+        if self.training or not (type(ff) is FeedForward and not ff.is_gated and type(ff.activation) is nn.ReLU and
+                                 type(norm) is nn.LayerNorm and type(attn) is FastWeightsAttention and
+                                 type(attn.output) is nn.Linear):
+            return None
+        project, linear = attn._projector(step=True), nn.functional.linear
+        heads, d_k = attn.heads, attn.d_k
+        out_w, out_b = attn.output.weight, attn.output.bias
+        norm_args = (norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+        w1, b1, w2, b2 = ff.layer1.weight, ff.layer1.bias, ff.layer2.weight, ff.layer2.bias
+
+        def step(x: torch.Tensor, state: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+            query, key, value, beta = project(x)
+            if state is not None and state.shape != (x.shape[0], heads, d_k, key.shape[-1]):
+                raise ValueError(f"fast-weights state must be [batch_size, heads, d_k, d_dot] = "
+                                 f"{(x.shape[0], heads, d_k, key.shape[-1])}; got {tuple(state.shape)}")
+            y, state = delta_rule_token(query, key, value, beta.unsqueeze(-1), state)
+            x = x + linear(y.reshape(x.shape), out_w, out_b)
+            hidden = linear(torch.layer_norm(x, *norm_args), w1, b1).relu_()
+            return x + linear(hidden, w2, b2), state
+        return step
 
 
 class FastWeightsAttentionTransformer(nn.Module):
@@ -347,21 +378,39 @@ class FastWeightsAttentionTransformer(nn.Module):
         consecutive segments, detach the state between them (`[w.detach() for w in state]`) to truncate
         backpropagation at the segment boundary.
         """
+        if _one_token_inference(self, x):
+            step = self.step_function()
+            if step is not None:
+                return step(x, state)
         state = per_layer_state(state, len(self.layers))
-        if _is_generation_step(self, x, self.layers):
-            return self._generation_step(x, state)
         new_state = []
         for layer, layer_state in zip(self.layers, state):
             x, layer_state = layer.forward_with_state(x, layer_state)
             new_state.append(layer_state)
         return self.norm(x), new_state
 
-    def _generation_step(self, x: torch.Tensor, state: List[Optional[torch.Tensor]]
-                         ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
-        """One token [1, batch_size, d_model] through every layer's `_generation_step`, kept 2-d in between."""
-        x = x[0]
-        new_state = []
-        for layer, layer_state in zip(self.layers, state):
-            x, layer_state = layer._generation_step(x, layer_state)
-            new_state.append(layer_state)
-        return self.norm(x).unsqueeze(0), new_state
+    def step_function(self) -> Optional[Callable[[torch.Tensor, Optional[List[torch.Tensor]]],
+                                                 Tuple[torch.Tensor, List[torch.Tensor]]]]:
+        """For generation: `forward_with_state` on one token in eval mode without autograd, as a function
+        (x [1, batch_size, d_model], state) → (y, new_state) with every check and set-up done here, once
+        (each layer's `step_function`). Bit for bit the module path's result. Use it while the modules and
+        weights stay as they are: `AutoregressiveModel.generate` makes one per call. None in training mode or
+        when a layer is not built from the standard parts.
+
+        The function raises ValueError for x with more than one token or a state list of the wrong length.
+        """
+        steps = [layer.step_function() for layer in self.layers]
+        if self.training or None in steps:
+            return None
+        norm = self.norm
+
+        def step(x: torch.Tensor, state: Optional[List[torch.Tensor]]) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+            if x.shape[0] != 1:
+                raise ValueError(f"a step function takes one token, x [1, batch_size, d_model]; got {tuple(x.shape)}")
+            state = per_layer_state(state, len(steps))
+            x, new_state = x[0], []
+            for layer_step, layer_state in zip(steps, state):
+                x, layer_state = layer_step(x, layer_state)
+                new_state.append(layer_state)
+            return norm(x).unsqueeze(0), new_state
+        return step

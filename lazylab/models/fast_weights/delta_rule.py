@@ -11,7 +11,8 @@ values of size d_v and a write strength βᵢ ∈ (0, 1):
 The fast weights W have shape [d_v, d_dot] per head, i.e. `[batch, heads, d_v, d_dot]` for a batch; this is
 labml_nn's layout ('bhvk') and the state layout used throughout `lazylab.models.fast_weights`.
 
-* `delta_rule_step`    one token; what generation uses (O(1) work per token).
+* `delta_rule_step`    one token; what generation uses (O(1) work per token); `delta_rule_token` is the
+  same without the shape checks.
 * `delta_rule_loop`    the equations above, token by token: the slow, obviously-correct reference.
 * `delta_rule_chunked` the chunkwise-parallel form (Yang, Wang, Zhang, Shen & Kim 2024, "Parallelizing Linear
   Transformers with the Delta Rule over Sequence Length"): within a chunk the product of the
@@ -27,7 +28,7 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ['delta_rule_step', 'delta_rule_loop', 'delta_rule_chunked', 'unit_lower_inverse']
+__all__ = ['delta_rule_step', 'delta_rule_token', 'delta_rule_loop', 'delta_rule_chunked', 'unit_lower_inverse']
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, state: Optional[torch.Tensor],
@@ -67,16 +68,23 @@ def delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     Raises:
         ValueError: if the shapes do not fit together.
     """
-    beta = _check(q, k, v, beta, state, token=True).unsqueeze(-1)
+    return delta_rule_token(q, k, v, _check(q, k, v, beta, state, token=True).unsqueeze(-1), state)
+
+
+def delta_rule_token(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                     state: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """`delta_rule_step` without its shape checks, with beta as [batch, heads, 1]: for a generation step function,
+    which checks the state once per layer and token and needs nothing else checked (its q, k, v, β come from
+    its own projection). Mismatched shapes broadcast or fail inside PyTorch here."""
     # Matrix-vector products as vecdot: for one token, fewer operations than matmul's reshapes around a bmm.
+    k_row = k.unsqueeze(-2)
     if state is None:
         # W⁽⁰⁾ = 0, so v̄ = 0 and the update is a plain outer product
-        new_state = (beta * v).unsqueeze(-1) * k.unsqueeze(-2)
+        new_state = (beta * v).unsqueeze(-1) * k_row
     else:
-        retrieved = torch.linalg.vecdot(state, k.unsqueeze(-2))  # v̄ᵢ = W kᵢ
-        new_state = torch.addcmul(state, (v - retrieved).mul_(beta).unsqueeze(-1), k.unsqueeze(-2))
-    y = torch.linalg.vecdot(new_state, q.unsqueeze(-2))
-    return y, new_state
+        retrieved = torch.linalg.vecdot(state, k_row)  # v̄ᵢ = W kᵢ
+        new_state = torch.addcmul(state, (v - retrieved).mul_(beta).unsqueeze(-1), k_row)
+    return torch.linalg.vecdot(new_state, q.unsqueeze(-2)), new_state
 
 
 def delta_rule_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
