@@ -400,9 +400,10 @@ class FastWeightsAttentionTransformer(nn.Module):
         The function raises ValueError for x with more than one token or a state list of the wrong length.
         """
         steps = [layer.step_function() for layer in self.layers]
-        if self.training or None in steps:
+        if self.training or None in steps or type(self.norm) is not nn.LayerNorm:
             return None
         norm = self.norm
+        norm_args = (norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
         def step(x: torch.Tensor, state: Optional[List[torch.Tensor]]) -> Tuple[torch.Tensor, List[torch.Tensor]]:
             if x.shape[0] != 1:
@@ -412,5 +413,5 @@ class FastWeightsAttentionTransformer(nn.Module):
             for layer_step, layer_state in zip(steps, state):
                 x, layer_state = layer_step(x, layer_state)
                 new_state.append(layer_state)
-            return norm(x).unsqueeze(0), new_state
+            return torch.layer_norm(x, *norm_args).unsqueeze(0), new_state
         return step
