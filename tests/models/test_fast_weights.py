@@ -219,7 +219,7 @@ def test_generation_steps_equal_the_full_pass():
 
 
 def test_generation_step_is_bitwise_the_module_path_and_sees_weight_updates():
-    # eval mode without autograd takes `_generation_step` (no module calls, cached stacked projection weight);
+    # eval mode without autograd takes a step function (no module calls, stacked projection weights);
     # with autograd on, the same call goes through the modules: the two must agree exactly
     torch.manual_seed(0)
     lm = AutoregressiveModel(11, D_MODEL, randomise(build(fw, nu=1), seed=4)).eval()
@@ -234,9 +234,8 @@ def test_generation_step_is_bitwise_the_module_path_and_sees_weight_updates():
     (lean, lean_state), (module, module_state) = both(tokens[5:], state)
     assert torch.equal(lean, module)
     assert all(torch.equal(a, b) for a, b in zip(lean_state, module_state))
-    # an in-place update of a projection weight (an optimiser step) must not be hidden by the cache
-    with torch.no_grad():
-        lm.transformer.layers[0].attn.key.linear.weight.mul_(-1.5)
+    # an in-place update of a projection weight must be seen, also through `.data` (which no version counter sees)
+    lm.transformer.layers[0].attn.key.linear.weight.data.mul_(-1.5)
     (lean_after, _), (module_after, _) = both(tokens[5:], state)
     assert torch.equal(lean_after, module_after)
     assert not torch.equal(lean_after, lean)
@@ -267,6 +266,93 @@ def test_step_function_is_made_only_where_it_is_the_module_path_and_checks_its_i
     assert lm.transformer.step_function() is None
     prompt = torch.randint(0, 11, (3, 2))  # generation then falls back to forward_with_state, with equal tokens
     assert torch.equal(lm.generate(prompt, 6, temperature=0), lm.generate(prompt, 6, temperature=0, use_state=False))
+
+
+def one_token_paths(core, x, state):
+    """(step path: eval, no autograd; module path: autograd on) for one token x, as (output, state) pairs."""
+    with torch.no_grad():
+        fast = core.forward_with_state(x, state)
+    return fast, core.forward_with_state(x, state)
+
+
+def assert_same_pair(a, b):
+    assert torch.equal(a[0], b[0]) and all(torch.equal(u, v) for u, v in zip(a[1], b[1]))
+
+
+@pytest.mark.parametrize('change', ['projection bias', 'hook on the FFN', 'hook on a projection',
+                                    'dropout in train mode', 'loop kernel'])
+def test_what_the_step_function_cannot_spell_out_takes_the_module_path(change):
+    torch.manual_seed(0)
+    core = randomise(build(fw, nu=2, kernel='loop' if change == 'loop kernel' else 'chunked'), seed=2).eval()
+    layer = core.layers[1]
+    if change == 'projection bias':
+        layer.attn.value.linear = nn.Linear(D_MODEL, D_MODEL)  # not fusable
+    elif change == 'hook on the FFN':
+        layer.feed_forward.register_forward_hook(lambda module, args, out: out + 0.5)
+    elif change == 'hook on a projection':
+        layer.attn.key.register_forward_hook(lambda module, args, out: out * 2)
+    elif change == 'dropout in train mode':  # Monte Carlo dropout: eval model, dropout switched back on
+        layer.dropout.p = 0.5
+        layer.dropout.train()
+    assert core.step_function() is None
+    with torch.no_grad():
+        _, state = core.forward_with_state(torch.randn(4, 2, D_MODEL))
+    x = torch.randn(1, 2, D_MODEL)
+    if change == 'dropout in train mode':
+        torch.manual_seed(1)
+        fast = core.forward_with_state(x, state)
+        torch.manual_seed(1)
+        with torch.no_grad():
+            assert_same_pair(core.forward_with_state(x, state), fast)
+        return
+    fast, module = one_token_paths(core, x, state)
+    assert_same_pair(fast, module)
+    if change.startswith('hook'):  # the hook did run on the no-autograd path: without it the output differs
+        for m in core.modules():
+            m._forward_hooks.clear()
+        with torch.no_grad():
+            assert not torch.equal(core.forward_with_state(x, state)[0], fast[0])
+
+
+def test_forward_runs_the_hooks_of_layers_and_attention_as_labml_nn_does():
+    torch.manual_seed(0)
+    theirs = randomise(build(ref), seed=6)
+    ours = build(fw)
+    ours.load_state_dict(theirs.state_dict())
+    for model in (ours, theirs):
+        model.layers[0].attn.register_forward_hook(lambda module, args, out: out * 0.5)
+        model.layers[1].register_forward_hook(lambda module, args, out: out + 1.0)
+    x = torch.randn(7, 2, D_MODEL)
+    torch.testing.assert_close(ours(x), theirs(x), rtol=0, atol=1e-5)
+
+
+def test_a_phi_with_per_head_parameters_equals_labml_nn():
+    class PerHeadScale(nn.Module):  # φ'(k) = softmax(k ⊙ s_head): acts on [..., heads, d_k], not any vector
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.linspace(0.5, 2.0, HEADS * (D_MODEL // HEADS)).view(HEADS, -1))
+
+        def forward(self, k):
+            return torch.softmax(k * self.scale, dim=-1)
+
+    torch.manual_seed(0)
+    attn_theirs = ref.FastWeightsAttention(HEADS, D_MODEL, 0.0, PerHeadScale())
+    attn_ours = fw.FastWeightsAttention(HEADS, D_MODEL, 0.0, PerHeadScale())
+    attn_ours.load_state_dict(attn_theirs.state_dict())
+    x = torch.randn(9, 3, D_MODEL)
+    torch.testing.assert_close(attn_ours(x), attn_theirs(x), rtol=0, atol=1e-6)
+
+
+def test_input_errors_and_empty_chunks_on_every_path():
+    core = randomise(build(fw, nu=1), seed=1).eval()
+    with torch.no_grad():
+        _, state = core.forward_with_state(torch.randn(3, 2, D_MODEL))
+        for bad in (torch.randn(1, D_MODEL), torch.randn(1, 2, D_MODEL + 1)):  # wrong rank; wrong d_model
+            with pytest.raises(ValueError, match='d_model'):
+                core.forward_with_state(bad, state)
+        # an empty chunk changes nothing
+        y, same = core.forward_with_state(torch.randn(0, 2, D_MODEL), state)
+    assert y.shape == (0, 2, D_MODEL) and all(torch.equal(a, b) for a, b in zip(same, state))
 
 
 # ---- stability ----

@@ -37,6 +37,7 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _module_hooks  # the global forward hooks
 
 from lazylab.models.fast_weights.delta_rule import (delta_rule_chunked, delta_rule_loop, delta_rule_step,
                                                       delta_rule_token)
@@ -196,58 +197,57 @@ class FastWeightsAttention(nn.Module):
 
         Returns the output [seq_len, batch_size, d_model] and the fast weights after the last token.
         """
-        if x.dim() != 3:
-            raise ValueError(f"FastWeightsAttention expects x of shape [seq_len, batch_size, d_model], "
+        d_model = self.heads * self.d_k
+        if x.dim() != 3 or x.shape[-1] != d_model:
+            raise ValueError(f"FastWeightsAttention expects x of shape [seq_len, batch_size, d_model={d_model}], "
                              f"got {tuple(x.shape)}")
         seq_len, batch_size, _ = x.shape
         query, key, value, beta = self._project(x)
         y, state = run_delta_rule(self.kernel, self.chunk_size, query, key, value, beta, state)
-        return self.output(y.reshape(seq_len, batch_size, -1)), state
+        return self.output(y.reshape(seq_len, batch_size, d_model)), state  # (no -1: seq_len may be 0)
 
     def _project(self, x: torch.Tensor):
         """φ'(q), φ'(k): [seq_len, batch_size, heads, d_dot]; v: [..., heads, d_k]; β: [..., heads(, 1)]."""
         return self._projector()(x)
 
+    def _fusable(self) -> bool:
+        """Whether q, k, v and β are the standard bias-free projections, without forward hooks: then one matmul
+        computes all four (see `_projector`)."""
+        gate = self.interpolation_weight
+        if not (isinstance(gate, nn.Sequential) and len(gate) == 2 and type(gate[1]) is nn.Sigmoid):
+            return False
+        projections = (self.query, self.key, self.value, gate[0])
+        return (all(type(p) is PrepareForMultiHeadAttention and p.linear.bias is None for p in projections) and
+                not _has_forward_hooks([gate, gate[1], *projections, *(p.linear for p in projections)]))
+
     def _projector(self, step: bool = False) -> Callable[[torch.Tensor], Tuple[torch.Tensor, ...]]:
         """The function x [..., d_model] → (φ'(q), φ'(k), v, β) that `_project` applies.
 
-        With the standard bias-free projections it is one matmul for all four and one call of φ' for q and k
-        together (φ' acts on each head's vector separately, so stacking the heads changes nothing): fewer
-        operations, which is what a one-token generation step pays for. Equal to calling the four submodules
-        (whose forward hooks are then not run). The function holds the stacked weight as it is now. With
-        `step`, for a generation step function, a DPFP φ' is called as `DPFP.plain` (same bits, fewer checks).
+        With the standard projections (`_fusable`) it is one matmul for all four, and for a DPFP φ' one call for
+        q and k together (DPFP acts on each head's vector alone, so stacking the heads changes nothing): fewer
+        operations, which is what a one-token generation step pays for; the same numbers as calling the
+        submodules. The function holds the four weights stacked as they are now. With `step`, for a generation
+        step function, the DPFP is called as `DPFP.plain` (same bits, fewer checks).
         """
-        gate = self.interpolation_weight
-        fusable = (isinstance(gate, nn.Sequential) and len(gate) == 2 and isinstance(gate[1], nn.Sigmoid) and
-                   all(type(p) is PrepareForMultiHeadAttention and p.linear.bias is None
-                       for p in (self.query, self.key, self.value, gate[0])))
-        if not fusable:
-            return lambda x: (self.phi(self.query(x)), self.phi(self.key(x)), self.value(x), gate(x))
+        if not self._fusable():
+            phi, gate = self.phi, self.interpolation_weight
+            return lambda x: (phi(self.query(x)), phi(self.key(x)), self.value(x), gate(x))
         phi, h, d_k = self.phi, self.heads, self.d_k
-        if step and type(phi) is DPFP:
+        stack_phi = type(phi) is DPFP  # another φ' may hold per-head parameters: it gets q and k separately
+        if step and stack_phi:
             phi = phi.plain
-        weights = (self.query.linear.weight, self.key.linear.weight, self.value.linear.weight, gate[0].linear.weight)
-        weight = self._fused_weight(weights)  # [3·h·d_k + h, d_model]
+        # [3·h·d_k + h, d_model]; in the graph when autograd is on, so that each weight gets its gradient
+        weight = torch.cat([self.query.linear.weight, self.key.linear.weight, self.value.linear.weight,
+                            self.interpolation_weight[0].linear.weight])
         sizes = [2 * h * d_k, h * d_k, h]
 
         # (the C-level split_with_sizes, chunk and view: Tensor.split and unflatten add Python-level wrappers)
         def project(x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
             qk, value, beta = nn.functional.linear(x, weight).split_with_sizes(sizes, dim=-1)
-            query, key = phi(qk.view(*qk.shape[:-1], 2 * h, d_k)).chunk(2, dim=-2)
+            qk = qk.view(*qk.shape[:-1], 2 * h, d_k)
+            query, key = phi(qk).chunk(2, dim=-2) if stack_phi else map(phi, qk.chunk(2, dim=-2))
             return query, key, value.view(*value.shape[:-1], h, d_k), torch.sigmoid(beta)
         return project
-
-    def _fused_weight(self, weights: Tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """The four projection weights stacked. Without autograd (generation) the stack is kept until a weight
-        changes (in place, as an optimizer step does, or replaced), instead of being rebuilt for every token."""
-        if torch.is_grad_enabled() and any(w.requires_grad for w in weights):
-            return torch.cat(weights)  # in the graph, so that each weight gets its gradient
-        key = tuple((w.data_ptr(), w._version) for w in weights)  # a new dtype/device/tensor is a new data_ptr
-        cached = getattr(self, '_fused_cache', None)
-        if cached is None or cached[0] != key:
-            cached = (key, torch.cat(weights))
-            self._fused_cache = cached
-        return cached[1]
 
 
 def per_layer_state(state: Optional[List[Optional[torch.Tensor]]], n_layers: int) -> List[Optional[torch.Tensor]]:
@@ -263,9 +263,24 @@ def per_layer_state(state: Optional[List[Optional[torch.Tensor]]], n_layers: int
     return list(state)
 
 
-def _one_token_inference(module: nn.Module, x: torch.Tensor) -> bool:
-    """One token, eval mode, no autograd: the case a step function (`step_function`) computes."""
-    return x.shape[0] == 1 and not module.training and not torch.is_grad_enabled()
+def _has_forward_hooks(modules) -> bool:
+    """Whether a forward (pre-)hook, of one of `modules` or global, would run: code that skips module calls must
+    not be used then."""
+    global_hooks = (getattr(_module_hooks, name, None) for name in ('_global_forward_hooks',
+                                                                    '_global_forward_pre_hooks'))
+    return any(global_hooks) or any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+
+
+def _spelled_out(module: nn.Module) -> bool:
+    """Whether a step function may stand in for `module`'s calls: every submodule in eval mode (no dropout) and
+    no forward hooks."""
+    modules = list(module.modules())
+    return not any(m.training for m in modules) and not _has_forward_hooks(modules)
+
+
+def _one_token_inference(x: torch.Tensor) -> bool:
+    """One token [1, batch_size, d_model] without autograd: the case a step function (`step_function`) computes."""
+    return x.dim() == 3 and x.shape[0] == 1 and not torch.is_grad_enabled()
 
 
 class FastWeightsAttentionTransformerLayer(nn.Module):
@@ -293,19 +308,23 @@ class FastWeightsAttentionTransformerLayer(nn.Module):
         self.norm_ff = nn.LayerNorm([d_model])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_with_state(x)[0]
+        return self._add_attention_and_ffn(x, self.attn(x))
 
     def forward_with_state(self, x: torch.Tensor, state: Optional[torch.Tensor] = None
                            ) -> Tuple[torch.Tensor, torch.Tensor]:
-        if _one_token_inference(self, x):
+        """`forward` continuing from the fast weights `state`; returns (output, new state). Calls the attention's
+        `forward_with_state` directly, so forward hooks of `attn` itself do not run here."""
+        if _one_token_inference(x):
             step = self.step_function()
             if step is not None:
                 y, state = step(x[0], state)
                 return y.unsqueeze(0), state
         attn, state = self.attn.forward_with_state(x, state)
+        return self._add_attention_and_ffn(x, attn), state
+
+    def _add_attention_and_ffn(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         x = x + self.dropout(attn)
-        x = x + self.dropout(self.feed_forward(self.norm_ff(x)))
-        return x, state
+        return x + self.dropout(self.feed_forward(self.norm_ff(x)))
 
     def step_function(self) -> Optional[Callable[[torch.Tensor, Optional[torch.Tensor]],
                                                  Tuple[torch.Tensor, torch.Tensor]]]:
@@ -313,13 +332,14 @@ class FastWeightsAttentionTransformerLayer(nn.Module):
         (x [batch_size, d_model], state) → (x', state') that runs the same operations in the same order (so the
         same result, bit for bit) without the module calls, shape checks and identity dropouts that otherwise
         cost more than a one-token step's arithmetic. The checks are made here, once: use the function while the
-        layer's parts and weights stay as they are. None in training mode, or when the layer is not built from
-        the standard parts (FeedForward with ReLU, not gated; LayerNorm; FastWeightsAttention).
+        layer's parts and weights stay as they are. None unless the layer is built from the standard parts
+        (FastWeightsAttention with the standard projections and the 'chunked' or 'step' kernel, LayerNorm,
+        FeedForward with ReLU, not gated), every submodule is in eval mode and none has forward hooks.
         """
         attn, ff, norm = self.attn, self.feed_forward, self.norm_ff
-        if self.training or not (type(ff) is FeedForward and not ff.is_gated and type(ff.activation) is nn.ReLU and
-                                 type(norm) is nn.LayerNorm and type(attn) is FastWeightsAttention and
-                                 type(attn.output) is nn.Linear):
+        if not (type(ff) is FeedForward and not ff.is_gated and type(ff.activation) is nn.ReLU and
+                type(norm) is nn.LayerNorm and type(attn) is FastWeightsAttention and attn.kernel != 'loop' and
+                type(attn.output) is nn.Linear and attn._fusable() and _spelled_out(self)):
             return None
         project, linear = attn._projector(step=True), nn.functional.linear
         heads, d_k = attn.heads, attn.d_k
@@ -367,7 +387,9 @@ class FastWeightsAttentionTransformer(nn.Module):
             layer.attn.set_kernel(kernel, chunk_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_with_state(x)[0]
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x)
 
     def forward_with_state(self, x: torch.Tensor, state: Optional[List[torch.Tensor]] = None
                            ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
@@ -376,9 +398,10 @@ class FastWeightsAttentionTransformer(nn.Module):
         Calling this on consecutive chunks of a sequence, carrying the state, gives the outputs of one call on
         the whole sequence (the incremental-state protocol of `lazylab.models.autoregressive`). When training on
         consecutive segments, detach the state between them (`[w.detach() for w in state]`) to truncate
-        backpropagation at the segment boundary.
+        backpropagation at the segment boundary. The layers' `forward_with_state` are called directly, so their
+        own forward hooks do not run here (those of their parts do).
         """
-        if _one_token_inference(self, x):
+        if _one_token_inference(x):
             step = self.step_function()
             if step is not None:
                 return step(x, state)
@@ -394,20 +417,24 @@ class FastWeightsAttentionTransformer(nn.Module):
         """For generation: `forward_with_state` on one token in eval mode without autograd, as a function
         (x [1, batch_size, d_model], state) → (y, new_state) with every check and set-up done here, once
         (each layer's `step_function`). Bit for bit the module path's result. Use it while the modules and
-        weights stay as they are: `AutoregressiveModel.generate` makes one per call. None in training mode or
-        when a layer is not built from the standard parts.
+        weights stay as they are: `AutoregressiveModel.generate` makes one per call. None when a layer has none
+        (see `FastWeightsAttentionTransformerLayer.step_function`), or the final norm is not a LayerNorm in eval
+        mode without forward hooks.
 
-        The function raises ValueError for x with more than one token or a state list of the wrong length.
+        The function raises ValueError for x that is not one token [1, batch_size, d_model], or a state list of
+        the wrong length or shapes.
         """
         steps = [layer.step_function() for layer in self.layers]
-        if self.training or None in steps or type(self.norm) is not nn.LayerNorm:
+        if None in steps or type(self.norm) is not nn.LayerNorm or not _spelled_out(self.norm):
             return None
         norm = self.norm
         norm_args = (norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+        d_model = self.layers[0].size
 
         def step(x: torch.Tensor, state: Optional[List[torch.Tensor]]) -> Tuple[torch.Tensor, List[torch.Tensor]]:
-            if x.shape[0] != 1:
-                raise ValueError(f"a step function takes one token, x [1, batch_size, d_model]; got {tuple(x.shape)}")
+            if x.dim() != 3 or x.shape[0] != 1 or x.shape[2] != d_model:
+                raise ValueError(f"a step function takes one token, x [1, batch_size, d_model={d_model}]; "
+                                 f"got {tuple(x.shape)}")
             state = per_layer_state(state, len(steps))
             x, new_state = x[0], []
             for layer_step, layer_state in zip(steps, state):
