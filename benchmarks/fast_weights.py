@@ -16,9 +16,6 @@ round-robin so that load on the machine hits them alike):
     python benchmarks/fast_weights.py --quick    # tiny smoke run
 """
 import argparse
-import statistics
-import sys
-import time
 
 import torch
 from torch import nn
@@ -28,6 +25,8 @@ from lazylab.models.autoregressive import AutoregressiveModel
 from lazylab.models.feed_forward import FeedForward
 from lazylab.models.mha import MultiHeadAttention, subsequent_mask
 from lazylab.models.transformer import TransformerLayer
+
+from _harness import add_common_options, conditions, configure, median_rates, report, train_step
 
 try:
     import _reference  # noqa: F401  (lets labml_nn run on labml 0.5.3)
@@ -64,31 +63,6 @@ class CausalSoftmaxTransformer(nn.Module):
         return self.norm(x)
 
 
-CLOCK = time.perf_counter  # --cpu-time switches to time.process_time (this process's CPU seconds)
-CLOCK_NOTE = {time.perf_counter: '', time.process_time: ', CPU time'}
-
-
-def median_rates(fns, reps, work):
-    """{name: work / median seconds}, timing the callables round-robin after one warm-up each."""
-    times = {name: [] for name in fns}
-    for fn in fns.values():
-        fn()
-    for _ in range(reps):
-        for name, fn in fns.items():
-            start = CLOCK()
-            fn()
-            times[name].append(CLOCK() - start)
-    return {name: work / statistics.median(t) for name, t in times.items()}
-
-
-def report(title, rates, unit):
-    print(title)
-    base = next(iter(rates.values()))
-    for name, value in rates.items():
-        print(f"  {name:<34} {value / base:6.2f}x   {value:10.1f} {unit}")
-    sys.stdout.flush()
-
-
 def bench_attention(seq_lens, batch, d_model, heads, nu, chunk_size, reps, ref_max_len):
     for seq_len in seq_lens:
         torch.manual_seed(0)
@@ -111,23 +85,7 @@ def bench_attention(seq_lens, batch, d_model, heads, nu, chunk_size, reps, ref_m
 
         rates = median_rates({name: fwd_bwd(m) for name, m in fns.items()}, reps, seq_len * batch)
         report(f"FastWeightsAttention forward+backward, seq_len {seq_len}, batch {batch}, d_model {d_model}, "
-               f"{heads} heads, nu {nu} (CPU, {torch.get_num_threads()} threads, median of {reps}"
-               f"{CLOCK_NOTE[CLOCK]})", rates, 'tok/s')
-
-
-def train_step(model, seq_len, batch):
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    data = torch.randint(0, N_VOCAB, (seq_len + 1, batch), generator=torch.Generator().manual_seed(1))
-    loss_fn = nn.CrossEntropyLoss()
-
-    def step():
-        logits, _ = model(data[:-1])
-        loss = loss_fn(logits.reshape(-1, N_VOCAB), data[1:].reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-
-    return step
+               f"{heads} heads, nu {nu} {conditions(reps)}", rates, 'tok/s')
 
 
 def bench_training(seq_lens, batch, sizes, nu, chunk_size, reps, ref_max_len):
@@ -143,10 +101,10 @@ def bench_training(seq_lens, batch, sizes, nu, chunk_size, reps, ref_max_len):
             models['labml_nn fast weights'] = theirs
         models[f'lazylab fast weights, chunked ({chunk_size})'] = mine
         models['softmax transformer (lazylab)'] = softmax
-        rates = median_rates({n: train_step(m, seq_len, batch) for n, m in models.items()}, reps, seq_len * batch)
+        rates = median_rates({n: train_step(m, seq_len, batch, N_VOCAB) for n, m in models.items()}, reps,
+                             seq_len * batch)
         report(f"fast weights training (forward+loss+backward+Adam), seq_len {seq_len}, batch {batch}, d_model "
-               f"{d_model}, {heads} heads, d_ff {d_ff}, {n_layers} layers, nu {nu} "
-               f"(CPU, {torch.get_num_threads()} threads, median of {reps}{CLOCK_NOTE[CLOCK]})", rates, 'tok/s')
+               f"{d_model}, {heads} heads, d_ff {d_ff}, {n_layers} layers, nu {nu} {conditions(reps)}", rates, 'tok/s')
         names = list(rates)
         print(f"  -> lazylab fast weights / softmax transformer: {rates[names[-2]] / rates[names[-1]]:.2f}x")
 
@@ -176,30 +134,19 @@ def bench_generation(prompt_len, new_tokens, sizes, nu, reps):
                          reps, new_tokens)
     d_model, heads, d_ff, n_layers = sizes
     report(f"fast weights generation, {new_tokens} new tokens after a {prompt_len}-token prompt, batch 1, d_model "
-           f"{d_model}, {heads} heads, d_ff {d_ff}, {n_layers} layers (CPU, {torch.get_num_threads()} threads, "
-           f"median of {reps}{CLOCK_NOTE[CLOCK]})", rates, 'tok/s')
+           f"{d_model}, {heads} heads, d_ff {d_ff}, {n_layers} layers {conditions(reps)}", rates, 'tok/s')
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--quick', action='store_true', help='tiny smoke run')
-    parser.add_argument('--reps', type=int, default=5)
-    parser.add_argument('--threads', type=int, default=2)
+    add_common_options(parser)
     parser.add_argument('--seq-lens', type=int, nargs='+', default=[128, 256, 512, 1024])
     parser.add_argument('--chunk-size', type=int, default=ours.DEFAULT_CHUNK_SIZE)
     parser.add_argument('--ref-max-len', type=int, default=1024,
                         help='skip the (slow) labml_nn token loop above this seq_len')
     parser.add_argument('--skip', nargs='*', default=[], choices=['attention', 'training', 'generation'])
-    parser.add_argument('--cpu-time', action='store_true',
-                        help='time with process CPU seconds instead of wall time: steadier on a loaded machine '
-                             '(use with --threads 1, where CPU time is the work done)')
     args = parser.parse_args(argv)
-    global CLOCK
-    if args.cpu_time:
-        CLOCK = time.process_time
-    if ref is None:
-        raise SystemExit('labml-nn 0.5.1 is needed for the side-by-side benchmark (pip install labml-nn==0.5.1)')
-    torch.set_num_threads(args.threads)
+    configure(args, ref is not None)
     if args.quick:
         sizes, nu, batch, seq_lens, reps, gen = (32, 4, 64, 2), 1, 4, [16, 40], 1, (4, 8)
     else:

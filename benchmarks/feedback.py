@@ -11,9 +11,6 @@ whole growing sequence for every token; ours carries the key/value memory (`forw
     python benchmarks/feedback.py --quick    # tiny smoke run
 """
 import argparse
-import statistics
-import sys
-import time
 
 import torch
 from torch import nn
@@ -21,6 +18,8 @@ from torch import nn
 from lazylab.models import feedback as ours
 from lazylab.models.autoregressive import AutoregressiveModel
 from lazylab.models.feed_forward import FeedForward
+
+from _harness import add_common_options, conditions, configure, median_rates, report, train_step
 
 try:
     import _reference  # noqa: F401  (lets labml_nn run on labml 0.5.3)
@@ -50,65 +49,21 @@ def pairs(kv: bool, sizes):
     return r, o
 
 
-CLOCK = time.perf_counter
-
-
-def CLOCK_NOTE() -> str:
-    return ', CPU time' if CLOCK is time.process_time else ''
-
-
-def train_step_timer(model: nn.Module, seq_len: int, batch: int):
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    g = torch.Generator().manual_seed(1)
-    data = torch.randint(0, N_VOCAB, (seq_len + 1, batch), generator=g)
-    loss_fn = nn.CrossEntropyLoss()
-
-    def step() -> float:
-        start = CLOCK()
-        logits, _ = model(data[:-1])
-        loss = loss_fn(logits.reshape(-1, N_VOCAB), data[1:].reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if hasattr(model.transformer, 'free'):
-            model.transformer.free()
-        return CLOCK() - start
-
-    return step
-
-
-def report(title: str, rows, unit: str):
-    print(title)
-    base = rows[0][1]
-    for name, value in rows:
-        print(f"  {name:<34} {value / base:5.2f}x   {value:9.1f} {unit}")
-    sys.stdout.flush()
-
-
 def bench_training(seq_lens, batch, sizes, reps, variants):
+    d_model, heads, d_ff, n_layers = sizes
+    tags = {kv: 'FeedbackTransformerKV' if kv else 'FeedbackTransformer' for kv in variants}
     for seq_len in seq_lens:
-        models = []
+        steps = {}  # both variants timed in one round-robin, reported apart
         for kv in variants:
             r, o = pairs(kv, sizes)
-            tag = 'FeedbackTransformerKV' if kv else 'FeedbackTransformer'
             if kv or seq_len <= 512:
-                models.append((f'labml_nn {tag}', r))
-            models.append((f'lazylab {tag}', o))
-        timers = [(name, train_step_timer(m, seq_len, batch)) for name, m in models]
-        times = {name: [] for name, _ in timers}
-        for _, step in timers:  # warm-up
-            step()
-        for _ in range(reps):
-            for name, step in timers:
-                times[name].append(step())
-        d_model, heads, d_ff, n_layers = sizes
-        tokens = seq_len * batch
-        for kv in variants:
-            tag = 'FeedbackTransformerKV' if kv else 'FeedbackTransformer'
-            rows = [(name, tokens / statistics.median(times[name])) for name, _ in timers if name.endswith(' ' + tag)]
+                steps[f'labml_nn {tags[kv]}'] = train_step(r, seq_len, batch, N_VOCAB)
+            steps[f'lazylab {tags[kv]}'] = train_step(o, seq_len, batch, N_VOCAB)
+        rates = median_rates(steps, reps, seq_len * batch)
+        for tag in tags.values():
             report(f"feedback training (forward+loss+backward+Adam), {tag}, seq_len {seq_len}, batch {batch}, "
-                   f"d_model {d_model}, {heads} heads, d_ff {d_ff}, {n_layers} layers "
-                   f"(CPU, {torch.get_num_threads()} threads, median of {reps}{CLOCK_NOTE()})", rows, 'tok/s')
+                   f"d_model {d_model}, {heads} heads, d_ff {d_ff}, {n_layers} layers {conditions(reps)}",
+                   {name: rate for name, rate in rates.items() if name.endswith(' ' + tag)}, 'tok/s')
 
 
 def bench_generation(prompt_len, new_tokens, sizes, reps):
@@ -116,44 +71,26 @@ def bench_generation(prompt_len, new_tokens, sizes, reps):
     r.eval()
     o.eval()
     prompt = torch.randint(0, N_VOCAB, (prompt_len,), generator=torch.Generator().manual_seed(2))
-    runs = [('labml_nn KV, re-run whole prefix', lambda: r.generate(prompt, new_tokens, 0, use_state=False)),
-            ('lazylab KV, re-run whole prefix', lambda: o.generate(prompt, new_tokens, 0, use_state=False)),
-            ('lazylab KV, incremental state', lambda: o.generate(prompt, new_tokens, 0))]
-    out_ref = runs[0][1]()
-    out_ours = runs[2][1]()
-    if not torch.equal(out_ref, out_ours):
+    runs = {'labml_nn KV, re-run whole prefix': lambda: r.generate(prompt, new_tokens, 0, use_state=False),
+            'lazylab KV, re-run whole prefix': lambda: o.generate(prompt, new_tokens, 0, use_state=False),
+            'lazylab KV, incremental state': lambda: o.generate(prompt, new_tokens, 0)}
+    if not torch.equal(r.generate(prompt, new_tokens, 0, use_state=False), o.generate(prompt, new_tokens, 0)):
         print('  warning: greedy outputs differ between labml_nn and lazylab')
-    times = {name: [] for name, _ in runs}
-    for _ in range(reps):
-        for name, fn in runs:
-            start = CLOCK()
-            fn()
-            times[name].append(CLOCK() - start)
     d_model, heads, d_ff, n_layers = sizes
     report(f"feedback generation, {new_tokens} new tokens after a {prompt_len}-token prompt, batch 1, d_model "
-           f"{d_model}, {heads} heads, d_ff {d_ff}, {n_layers} layers (CPU, {torch.get_num_threads()} threads, "
-           f"median of {reps}{CLOCK_NOTE()})", [(n, new_tokens / statistics.median(t)) for n, t in times.items()], 'tok/s')
+           f"{d_model}, {heads} heads, d_ff {d_ff}, {n_layers} layers {conditions(reps)}",
+           median_rates(runs, reps, new_tokens), 'tok/s')
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--quick', action='store_true', help='tiny smoke run')
-    parser.add_argument('--reps', type=int, default=5)
-    parser.add_argument('--threads', type=int, default=2)
+    add_common_options(parser)
     parser.add_argument('--seq-lens', type=int, nargs='+', default=[128, 256])
     parser.add_argument('--variant', choices=['kv', 'original', 'both'], default='both')
     parser.add_argument('--skip-generation', action='store_true')
     parser.add_argument('--skip-training', action='store_true')
-    parser.add_argument('--cpu-time', action='store_true',
-                        help='time with process CPU time instead of wall time (steadier on a loaded machine; '
-                             'use with --threads 1)')
     args = parser.parse_args(argv)
-    global CLOCK
-    if args.cpu_time:
-        CLOCK = time.process_time
-    if ref is None:
-        raise SystemExit('labml-nn 0.5.1 is needed for the side-by-side benchmark (pip install labml-nn==0.5.1)')
-    torch.set_num_threads(args.threads)
+    configure(args, ref is not None)
     variants = {'kv': [True], 'original': [False], 'both': [True, False]}[args.variant]
     if args.quick:
         sizes, batch, seq_lens, reps, gen = (32, 4, 64, 2), 4, [16], 1, (4, 8)
