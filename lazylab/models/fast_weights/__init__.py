@@ -220,16 +220,19 @@ class FastWeightsAttention(nn.Module):
         return (all(type(p) is PrepareForMultiHeadAttention and p.linear.bias is None for p in projections) and
                 not _has_forward_hooks([gate, gate[1], *projections, *(p.linear for p in projections)]))
 
-    def _projector(self, step: bool = False) -> Callable[[torch.Tensor], Tuple[torch.Tensor, ...]]:
+    def _projector(self, step: bool = False) -> Optional[Callable[[torch.Tensor], Tuple[torch.Tensor, ...]]]:
         """The function x [..., d_model] → (φ'(q), φ'(k), v, β) that `_project` applies.
 
         With the standard projections (`_fusable`) it is one matmul for all four, and for a DPFP φ' one call for
         q and k together (DPFP acts on each head's vector alone, so stacking the heads changes nothing): fewer
         operations, which is what a one-token generation step pays for; the same numbers as calling the
         submodules. The function holds the four weights stacked as they are now. With `step`, for a generation
-        step function, the DPFP is called as `DPFP.plain` (same bits, fewer checks).
+        step function, the DPFP is called as `DPFP.plain` (same bits, fewer checks), and without the standard
+        projections there is no function (None): a step function spells out only the stacked form.
         """
         if not self._fusable():
+            if step:
+                return None
             phi, gate = self.phi, self.interpolation_weight
             return lambda x: (phi(self.query(x)), phi(self.key(x)), self.value(x), gate(x))
         phi, h, d_k = self.phi, self.heads, self.d_k
@@ -339,9 +342,11 @@ class FastWeightsAttentionTransformerLayer(nn.Module):
         attn, ff, norm = self.attn, self.feed_forward, self.norm_ff
         if not (type(ff) is FeedForward and not ff.is_gated and type(ff.activation) is nn.ReLU and
                 type(norm) is nn.LayerNorm and type(attn) is FastWeightsAttention and attn.kernel != 'loop' and
-                type(attn.output) is nn.Linear and attn._fusable() and _spelled_out(self)):
+                type(attn.output) is nn.Linear and _spelled_out(self)):
             return None
         project, linear = attn._projector(step=True), nn.functional.linear
+        if project is None:
+            return None
         heads, d_k = attn.heads, attn.d_k
         out_w, out_b = attn.output.weight, attn.output.bias
         norm_args = (norm.normalized_shape, norm.weight, norm.bias, norm.eps)
