@@ -25,7 +25,7 @@ Instance API: ``conf.set_default(Cls.item, value=None, func=None)``, ``conf._set
     load(configs, path_or_yaml_or_dict)            replay a dump as overrides
     describe(configs_or_class) -> [row]; format_description(rows) -> str     listing for --help / options
 
-Errors: every user-caused error is a :class:`ConfigError` (``lazylab.configs.errors``) with a one-line
+Errors: every user-caused error is a :class:`ConfigError` (all importable from here) with a one-line
 message naming the full config path; subclasses are also the built-in exception labml raises in that case:
 UnknownItemError (AttributeError, KeyError), NoValueError (AttributeError), AlreadyComputedError,
 UnknownOptionError, BadValueError, OverrideSyntaxError (ValueError), CycleError, CalculatorError
@@ -38,15 +38,15 @@ through ``Sub.item`` stay on ``Sub``; cycles raise CycleError with the chain.
 
 Importing this package never imports torch.
 """
-from .base import BaseConfigs
-from .errors import (AlreadyComputedError, BadValueError, CalculatorError, ConfigError, CycleError,
-                     DeclarationError, NoValueError, OverrideSyntaxError, UnknownItemError, UnknownOptionError)
-from .registration import aggregate, calculate, hyperparams, meta_config, option
-from .cli import apply_overrides, parse_overrides
-from .coerce import coerce_text
-from .listing import describe, format_description
-from .yaml_io import dump, load, to_dict
-from .report import explain, format_explain
+from .engine.base import BaseConfigs
+from .engine.coerce import coerce_text
+from .engine.errors import (AlreadyComputedError, BadValueError, CalculatorError, ConfigError, CycleError,
+                            DeclarationError, NoValueError, OverrideSyntaxError, UnknownItemError, UnknownOptionError)
+from .engine.listing import describe, format_description
+from .engine.overrides import apply_overrides, parse_overrides
+from .engine.registration import aggregate, calculate, hyperparams, meta_config, option
+from .engine.report import explain, format_explain
+from .engine.yaml_io import dump, load, to_dict
 
 __all__ = [
     'BaseConfigs', 'option', 'calculate', 'aggregate', 'hyperparams', 'meta_config',

@@ -11,8 +11,8 @@ import pytest
 import labml.configs
 import lazylab.configs
 from lazylab.configs import BaseConfigs, option, calculate, aggregate, hyperparams, meta_config
-from lazylab.configs.errors import (AlreadyComputedError, ConfigError, DeclarationError, NoValueError,
-                                    UnknownItemError)
+from lazylab.configs.engine.errors import (AlreadyComputedError, ConfigError, DeclarationError, NoValueError,
+                                           UnknownItemError)
 
 
 @pytest.fixture(params=['labml', 'lazylab'])

@@ -6,7 +6,7 @@ A config class's body declares items (``d_model: int = 512``). Registrations mad
 merges those along the method resolution order into a :class:`Spec` (parents first, so a subclass can change
 a default or replace an option of the same name) and caches it until the next registration anywhere.
 
-Nothing here computes values; that is :mod:`lazylab.configs.resolver`'s job.
+Nothing here computes values; that is :mod:`.resolver`'s job.
 """
 import inspect
 import sys

@@ -14,8 +14,8 @@ import os
 from enum import Enum
 from typing import Any, Dict, Optional, Union
 
-from .cli import apply_overrides
 from .errors import BadValueError
+from .overrides import apply_overrides
 from .report import object_name, walk
 from .state import state_of
 

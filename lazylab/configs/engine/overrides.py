@@ -1,17 +1,27 @@
 """Giving values to items before they are computed: overrides, assignments and ``set_default``.
 
-Overrides (``conf._set_values(d)``, :func:`~lazylab.configs.apply_overrides`) are all-or-nothing: every key
-is checked first (declared? not yet computed? a known option? text that parses as the declared type?) and
-only then is anything applied. Dotted keys (``'optimizer.learning_rate'``) go to the sub-config at once if it
-exists, and otherwise wait in the parent until it is created; when the sub-config's class is known from the
-annotation they are checked against it up front.
+Overrides (``conf._set_values(d)``, :func:`apply_overrides`) are all-or-nothing: every key is checked first
+(declared? not yet computed? a known option? text that parses as the declared type?) and only then is anything
+applied. Dotted keys (``'optimizer.learning_rate'``) go to the sub-config at once if it exists, and otherwise
+wait in the parent until it is created; when the sub-config's class is known from the annotation they are
+checked against it up front.
+
+Command-line overrides are ``key=value`` and ``child.key=value`` tokens::
+
+    parse_overrides(['d_model=256', 'optimizer.learning_rate=1e-3'])
+        == {'d_model': '256', 'optimizer.learning_rate': '1e-3'}
+    parse_overrides([...], conf)      # the same, typed and checked against conf (nothing applied)
+    apply_overrides(conf, {...})      # type, check, then apply all (or raise and apply none)
+
+Text is typed by the item's declared type (see :mod:`.coerce`); a string naming one of an item's options stays
+the option name.
 """
-from typing import Any, Dict, Literal, Tuple, get_args, get_origin
+from typing import Any, Dict, Literal, Mapping, Optional, Sequence, Tuple, get_args, get_origin
 
 from .coerce import TypeMismatch, coerce_text, conform, takes_any_string
 from .declarations import ItemRef, Spec, spec_of
-from .errors import (AlreadyComputedError, BadValueError, UnknownItemError, UnknownOptionError, suggestion,
-                     unknown_item)
+from .errors import (AlreadyComputedError, BadValueError, OverrideSyntaxError, UnknownItemError,
+                     UnknownOptionError, suggestion, unknown_item)
 from .state import State, state_of
 
 
@@ -199,3 +209,53 @@ def set_default(st: State, item: Any, value: Any = None, func: Any = None):
         raise AlreadyComputedError(f'cannot set the default of {st.path_of(key)}: it was already computed',
                                    st.path_of(key))
     st.defaults[key] = (value, func)
+
+
+def parse_overrides(argv: Sequence[str], configs: Optional[Any] = None) -> Dict[str, Any]:
+    """Split ``key=value`` tokens into a dict (later tokens win).
+
+    Without ``configs`` the values are the text given. With a config object they are typed and checked
+    against its declared items (nothing is applied); dotted keys for sub-configs not created yet stay text
+    when their class is not known.
+
+    Raises:
+        OverrideSyntaxError: a token without ``=`` or with an empty key.
+        UnknownItemError, UnknownOptionError, BadValueError, AlreadyComputedError: with ``configs``.
+    """
+    values: Dict[str, str] = {}
+    for token in argv:
+        key, eq, text = token.partition('=')
+        key = key.strip()
+        if not eq or not key:
+            raise OverrideSyntaxError(f'expected key=value, got {token!r}')
+        if key.startswith('--'):  # tolerate `--key=value`
+            key = key[2:]
+        values[key] = text
+    if configs is None:
+        return values
+    checked = plan(state_of(configs), values, from_text=True)
+    return _flatten(checked, '')
+
+
+def _flatten(p: Plan, prefix: str) -> Dict[str, Any]:
+    out = {prefix + k: v for k, v in p.direct.items()}
+    for top, child in p.children.items():
+        out.update(_flatten(child, f'{prefix}{top}.'))
+    for top, sub in p.pending.items():
+        out.update({f'{prefix}{top}.{k}': v for k, (v, _) in sub.items()})
+    return out
+
+
+def apply_overrides(configs: Any, values: Mapping[str, Any]):
+    """Apply overrides given as text or YAML-parsed values (dotted keys reach sub-configs), all-or-nothing.
+
+    Strings are parsed by each item's declared type (an option name stays a string); other values are fitted
+    to it (an int for a float item, a list for a tuple item).
+
+    Raises:
+        UnknownItemError: an undeclared key (names the nearest declared ones); nothing is applied.
+        UnknownOptionError: text that is neither an option nor a value of the item's type.
+        BadValueError: text that does not parse as the declared type (names key, type and text).
+        AlreadyComputedError: an item that was already computed.
+    """
+    set_overrides(state_of(configs), dict(values), from_text=True)
