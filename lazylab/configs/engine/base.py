@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Iterable, Optional
 from . import overrides
 from .declarations import ItemRef, declare_class
 from .errors import unknown_item
-from .resolver import ACTIVE, compute
+from .resolver import ACTIVE, compute, reset_explicit
 from .state import State, state_of
 
 
@@ -139,8 +139,7 @@ class BaseConfigs:
         return labml_json(state_of(self))
 
     def _reset_explicitly_specified(self):
-        from .resolver import _reset_explicit
-        _reset_explicit(state_of(self))
+        reset_explicit(state_of(self))
 
     def _set_update_callback(self, update_callback: Callable[[], None]):
         state_of(self).update_callback = update_callback

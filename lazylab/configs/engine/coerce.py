@@ -11,7 +11,7 @@ expected); callers that know the item turn it into :class:`~.errors.BadValueErro
 """
 import json
 from enum import Enum
-from typing import Any, Literal, Tuple, Union, get_args, get_origin
+from typing import Any, Literal, Union, get_args, get_origin
 
 _TRUE = frozenset({'true', 'yes', 'on', '1', 'y', 't'})
 _FALSE = frozenset({'false', 'no', 'off', '0', 'n', 'f'})
@@ -274,9 +274,3 @@ def conform(value: Any, annotation: Any) -> Any:
         return dict(value)
     return value
 
-
-def split_annotation(annotation: Any) -> Tuple[Any, ...]:
-    """The members of a Union/Optional, or ``(annotation,)``."""
-    if get_origin(annotation) in _UNION_ORIGINS:
-        return get_args(annotation)
-    return (annotation,)

@@ -149,7 +149,6 @@ class Spec:
     """
 
     def __init__(self, cls: type):
-        self.cls = cls
         self.name = cls.__name__
         self.version = _version[0]
         self.annotations: Dict[str, Any] = OrderedDict()

@@ -19,10 +19,11 @@ records, for provenance, which items each calculator read. (Like labml.configs, 
 """
 import copy
 from enum import Enum
-from typing import Any, List, Optional, Set, Tuple
+from typing import Any, Callable, List, Optional, Set, Tuple
 
+from .coerce import describe_type
 from .declarations import Calculator
-from .errors import CalculatorError, ConfigError, CycleError, NoValueError, DeclarationError, unknown_item
+from .errors import CalculatorError, ConfigError, CycleError, DeclarationError, NoValueError, unknown_item
 from .state import Provenance, State, state_of
 
 # Types labml never constructs from an annotation.
@@ -155,10 +156,16 @@ def _store_result(st: State, key: str, path: str, calc: Calculator, source: str,
             store(st, target, value)
 
 
-def find_source(st: State, key: str, path: str) -> Tuple[Any, str, str]:
+def find_source(st: State, key: str, path: str, seen: Optional[Set[str]] = None) -> Optional[Tuple[Any, str, str]]:
     """(value, source, detail) for an item, following the precedence in the module docstring.
 
-    For rule 7 the value is the :class:`Calculator` that constructs the type.
+    The one walk of the precedence, used two ways:
+
+    - computing (``seen`` is ``None``): an aggregate's selector is read (cached, and recorded as a read), a
+      class-level config object is copied, and for rule 7 the value is the :class:`Calculator` that constructs
+      the type; with no value at all it raises :class:`NoValueError`.
+    - peeking (``seen`` is the set of items peeked so far, see :func:`peek`): nothing is cached, and ``None``
+      means the item has no value to start from.
     """
     for source, values in (('override', st.overrides), ('assigned', st.assigned)):
         if key in values:
@@ -168,32 +175,35 @@ def find_source(st: State, key: str, path: str) -> Tuple[Any, str, str]:
     if key in st.defaults:
         value, func = st.defaults[key]
         if func is not None:
-            return _call_default(st, key, path, func), 'set_default', 'func'
+            return _call_default(path, func), 'set_default', 'func'
         if not (isinstance(value, str) and value == AGGREGATE_MARKER):
             return value, 'set_default', 'value'
     spec = st.spec
     for selector, table in spec.by_target.get(key, ()):
-        selected, has = peek(st, selector, set())
+        selected, has = peek(st, selector, set() if seen is None else seen)
         if has and _in(selected, table):
-            read(st, selector)
+            if seen is None:
+                read(st, selector)
             return table[selected], 'aggregate', f'{selector}={selected}'
     if key in spec.defaults:
         value = spec.defaults[key]
-        if is_configs(value):  # a class-level instance is a template; each parent gets its own copy
+        if seen is None and is_configs(value):  # a class-level instance is a template; each parent gets a copy
             value = copy.deepcopy(value)
         return value, 'default', ''
     options = spec.options.get(key)
     if options:
         return next(iter(options)), 'first option', ''
+    if seen is not None:
+        return None
     annotation = spec.annotations[key]
     if constructible(annotation):
         st.from_type.add(key)
         return Calculator(annotation, [key], 'from_type', construct=True), 'from_type', ''
     raise NoValueError(f'{path} ({st.class_name}) has no value: no override, default or option, '
-                       f'and its type {_type_name(annotation)} is not constructed automatically', path)
+                       f'and its type {describe_type(annotation)} is not constructed automatically', path)
 
 
-def _call_default(st: State, key: str, path: str, func) -> Any:
+def _call_default(path: str, func: Callable[[], Any]) -> Any:
     try:
         return func()
     except ConfigError:
@@ -204,34 +214,16 @@ def _call_default(st: State, key: str, path: str, func) -> Any:
 
 
 def peek(st: State, key: str, seen: Set[str]) -> Tuple[Any, bool]:
-    """The value an item would start from (an option name is not run), without caching it.
-
-    Used to test an aggregate's selector, as labml does.
+    """(the value an item would start from, whether it has one), without computing or caching it: an option
+    name is not run. Used to test an aggregate's selector, as labml does; ``seen`` stops aggregate loops.
     """
     if key in st.cache:
         return st.cache[key], True
     if key in seen:
         return None, False
     seen.add(key)
-    for values in (st.overrides, st.assigned):
-        if key in values and not (isinstance(values[key], str) and values[key] == AGGREGATE_MARKER):
-            return values[key], True
-    if key in st.defaults:
-        value, func = st.defaults[key]
-        if func is not None:
-            return _call_default(st, key, st.path_of(key), func), True
-        if not (isinstance(value, str) and value == AGGREGATE_MARKER):
-            return value, True
-    for selector, table in st.spec.by_target.get(key, ()):
-        selected, has = peek(st, selector, seen)
-        if has and _in(selected, table):
-            return table[selected], True
-    if key in st.spec.defaults:
-        return st.spec.defaults[key], True
-    options = st.spec.options.get(key)
-    if options:
-        return next(iter(options)), True
-    return None, False
+    found = find_source(st, key, st.path_of(key), seen)
+    return (None, False) if found is None else (found[0], True)
 
 
 def _in(value: Any, table: dict) -> bool:
@@ -255,7 +247,7 @@ def attach(st: State, key: str, child: Any):
     """Make ``child`` the sub-config at ``key``: set its path and apply dotted overrides waiting for it."""
     cst = state_of(child)
     set_path(cst, st.path_of(key))
-    _reset_explicit(cst)
+    reset_explicit(cst)
     st.children[key] = child
     pending = st.pending.pop(key, None)
     if pending:
@@ -269,27 +261,7 @@ def set_path(st: State, path: str):
         set_path(state_of(child), st.path_of(key))
 
 
-def _reset_explicit(st: State):
+def reset_explicit(st: State):
     st.explicit.clear()
     for child in st.children.values():
-        _reset_explicit(state_of(child))
-
-
-def _type_name(annotation: Any) -> str:
-    if isinstance(annotation, type):
-        return annotation.__name__
-    return str(annotation).replace('typing.', '')
-
-
-def type_name(annotation: Any) -> str:
-    """A short readable name for a declared type (``int``, ``Optional[int]``, ``FeedForward``)."""
-    return _type_name(annotation)
-
-
-def chain_paths() -> List[str]:
-    """The dotted paths of the computations in progress (outermost first); for error messages."""
-    return [f.path for f in ACTIVE]
-
-
-def active_frame() -> Optional[Frame]:
-    return ACTIVE[-1] if ACTIVE else None
+        reset_explicit(state_of(child))
