@@ -25,6 +25,26 @@ Instance API: ``conf.set_default(Cls.item, value=None, func=None)``, ``conf._set
     load(configs, path_or_yaml_or_dict)            replay a dump as overrides
     describe(configs_or_class) -> [row]; format_description(rows) -> str     listing for --help / options
 
+Typed items: ``typing.Annotated[T, constraint, ...]`` with the constraints of the annotated-types package::
+
+    from annotated_types import Ge, Gt, Interval, IsFinite, MinLen
+
+    class Configs(BaseConfigs):
+        batch_size: Annotated[int, Ge(1)] = 16
+        dropout: Annotated[float, Interval(ge=0, lt=1)] = 0.1
+        learning_rate: Annotated[IsFinite[float], Gt(0)] = 3e-4   # IsFinite: Predicate(math.isfinite)
+        warmup: Optional[Annotated[int, Ge(0)]] = None             # None, or an int ≥ 0
+        name: Annotated[str, MinLen(1)] = 'run'
+
+Supported: Gt, Ge, Lt, Le, Interval, MultipleOf, MinLen, MaxLen, Len, Predicate (and Not); they go on the item's
+type or directly inside ``Optional[...]`` (elsewhere they would go unchecked: DeclarationError). Text is typed by
+``T``. Every value is checked: one given by ``_set_values``, ``apply_overrides``/``load``, assignment or
+``set_default(value=...)`` when it is given, a class default when the class is declared, and a computed value
+when it is stored (for an option name, given or as the default, that is what its option computes). A bad one
+raises BadValueError naming the full path, the constraint and the value, e.g.
+``bad value for optimizer.learning_rate: must be > 0, got 0.0``. ``describe`` shows the type with its
+constraints (``int ≥ 1``) and a Literal as its choices (``float32 | bfloat16``).
+
 Errors: every user-caused error is a :class:`ConfigError` (all importable from here) with a one-line
 message naming the full config path; subclasses are also the built-in exception labml raises in that case:
 UnknownItemError (AttributeError, KeyError), NoValueError (AttributeError), AlreadyComputedError,

@@ -29,13 +29,14 @@ SCRIPT = textwrap.dedent('''
         importlib.import_module(f'lazylab.configs.engine.{name}')
 
     # Use the engine too, so that imports done lazily inside functions are covered.
-    from typing import Literal, Optional
+    from typing import Annotated, Literal, Optional
+    from annotated_types import Ge
 
     class Sub(lc.BaseConfigs):
         width: int = 4
 
     class Configs(lc.BaseConfigs):
-        batch_size: int = 8
+        batch_size: Annotated[int, Ge(1)] = 8
         mode: Literal['a', 'b'] = 'a'
         limit: Optional[int] = None
         sub: Sub

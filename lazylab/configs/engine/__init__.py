@@ -4,6 +4,7 @@ One job per module, in dependency order:
 
     errors        the user-error classes (each also the built-in exception labml raises) and name suggestions
     coerce        text / YAML values -> values of an item's declared type
+    constraints   ``Annotated[T, Ge(1), ...]``: an item's type T and the checks on its values
     declarations  what a class declares: items, options, aggregates, flags; merged along the MRO into a Spec
     registration  ``option``, ``calculate``, ``aggregate``, ``hyperparams``, ``meta_config``
     state         one config object's given and computed values, and their provenance

@@ -13,10 +13,15 @@ import sys
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from .coerce import takes_any_string
+from .constraints import Rule, check, split
 from .errors import DeclarationError
 
 # Bumped by every registration, so cached merged specs are rebuilt when a parent class gains an option.
 _version = [0]
+
+# A direct value equal to this falls through to the aggregates (labml's convention).
+AGGREGATE_MARKER = '__aggregate__'
 
 # Names a config item may not take: BaseConfigs's own public method.
 RESERVED = frozenset({'set_default'})
@@ -141,6 +146,8 @@ class Spec:
     Attributes:
         name: the class name, for messages.
         annotations: item -> declared type (``type(default)`` when never annotated), in declaration order.
+        types: item -> its type without constraints (``int`` for ``Annotated[int, Ge(1)]``).
+        rules: item -> the :class:`~.constraints.Rule` its values must pass, for items with constraints.
         defaults: item -> class default, for items with one.
         options: item -> ordered option name -> Calculator (first = the default option).
         aggregates: selector -> option -> {target: value}.
@@ -152,6 +159,8 @@ class Spec:
         self.name = cls.__name__
         self.version = _version[0]
         self.annotations: Dict[str, Any] = OrderedDict()
+        self.types: Dict[str, Any] = {}
+        self.rules: Dict[str, Rule] = {}
         self.defaults: Dict[str, Any] = {}
         self.options: Dict[str, Dict[str, Calculator]] = {}
         self.aggregates: Dict[str, Dict[str, Dict[str, Any]]] = {}
@@ -178,6 +187,11 @@ class Spec:
             elif isinstance(annotation, str):
                 annotation = _resolve_string_annotation(c, annotation)
             self.annotations[key] = annotation
+            self.types[key], rule = split(annotation, f'{c.__name__}.{key}')
+            if rule is not None:
+                self.rules[key] = rule
+            else:
+                self.rules.pop(key, None)
             if item.has_default:
                 self.defaults[key] = item.default
         for key, calculators in decl.options.items():
@@ -248,9 +262,39 @@ def declare_class(cls: type, attribute_factory: Callable[[str], Any]):
         if isinstance(value, ItemRef):  # e.g. `x = Base.x` re-exported; not a value
             continue
         decl.items[key] = ItemDecl(key, None, True, value)
+    for item in decl.items.values():
+        if item.has_default:
+            _check_default(cls, item)
     for key in decl.items:
         setattr(cls, key, attribute_factory(key))
     bump_version()
+
+
+def _check_default(cls: type, item: ItemDecl):
+    """Check a class default against the item's constraints when the class is declared.
+
+    A string default for an item whose type takes no strings names an option (registered after the class
+    body), so it is checked later, once that option computed the value.
+
+    Raises:
+        BadValueError: ``bad value for Configs.batch_size: must be ≥ 1, got 0 (class default)``.
+        DeclarationError: constraints placed where they would not be checked (see :func:`~.constraints.split`).
+    """
+    annotation, owner = item.annotation, cls
+    if annotation is None:  # a new default for an inherited item: the nearest base's annotation
+        for base in cls.__mro__[1:]:
+            decl = base.__dict__.get('_lazylab_decl')
+            if decl is not None and item.key in decl.items and decl.items[item.key].annotation is not None:
+                annotation, owner = decl.items[item.key].annotation, base
+                break
+    if isinstance(annotation, str):
+        annotation = _resolve_string_annotation(owner, annotation)
+    where = f'{cls.__name__}.{item.key}'
+    item_type, rule = split(annotation, where)
+    value = item.default
+    if rule is None or (isinstance(value, str) and (value == AGGREGATE_MARKER or not takes_any_string(item_type))):
+        return
+    check(rule, where, value, ' (class default)')
 
 
 def item_keys(items: Any, what: str) -> Tuple[type, List[str], bool]:

@@ -4,9 +4,9 @@
 renders the rows as text.
 """
 from enum import Enum
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Literal, Optional, Set, get_args, get_origin
 
-from .coerce import describe_type
+from .coerce import UNION_ORIGINS, describe_type
 from .comments import item_help
 from .declarations import spec_of
 from .report import plain
@@ -14,9 +14,9 @@ from .state import state_of
 
 
 def describe(configs_or_class: Any) -> List[Dict[str, Any]]:
-    """One row per item: ``name`` (dotted path), ``type``, ``default`` (class default, or the first option, or
-    ``None``), ``options``, ``help`` (comment above the declaration), ``is_hyperparam``, ``is_meta``; for a
-    config object also ``value`` (its computed value, or ``None``) and ``computed``.
+    """One row per item: ``name`` (dotted path), ``type`` (see :func:`type_text`), ``default`` (class default, or
+    the first option, or ``None``), ``options``, ``help`` (comment above the declaration), ``is_hyperparam``,
+    ``is_meta``; for a config object also ``value`` (its computed value, or ``None``) and ``computed``.
 
     Items of sub-configs appear under dotted names: for a class, those whose annotation is a config class; for an
     object, the sub-configs created so far (or annotated ones not created yet).
@@ -46,7 +46,7 @@ def _row(cls: type, key: str, prefix: str, help_text: Dict[str, str]) -> Dict[st
         default = None
     return {
         'name': prefix + key,
-        'type': describe_type(spec.annotations[key]),
+        'type': type_text(spec, key),
         'default': default,
         'options': options,
         'help': help_text.get(key, ''),
@@ -55,8 +55,25 @@ def _row(cls: type, key: str, prefix: str, help_text: Dict[str, str]) -> Dict[st
     }
 
 
+def type_text(spec: Any, key: str) -> str:
+    """An item's type as a listing shows it: its constraints after the type (``int ≥ 1``, ``float > 0, ≤ 1``),
+    a Literal as its choices (``float32 | bfloat16``)."""
+    text = _choices_or_name(spec.types[key])
+    rule = spec.rules.get(key)
+    return f'{text} {rule.describe()}' if rule is not None else text
+
+
+def _choices_or_name(annotation: Any) -> str:
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return ' | '.join(str(c) for c in get_args(annotation))
+    if origin in UNION_ORIGINS and any(get_origin(m) is Literal for m in get_args(annotation)):
+        return ' | '.join('None' if m is type(None) else _choices_or_name(m) for m in get_args(annotation))
+    return describe_type(annotation)
+
+
 def _sub_class(cls: type, key: str) -> Optional[type]:
-    annotation = spec_of(cls).annotations[key]
+    annotation = spec_of(cls).types[key]
     if isinstance(annotation, type) and getattr(annotation, '_lazylab_is_configs', False):
         return annotation
     return None

@@ -19,7 +19,8 @@ the option name.
 from typing import Any, Dict, Literal, Mapping, Optional, Sequence, Tuple, get_args, get_origin
 
 from .coerce import TypeMismatch, coerce_text, conform, takes_any_string
-from .declarations import ItemRef, Spec, spec_of
+from .constraints import check
+from .declarations import AGGREGATE_MARKER, ItemRef, Spec, spec_of
 from .errors import (AlreadyComputedError, BadValueError, OverrideSyntaxError, UnknownItemError,
                      UnknownOptionError, suggestion, unknown_item)
 from .state import State, state_of
@@ -57,9 +58,9 @@ def check_option_name(view: Any, key: str, value: Any):
         UnknownOptionError: naming the path, the nearest option and all options.
     """
     options = view.spec.options.get(key)
-    if not options or not isinstance(value, str) or value in options or value == '__aggregate__':
+    if not options or not isinstance(value, str) or value in options or value == AGGREGATE_MARKER:
         return
-    annotation = view.spec.annotations[key]
+    annotation = view.spec.types[key]
     if takes_any_string(annotation) or (get_origin(annotation) is Literal and value in get_args(annotation)):
         return
     path = view.path_of(key)
@@ -78,7 +79,7 @@ def typed_value(view: Any, key: str, value: Any) -> Any:
         BadValueError: a value that does not fit the type (names the key, the type and the text).
     """
     spec = view.spec
-    annotation = spec.annotations[key]
+    annotation = spec.types[key]
     options = spec.options.get(key)
     if isinstance(value, str) and options and value in options:
         return value
@@ -92,13 +93,28 @@ def typed_value(view: Any, key: str, value: Any) -> Any:
                             path) from None
 
 
+def check_given(view: Any, key: str, value: Any):
+    """Check a value given for item ``key`` against its constraints (``Annotated[int, Ge(1)]``); an option
+    name is not a value yet, and what its option computes is checked when stored.
+
+    Raises:
+        BadValueError: ``bad value for <path>: must be ≥ 1, got 0``.
+    """
+    rule = view.spec.rules.get(key)
+    if rule is None:
+        return
+    if isinstance(value, str) and (value == AGGREGATE_MARKER or value in view.spec.options.get(key, ())):
+        return
+    check(rule, view.path_of(key), value)
+
+
 def plan(view: Any, values: Dict[str, Any], from_text: bool) -> Plan:
     """Check ``values`` against ``view`` (a :class:`State` or an unborn sub-config) without changing anything.
 
     Raises:
         UnknownItemError: an undeclared key (with the nearest declared names).
         AlreadyComputedError: a key whose item was already computed.
-        UnknownOptionError, BadValueError: see :func:`check_option_name`, :func:`typed_value`.
+        UnknownOptionError, BadValueError: see :func:`check_option_name`, :func:`typed_value`, :func:`check_given`.
     """
     spec = view.spec
     result = Plan()
@@ -121,6 +137,7 @@ def plan(view: Any, values: Dict[str, Any], from_text: bool) -> Plan:
             value = typed_value(view, top, value)
         else:
             check_option_name(view, top, value)
+        check_given(view, top, value)
         result.direct[top] = value
     for top, sub in grouped.items():
         child = view.children.get(top)
@@ -143,7 +160,7 @@ def _check_unborn(view: Any, top: str, sub: Dict[str, Any], from_text: bool):
     unless the item can only be constructed from its annotation.
     """
     spec = view.spec
-    annotation = spec.annotations[top]
+    annotation = spec.types[top]
     if not (isinstance(annotation, type) and getattr(annotation, '_lazylab_is_configs', False)):
         return
     try:
@@ -185,12 +202,14 @@ def assign(st: State, key: str, value: Any):
         UnknownItemError: ``key`` is not declared (an AttributeError).
         AlreadyComputedError: the item was already computed (a ValueError, as in labml).
         UnknownOptionError: a string that is not an option (see :func:`check_option_name`).
+        BadValueError: a value that breaks the item's constraints (see :func:`check_given`).
     """
     if key not in st.spec.annotations:
         raise unknown_item(st.class_name, st.path_of(key), key, st.spec.annotations)
     if key in st.cache:
         raise AlreadyComputedError(f'cannot set {st.path_of(key)}: it was already computed', st.path_of(key))
     check_option_name(st, key, value)
+    check_given(st, key, value)
     st.assigned[key] = value
 
 
@@ -200,6 +219,7 @@ def set_default(st: State, item: Any, value: Any = None, func: Any = None):
     Raises:
         UnknownItemError: the item is not declared on this config.
         AlreadyComputedError: the item was already computed.
+        BadValueError: ``value`` (when no ``func`` is given) breaks the item's constraints.
     """
     key = item.key if isinstance(item, ItemRef) else item
     if not isinstance(key, str) or key not in st.spec.annotations:
@@ -208,6 +228,8 @@ def set_default(st: State, item: Any, value: Any = None, func: Any = None):
     if key in st.cache:
         raise AlreadyComputedError(f'cannot set the default of {st.path_of(key)}: it was already computed',
                                    st.path_of(key))
+    if func is None:
+        check_given(st, key, value)
     st.defaults[key] = (value, func)
 
 

@@ -22,16 +22,14 @@ from enum import Enum
 from typing import Any, Callable, List, Optional, Set, Tuple
 
 from .coerce import describe_type
-from .declarations import Calculator
+from .constraints import check
+from .declarations import AGGREGATE_MARKER, Calculator
 from .errors import CalculatorError, ConfigError, CycleError, DeclarationError, NoValueError, unknown_item
 from .state import Provenance, State, state_of
 
 # Types labml never constructs from an annotation.
 PLAIN_TYPES = frozenset({int, float, str, bool, bytes, complex, dict, list, tuple, set, frozenset, object,
                          type(None)})
-
-# A direct value equal to this falls through to the aggregates (labml's convention).
-AGGREGATE_MARKER = '__aggregate__'
 
 
 class Frame:
@@ -195,7 +193,7 @@ def find_source(st: State, key: str, path: str, seen: Optional[Set[str]] = None)
         return next(iter(options)), 'first option', ''
     if seen is not None:
         return None
-    annotation = spec.annotations[key]
+    annotation = spec.types[key]
     if constructible(annotation):
         st.from_type.add(key)
         return Calculator(annotation, [key], 'from_type', construct=True), 'from_type', ''
@@ -234,13 +232,36 @@ def _in(value: Any, table: dict) -> bool:
 
 
 def store(st: State, key: str, value: Any):
-    """Cache a computed value; a config object becomes a sub-config (see module docstring)."""
+    """Cache a computed value; a config object becomes a sub-config (see module docstring).
+
+    Raises:
+        BadValueError: the item has constraints (``Annotated[T, Ge(1)]``) and the value breaks one.
+    """
     if is_configs(value):
         attach(st, key, value)
         primary = value.__dict__.get('_primary')
         if primary is not None:
             value = read(state_of(value), primary)
+    rule = st.spec.rules.get(key)
+    if rule is not None and rule.violation(value) is not None:
+        check(rule, st.path_of(key), value, _computed_by(st.provenance.get(key)))
     st.cache[key] = value
+
+
+def _computed_by(p: Optional[Provenance]) -> str:
+    """Where a value that breaks its constraints came from, for the error message (given values were
+    checked when given, and need no note)."""
+    if p is None or p.source in ('override', 'assigned') or (p.source == 'set_default' and p.detail == 'value'):
+        return ''
+    if p.source == 'option':
+        return f' (computed by option {p.detail!r})'
+    if p.source == 'from_type':
+        return ' (constructed from its type)'
+    if p.source == 'aggregate':
+        return f' (set by aggregate {p.detail})'
+    if p.source == 'set_default':
+        return ' (returned by its set_default function)'
+    return ' (class default)'
 
 
 def attach(st: State, key: str, child: Any):
