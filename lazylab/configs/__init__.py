@@ -60,8 +60,18 @@ Importing this package never imports torch.
 """
 from .engine.base import BaseConfigs
 from .engine.coerce import coerce_text
-from .engine.errors import (AlreadyComputedError, BadValueError, CalculatorError, ConfigError, CycleError,
-                            DeclarationError, NoValueError, OverrideSyntaxError, UnknownItemError, UnknownOptionError)
+from .engine.errors import (
+    AlreadyComputedError,
+    BadValueError,
+    CalculatorError,
+    ConfigError,
+    CycleError,
+    DeclarationError,
+    NoValueError,
+    OverrideSyntaxError,
+    UnknownItemError,
+    UnknownOptionError,
+)
 from .engine.listing import describe, format_description
 from .engine.overrides import apply_overrides, parse_overrides
 from .engine.registration import aggregate, calculate, hyperparams, meta_config, option

@@ -17,7 +17,8 @@ a Union of several types) they would go unchecked, so that is a :class:`~.errors
 annotated-types is imported only when an annotation carries metadata, so plain annotations cost nothing.
 """
 import math
-from typing import Annotated, Any, Callable, List, Optional, Sequence, Tuple, get_args, get_origin
+from collections.abc import Sequence
+from typing import Annotated, Any, Callable, Optional, get_args, get_origin
 
 from .coerce import UNION_ORIGINS
 from .errors import BadValueError, DeclarationError
@@ -84,7 +85,7 @@ def check(rule: Rule, path: str, value: Any, how: str = ''):
         raise BadValueError(f'bad value for {path}: {why}, got {value!r}{how}', path)
 
 
-def split(annotation: Any, where: str) -> Tuple[Any, Optional[Rule]]:
+def split(annotation: Any, where: str) -> tuple[Any, Optional[Rule]]:
     """(the item's type without constraints, its :class:`Rule` or ``None``).
 
     ``where`` names the item in errors (``'Configs.batch_size'``).
@@ -129,9 +130,9 @@ def _no_nested(annotation: Any, where: str):
         _no_nested(arg, where)
 
 
-def _checks(metadata: Sequence[Any], where: str) -> List[Check]:
+def _checks(metadata: Sequence[Any], where: str) -> list[Check]:
     import annotated_types as at
-    checks: List[Check] = []
+    checks: list[Check] = []
     for meta in metadata:
         if isinstance(meta, at.GroupedMetadata):  # Interval, Len: a group of the single constraints
             checks.extend(_checks(list(meta), where))

@@ -11,7 +11,8 @@ Nothing here computes values; that is :mod:`.resolver`'s job.
 import inspect
 import sys
 from collections import OrderedDict
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
 
 from .coerce import takes_any_string
 from .constraints import Rule, check, split
@@ -84,13 +85,13 @@ class Calculator:
     """
     __slots__ = ('func', 'targets', 'option_name', 'pass_params', 'kind', 'kwarg_names')
 
-    def __init__(self, func: Callable, targets: List[str], option_name: Optional[str] = None,
-                 pass_params: Optional[List[str]] = None, *, construct: bool = False):
+    def __init__(self, func: Callable, targets: list[str], option_name: Optional[str] = None,
+                 pass_params: Optional[list[str]] = None, *, construct: bool = False):
         self.func = func
         self.targets = targets
         self.option_name = option_name if option_name is not None else getattr(func, '__name__', repr(func))
         self.pass_params = pass_params
-        self.kwarg_names: Tuple[str, ...] = ()
+        self.kwarg_names: tuple[str, ...] = ()
         self.kind = self._kind(construct)
 
     def _kind(self, construct: bool) -> str:
@@ -132,12 +133,12 @@ class ClassDecl:
     """What one class declared itself (not inherited): items, options, aggregates, flags."""
 
     def __init__(self):
-        self.items: Dict[str, ItemDecl] = OrderedDict()
-        self.options: Dict[str, Dict[str, Calculator]] = {}
+        self.items: dict[str, ItemDecl] = OrderedDict()
+        self.options: dict[str, dict[str, Calculator]] = {}
         # selector -> option -> target -> value
-        self.aggregates: Dict[str, Dict[str, Dict[str, Any]]] = {}
-        self.hyperparams: Dict[str, bool] = {}
-        self.meta: Dict[str, bool] = {}
+        self.aggregates: dict[str, dict[str, dict[str, Any]]] = {}
+        self.hyperparams: dict[str, bool] = {}
+        self.meta: dict[str, bool] = {}
 
 
 class Spec:
@@ -158,21 +159,21 @@ class Spec:
     def __init__(self, cls: type):
         self.name = cls.__name__
         self.version = _version[0]
-        self.annotations: Dict[str, Any] = OrderedDict()
-        self.types: Dict[str, Any] = {}
-        self.rules: Dict[str, Rule] = {}
-        self.defaults: Dict[str, Any] = {}
-        self.options: Dict[str, Dict[str, Calculator]] = {}
-        self.aggregates: Dict[str, Dict[str, Dict[str, Any]]] = {}
-        self.by_target: Dict[str, List[Tuple[str, Dict[str, Any]]]] = {}
-        self.hyperparams: Dict[str, bool] = {}
-        self.meta: Dict[str, bool] = {}
+        self.annotations: dict[str, Any] = OrderedDict()
+        self.types: dict[str, Any] = {}
+        self.rules: dict[str, Rule] = {}
+        self.defaults: dict[str, Any] = {}
+        self.options: dict[str, dict[str, Calculator]] = {}
+        self.aggregates: dict[str, dict[str, dict[str, Any]]] = {}
+        self.by_target: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        self.hyperparams: dict[str, bool] = {}
+        self.meta: dict[str, bool] = {}
         for c in reversed(cls.__mro__):
             decl = c.__dict__.get('_lazylab_decl')
             if decl is not None:
                 self._merge(c, decl)
         for selector, per_option in self.aggregates.items():
-            by_target: Dict[str, Dict[str, Any]] = {}
+            by_target: dict[str, dict[str, Any]] = {}
             for option_name, pairs in per_option.items():
                 for target, value in pairs.items():
                     by_target.setdefault(target, {})[option_name] = value
@@ -202,7 +203,7 @@ class Spec:
         self.hyperparams.update(decl.hyperparams)
         self.meta.update(decl.meta)
 
-    def option_names(self, key: str) -> List[str]:
+    def option_names(self, key: str) -> list[str]:
         """The item's calculator options, or (labml's listing) the options of the aggregate it selects."""
         names = list(self.options.get(key, ()))
         return names if names else list(self.aggregates.get(key, ()))
@@ -222,7 +223,7 @@ def own_decl(cls: type) -> ClassDecl:
     decl = cls.__dict__.get('_lazylab_decl')
     if decl is None:
         decl = ClassDecl()
-        setattr(cls, '_lazylab_decl', decl)
+        cls._lazylab_decl = decl
     return decl
 
 
@@ -231,7 +232,7 @@ def spec_of(cls: type) -> Spec:
     spec = cls.__dict__.get('_lazylab_spec')
     if spec is None or spec.version != _version[0]:
         spec = Spec(cls)
-        setattr(cls, '_lazylab_spec', spec)
+        cls._lazylab_spec = spec
     return spec
 
 
@@ -297,7 +298,7 @@ def _check_default(cls: type, item: ItemDecl):
     check(rule, where, value, ' (class default)')
 
 
-def item_keys(items: Any, what: str) -> Tuple[type, List[str], bool]:
+def item_keys(items: Any, what: str) -> tuple[type, list[str], bool]:
     """Normalise ``Configs.item`` or ``[Configs.a, Configs.b]`` to (class, keys, is_list).
 
     Raises:
@@ -311,7 +312,7 @@ def item_keys(items: Any, what: str) -> Tuple[type, List[str], bool]:
                            f'got {items!r}')
 
 
-def param_keys(params: Optional[Sequence[Any]]) -> Optional[List[str]]:
+def param_keys(params: Optional[Sequence[Any]]) -> Optional[list[str]]:
     """``pass_params=[Configs.a, 'b']`` -> ``['a', 'b']``."""
     if params is None:
         return None

@@ -11,7 +11,7 @@ nearest declared names.
 Programming errors inside the engine itself still raise the usual built-in exceptions with a traceback.
 """
 import difflib
-from typing import Iterable, List, Sequence
+from collections.abc import Iterable, Sequence
 
 
 class ConfigError(Exception):
@@ -89,7 +89,7 @@ class OverrideSyntaxError(ConfigError, ValueError):
     """A command-line token is not ``key=value``."""
 
 
-def nearest(name: str, candidates: Iterable[str], n: int = 3) -> List[str]:
+def nearest(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
     """The up-to-``n`` candidates closest to ``name`` (case-insensitive), best first."""
     candidates = list(candidates)
     lowered = {c.lower(): c for c in candidates}

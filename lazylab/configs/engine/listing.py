@@ -4,7 +4,7 @@
 renders the rows as text.
 """
 from enum import Enum
-from typing import Any, Dict, List, Literal, Optional, Set, get_args, get_origin
+from typing import Any, Literal, Optional, get_args, get_origin
 
 from .coerce import UNION_ORIGINS, describe_type
 from .comments import item_help
@@ -13,7 +13,7 @@ from .report import plain
 from .state import state_of
 
 
-def describe(configs_or_class: Any) -> List[Dict[str, Any]]:
+def describe(configs_or_class: Any) -> list[dict[str, Any]]:
     """One row per item: ``name`` (dotted path), ``type`` (see :func:`type_text`), ``default`` (class default, or
     the first option, or ``None``), ``options``, ``help`` (comment above the declaration), ``is_hyperparam``,
     ``is_meta``; for a config object also ``value`` (its computed value, or ``None``) and ``computed``.
@@ -21,7 +21,7 @@ def describe(configs_or_class: Any) -> List[Dict[str, Any]]:
     Items of sub-configs appear under dotted names: for a class, those whose annotation is a config class; for an
     object, the sub-configs created so far (or annotated ones not created yet).
     """
-    rows: List[Dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
     if isinstance(configs_or_class, type):
         _describe_class(configs_or_class, '', rows, set())
     else:
@@ -29,7 +29,7 @@ def describe(configs_or_class: Any) -> List[Dict[str, Any]]:
     return rows
 
 
-def _row(cls: type, key: str, prefix: str, help_text: Dict[str, str]) -> Dict[str, Any]:
+def _row(cls: type, key: str, prefix: str, help_text: dict[str, str]) -> dict[str, Any]:
     spec = spec_of(cls)
     options = spec.option_names(key)
     if key in spec.defaults:
@@ -79,7 +79,7 @@ def _sub_class(cls: type, key: str) -> Optional[type]:
     return None
 
 
-def _describe_class(cls: type, prefix: str, rows: List[Dict[str, Any]], seen: Set[type]):
+def _describe_class(cls: type, prefix: str, rows: list[dict[str, Any]], seen: set[type]):
     seen = seen | {cls}
     help_text = item_help(cls)
     subs = []
@@ -92,7 +92,7 @@ def _describe_class(cls: type, prefix: str, rows: List[Dict[str, Any]], seen: Se
         _describe_class(sub, f'{prefix}{key}.', rows, seen)
 
 
-def _describe_object(configs: Any, prefix: str, rows: List[Dict[str, Any]], seen: Set[type]):
+def _describe_object(configs: Any, prefix: str, rows: list[dict[str, Any]], seen: set[type]):
     st = state_of(configs)
     cls = type(configs)
     seen = seen | {cls}
@@ -116,7 +116,7 @@ def _describe_object(configs: Any, prefix: str, rows: List[Dict[str, Any]], seen
             _describe_class(sub, f'{prefix}{key}.', rows, seen)
 
 
-def format_description(rows: List[Dict[str, Any]]) -> str:
+def format_description(rows: list[dict[str, Any]]) -> str:
     """Text listing of :func:`describe` rows, one item a line plus an indented help line::
 
         d_model: int = 512  [hyperparam]

@@ -16,20 +16,28 @@ Command-line overrides are ``key=value`` and ``child.key=value`` tokens::
 Text is typed by the item's declared type (see :mod:`.coerce`); a string naming one of an item's options stays
 the option name.
 """
-from typing import Any, Dict, Literal, Mapping, Optional, Sequence, Tuple, get_args, get_origin
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Optional, get_args, get_origin
 
 from .coerce import TypeMismatch, coerce_text, conform, takes_any_string
 from .constraints import check
 from .declarations import AGGREGATE_MARKER, ItemRef, Spec, spec_of
-from .errors import (AlreadyComputedError, BadValueError, OverrideSyntaxError, UnknownItemError,
-                     UnknownOptionError, suggestion, unknown_item)
+from .errors import (
+    AlreadyComputedError,
+    BadValueError,
+    OverrideSyntaxError,
+    UnknownItemError,
+    UnknownOptionError,
+    suggestion,
+    unknown_item,
+)
 from .state import State, state_of
 
 
 class _Unborn:
     """Stands in for a sub-config not created yet, so dotted keys can be checked against its class."""
-    cache: Dict[str, Any] = {}
-    children: Dict[str, Any] = {}
+    cache: dict[str, Any] = {}
+    children: dict[str, Any] = {}
 
     def __init__(self, spec: Spec, path: str):
         self.spec = spec
@@ -45,9 +53,9 @@ class Plan:
     waiting for sub-configs not created yet (``top -> {sub_key: (value, from_text)}``)."""
 
     def __init__(self):
-        self.direct: Dict[str, Any] = {}
-        self.children: Dict[str, 'Plan'] = {}
-        self.pending: Dict[str, Dict[str, Tuple[Any, bool]]] = {}
+        self.direct: dict[str, Any] = {}
+        self.children: dict[str, Plan] = {}
+        self.pending: dict[str, dict[str, tuple[Any, bool]]] = {}
 
 
 def check_option_name(view: Any, key: str, value: Any):
@@ -108,7 +116,7 @@ def check_given(view: Any, key: str, value: Any):
     check(rule, view.path_of(key), value)
 
 
-def plan(view: Any, values: Dict[str, Any], from_text: bool) -> Plan:
+def plan(view: Any, values: dict[str, Any], from_text: bool) -> Plan:
     """Check ``values`` against ``view`` (a :class:`State` or an unborn sub-config) without changing anything.
 
     Raises:
@@ -118,7 +126,7 @@ def plan(view: Any, values: Dict[str, Any], from_text: bool) -> Plan:
     """
     spec = view.spec
     result = Plan()
-    grouped: Dict[str, Dict[str, Any]] = {}
+    grouped: dict[str, dict[str, Any]] = {}
     for key, value in values.items():
         if not isinstance(key, str) or not key or key.startswith('_'):
             raise UnknownItemError(f'invalid config key {key!r} for {view.class_name}', view.path)
@@ -153,7 +161,7 @@ def plan(view: Any, values: Dict[str, Any], from_text: bool) -> Plan:
     return result
 
 
-def _check_unborn(view: Any, top: str, sub: Dict[str, Any], from_text: bool):
+def _check_unborn(view: Any, top: str, sub: dict[str, Any], from_text: bool):
     """Check dotted keys for a sub-config not created yet against its annotated class, when that is known.
 
     An option may return a subclass with more items, so unknown keys wait (and are checked on creation)
@@ -181,12 +189,12 @@ def apply(st: State, p: Plan):
         st.pending.setdefault(top, {}).update(sub)
 
 
-def set_overrides(st: State, values: Dict[str, Any], from_text: bool = False):
+def set_overrides(st: State, values: dict[str, Any], from_text: bool = False):
     """Check all of ``values``, then apply all of them (see module docstring)."""
     apply(st, plan(st, values, from_text))
 
 
-def apply_pending(st: State, pending: Dict[str, Tuple[Any, bool]]):
+def apply_pending(st: State, pending: dict[str, tuple[Any, bool]]):
     """Apply the dotted overrides that waited for this sub-config to be created."""
     python_values = {k: v for k, (v, text) in pending.items() if not text}
     text_values = {k: v for k, (v, text) in pending.items() if text}
@@ -233,7 +241,7 @@ def set_default(st: State, item: Any, value: Any = None, func: Any = None):
     st.defaults[key] = (value, func)
 
 
-def parse_overrides(argv: Sequence[str], configs: Optional[Any] = None) -> Dict[str, Any]:
+def parse_overrides(argv: Sequence[str], configs: Optional[Any] = None) -> dict[str, Any]:
     """Split ``key=value`` tokens into a dict (later tokens win).
 
     Without ``configs`` the values are the text given. With a config object they are typed and checked
@@ -244,7 +252,7 @@ def parse_overrides(argv: Sequence[str], configs: Optional[Any] = None) -> Dict[
         OverrideSyntaxError: a token without ``=`` or with an empty key.
         UnknownItemError, UnknownOptionError, BadValueError, AlreadyComputedError: with ``configs``.
     """
-    values: Dict[str, str] = {}
+    values: dict[str, str] = {}
     for token in argv:
         key, eq, text = token.partition('=')
         key = key.strip()
@@ -259,7 +267,7 @@ def parse_overrides(argv: Sequence[str], configs: Optional[Any] = None) -> Dict[
     return _flatten(checked, '')
 
 
-def _flatten(p: Plan, prefix: str) -> Dict[str, Any]:
+def _flatten(p: Plan, prefix: str) -> dict[str, Any]:
     out = {prefix + k: v for k, v in p.direct.items()}
     for top, child in p.children.items():
         out.update(_flatten(child, f'{prefix}{top}.'))

@@ -19,7 +19,7 @@ records, for provenance, which items each calculator read. (Like labml.configs, 
 """
 import copy
 from enum import Enum
-from typing import Any, Callable, List, Optional, Set, Tuple
+from typing import Any, Callable, Optional
 
 from .coerce import describe_type
 from .constraints import check
@@ -40,12 +40,12 @@ class Frame:
         self.state = state
         self.key = key
         self.path = path
-        self.reads: List[str] = []
-        self.read_set: Set[str] = set()
+        self.reads: list[str] = []
+        self.read_set: set[str] = set()
 
 
 # Computations in progress, innermost last.
-ACTIVE: List[Frame] = []
+ACTIVE: list[Frame] = []
 
 
 def is_configs(value: Any) -> bool:
@@ -154,7 +154,7 @@ def _store_result(st: State, key: str, path: str, calc: Calculator, source: str,
             store(st, target, value)
 
 
-def find_source(st: State, key: str, path: str, seen: Optional[Set[str]] = None) -> Optional[Tuple[Any, str, str]]:
+def find_source(st: State, key: str, path: str, seen: Optional[set[str]] = None) -> Optional[tuple[Any, str, str]]:
     """(value, source, detail) for an item, following the precedence in the module docstring.
 
     The one walk of the precedence, used two ways:
@@ -211,7 +211,7 @@ def _call_default(path: str, func: Callable[[], Any]) -> Any:
                               path, 'set_default') from e
 
 
-def peek(st: State, key: str, seen: Set[str]) -> Tuple[Any, bool]:
+def peek(st: State, key: str, seen: set[str]) -> tuple[Any, bool]:
     """(the value an item would start from, whether it has one), without computing or caching it: an option
     name is not run. Used to test an aggregate's selector, as labml does; ``seen`` stops aggregate loops.
     """
@@ -244,7 +244,8 @@ def store(st: State, key: str, value: Any):
             value = read(state_of(value), primary)
     rule = st.spec.rules.get(key)
     if rule is not None and rule.violation(value) is not None:
-        check(rule, st.path_of(key), value, _computed_by(st.provenance.get(key)))
+        # not stored, so not reported by explain() either
+        check(rule, st.path_of(key), value, _computed_by(st.provenance.pop(key, None)))
     st.cache[key] = value
 
 
