@@ -1,7 +1,8 @@
 """Property tests of the config engine against a tiny reference evaluator written here."""
 from typing import Literal, Optional
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lazylab.configs as lc
 from lazylab.configs import BaseConfigs, calculate
