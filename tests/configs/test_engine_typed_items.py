@@ -333,6 +333,8 @@ def test_labml_api_still_reports_the_declared_annotation():
                                         Annotated[int, Timezone(None)]],
                          ids=['inside-List', 'inside-Union', 'unsupported-constraint'])
 def test_constraints_that_would_go_unchecked_are_a_declaration_error(annotation):
+    with pytest.raises(DeclarationError, match=r'^Configs.x: '):  # at the class statement, default or not
+        type('Configs', (BaseConfigs,), {'__annotations__': {'x': annotation}})
     with pytest.raises(DeclarationError, match=r'^Configs.x: '):
         type('Configs', (BaseConfigs,), {'__annotations__': {'x': annotation}, 'x': 1})
 
@@ -367,3 +369,30 @@ def test_plain_items_keep_accepting_any_python_value():
     conf = C()
     conf._set_values({'batch_size': 0})
     assert conf.batch_size == 0
+
+
+POSTPONED = '''
+from __future__ import annotations
+from typing import Annotated, Optional
+from annotated_types import Ge
+from lazylab.configs import BaseConfigs
+
+class Configs(BaseConfigs):
+    batch_size: Annotated[int, Ge(1)] = 8
+    warmup: Optional[Annotated[int, Ge(0)]] = None
+'''
+
+
+def test_postponed_annotations_are_typed_items_too(tmp_path, monkeypatch):
+    (tmp_path / 'postponed_configs.py').write_text(POSTPONED)
+    (tmp_path / 'postponed_bad_default.py').write_text(POSTPONED.replace('= 8', '= 0'))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import postponed_configs
+    conf = postponed_configs.Configs()
+    assert lc.parse_overrides(['batch_size=4', 'warmup=null'], conf) == {'batch_size': 4, 'warmup': None}
+    with pytest.raises(BadValueError, match=r'^bad value for warmup: must be ≥ 0, got -1$'):
+        lc.apply_overrides(conf, {'warmup': '-1'})
+    assert lc.describe(postponed_configs.Configs)[0]['type'] == 'int ≥ 1'
+    with pytest.raises(BadValueError, match=r'^bad value for Configs.batch_size: must be ≥ 1, got 0 '
+                                            r'\(class default\)$'):
+        import postponed_bad_default  # noqa: F401

@@ -264,15 +264,14 @@ def declare_class(cls: type, attribute_factory: Callable[[str], Any]):
             continue
         decl.items[key] = ItemDecl(key, None, True, value)
     for item in decl.items.values():
-        if item.has_default:
-            _check_default(cls, item)
+        _check_item(cls, item)
     for key in decl.items:
         setattr(cls, key, attribute_factory(key))
     bump_version()
 
 
-def _check_default(cls: type, item: ItemDecl):
-    """Check a class default against the item's constraints when the class is declared.
+def _check_item(cls: type, item: ItemDecl):
+    """Check an item's constraints, and its class default against them, when the class is declared.
 
     A string default for an item whose type takes no strings names an option (registered after the class
     body), so it is checked later, once that option computed the value.
@@ -293,7 +292,9 @@ def _check_default(cls: type, item: ItemDecl):
     where = f'{cls.__name__}.{item.key}'
     item_type, rule = split(annotation, where)
     value = item.default
-    if rule is None or (isinstance(value, str) and (value == AGGREGATE_MARKER or not takes_any_string(item_type))):
+    if rule is None or not item.has_default:
+        return
+    if isinstance(value, str) and (value == AGGREGATE_MARKER or not takes_any_string(item_type)):
         return
     check(rule, where, value, ' (class default)')
 
