@@ -14,6 +14,7 @@ setup(
         'torch>=2.1',        # the models, kernels and training loop
         'labml>=0.5.3',      # experiment tracking: screen/file writers and the labml dashboard
         'PyYAML>=6.0',       # configs.yaml dumps and --config files (safe_load only)
+        'annotated-types>=0.6',  # range constraints of typed config items (Annotated[int, Ge(1)])
         'numpy>=1.22',       # labml's indicator storage; metrics helpers
         'matplotlib>=3.5',   # `lazylab plot` and the notebooks' live loss plot
     ],

@@ -7,7 +7,7 @@ from lazylab import cli
 @pytest.mark.parametrize('name, own', [('feedback', "model: Module = 'feedback_transformer_kv'  options: "
                                                    "feedback_transformer, feedback_transformer_kv"),
                                        ('fast_weights', 'fast_weights.kernel: str'),
-                                       ('transformer', "transformer.ffn.glu_variant: Literal['none', 'GLU'")])
+                                       ('transformer', 'transformer.ffn.glu_variant: none | GLU | Bilinear')])
 def test_options_lists_every_key_with_type_default_options_and_help(capsys, name, own):
     assert cli.main(['options', name]) == 0
     out = capsys.readouterr().out

@@ -25,7 +25,27 @@ Instance API: ``conf.set_default(Cls.item, value=None, func=None)``, ``conf._set
     load(configs, path_or_yaml_or_dict)            replay a dump as overrides
     describe(configs_or_class) -> [row]; format_description(rows) -> str     listing for --help / options
 
-Errors: every user-caused error is a :class:`ConfigError` (``lazylab.configs.errors``) with a one-line
+Typed items: ``typing.Annotated[T, constraint, ...]`` with the constraints of the annotated-types package::
+
+    from annotated_types import Ge, Gt, Interval, IsFinite, MinLen
+
+    class Configs(BaseConfigs):
+        batch_size: Annotated[int, Ge(1)] = 16
+        dropout: Annotated[float, Interval(ge=0, lt=1)] = 0.1
+        learning_rate: Annotated[IsFinite[float], Gt(0)] = 3e-4   # IsFinite: Predicate(math.isfinite)
+        warmup: Optional[Annotated[int, Ge(0)]] = None             # None, or an int ≥ 0
+        name: Annotated[str, MinLen(1)] = 'run'
+
+Supported: Gt, Ge, Lt, Le, Interval, MultipleOf, MinLen, MaxLen, Len, Predicate (and Not); they go on the item's
+type or directly inside ``Optional[...]`` (elsewhere they would go unchecked: DeclarationError). Text is typed by
+``T``. Every value is checked: one given by ``_set_values``, ``apply_overrides``/``load``, assignment or
+``set_default(value=...)`` when it is given, a class default when the class is declared, and a computed value
+when it is stored (for an option name, given or as the default, that is what its option computes). A bad one
+raises BadValueError naming the full path, the constraint and the value, e.g.
+``bad value for optimizer.learning_rate: must be > 0, got 0.0``. ``describe`` shows the type with its
+constraints (``int ≥ 1``) and a Literal as its choices (``float32 | bfloat16``).
+
+Errors: every user-caused error is a :class:`ConfigError` (all importable from here) with a one-line
 message naming the full config path; subclasses are also the built-in exception labml raises in that case:
 UnknownItemError (AttributeError, KeyError), NoValueError (AttributeError), AlreadyComputedError,
 UnknownOptionError, BadValueError, OverrideSyntaxError (ValueError), CycleError, CalculatorError
@@ -38,15 +58,25 @@ through ``Sub.item`` stay on ``Sub``; cycles raise CycleError with the chain.
 
 Importing this package never imports torch.
 """
-from .base import BaseConfigs
-from .errors import (AlreadyComputedError, BadValueError, CalculatorError, ConfigError, CycleError,
-                     DeclarationError, NoValueError, OverrideSyntaxError, UnknownItemError, UnknownOptionError)
-from .registration import aggregate, calculate, hyperparams, meta_config, option
-from .cli import apply_overrides, parse_overrides
-from .coerce import coerce_text
-from .listing import describe, format_description
-from .yaml_io import dump, load, to_dict
-from .report import explain, format_explain
+from .engine.base import BaseConfigs
+from .engine.coerce import coerce_text
+from .engine.errors import (
+    AlreadyComputedError,
+    BadValueError,
+    CalculatorError,
+    ConfigError,
+    CycleError,
+    DeclarationError,
+    NoValueError,
+    OverrideSyntaxError,
+    UnknownItemError,
+    UnknownOptionError,
+)
+from .engine.listing import describe, format_description
+from .engine.overrides import apply_overrides, parse_overrides
+from .engine.registration import aggregate, calculate, hyperparams, meta_config, option
+from .engine.report import explain, format_explain
+from .engine.yaml_io import dump, load, to_dict
 
 __all__ = [
     'BaseConfigs', 'option', 'calculate', 'aggregate', 'hyperparams', 'meta_config',

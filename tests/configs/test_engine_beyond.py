@@ -6,10 +6,17 @@ import pytest
 
 import lazylab.configs as lc
 from lazylab.configs import BaseConfigs, aggregate, calculate, hyperparams, meta_config, option
-from lazylab.configs.coerce import TypeMismatch, coerce_text, conform
-from lazylab.configs.state import state_of
-from lazylab.configs.errors import (BadValueError, CalculatorError, ConfigError, CycleError,
-                                    OverrideSyntaxError, UnknownItemError, UnknownOptionError)
+from lazylab.configs.engine.coerce import TypeMismatch, coerce_text, conform
+from lazylab.configs.engine.errors import (
+    BadValueError,
+    CalculatorError,
+    ConfigError,
+    CycleError,
+    OverrideSyntaxError,
+    UnknownItemError,
+    UnknownOptionError,
+)
+from lazylab.configs.engine.state import state_of
 
 
 class Module:

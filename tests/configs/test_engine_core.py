@@ -6,13 +6,18 @@ Most tests run twice, once against labml.configs (the reference) and once agains
 import subprocess
 import sys
 
+import labml.configs
 import pytest
 
-import labml.configs
 import lazylab.configs
-from lazylab.configs import BaseConfigs, option, calculate, aggregate, hyperparams, meta_config
-from lazylab.configs.errors import (AlreadyComputedError, ConfigError, DeclarationError, NoValueError,
-                                    UnknownItemError)
+from lazylab.configs import BaseConfigs, calculate, option
+from lazylab.configs.engine.errors import (
+    AlreadyComputedError,
+    ConfigError,
+    DeclarationError,
+    NoValueError,
+    UnknownItemError,
+)
 
 
 @pytest.fixture(params=['labml', 'lazylab'])

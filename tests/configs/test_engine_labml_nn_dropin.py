@@ -3,11 +3,10 @@ same modules (same parameter names and values under the same seed) as with labml
 import inspect
 import types
 
-import pytest
-import torch
-
 import labml_nn.optimizers.configs
 import labml_nn.transformers.configs as labml_transformer_configs
+import pytest
+import torch
 
 
 def _with_lazylab(module):

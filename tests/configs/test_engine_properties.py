@@ -1,12 +1,13 @@
 """Property tests of the config engine against a tiny reference evaluator written here."""
 from typing import Literal, Optional
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lazylab.configs as lc
 from lazylab.configs import BaseConfigs, calculate
-from lazylab.configs.errors import ConfigError, CycleError
-from lazylab.configs.state import state_of
+from lazylab.configs.engine.errors import ConfigError, CycleError
+from lazylab.configs.engine.state import state_of
 
 SETTINGS = settings(max_examples=50, deadline=None)
 

@@ -6,17 +6,23 @@ A config class's body declares items (``d_model: int = 512``). Registrations mad
 merges those along the method resolution order into a :class:`Spec` (parents first, so a subclass can change
 a default or replace an option of the same name) and caches it until the next registration anywhere.
 
-Nothing here computes values; that is :mod:`lazylab.configs.resolver`'s job.
+Nothing here computes values; that is :mod:`.resolver`'s job.
 """
 import inspect
 import sys
 from collections import OrderedDict
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
 
+from .coerce import takes_any_string
+from .constraints import Rule, check, split
 from .errors import DeclarationError
 
 # Bumped by every registration, so cached merged specs are rebuilt when a parent class gains an option.
 _version = [0]
+
+# A direct value equal to this falls through to the aggregates (labml's convention).
+AGGREGATE_MARKER = '__aggregate__'
 
 # Names a config item may not take: BaseConfigs's own public method.
 RESERVED = frozenset({'set_default'})
@@ -79,13 +85,13 @@ class Calculator:
     """
     __slots__ = ('func', 'targets', 'option_name', 'pass_params', 'kind', 'kwarg_names')
 
-    def __init__(self, func: Callable, targets: List[str], option_name: Optional[str] = None,
-                 pass_params: Optional[List[str]] = None, *, construct: bool = False):
+    def __init__(self, func: Callable, targets: list[str], option_name: Optional[str] = None,
+                 pass_params: Optional[list[str]] = None, *, construct: bool = False):
         self.func = func
         self.targets = targets
         self.option_name = option_name if option_name is not None else getattr(func, '__name__', repr(func))
         self.pass_params = pass_params
-        self.kwarg_names: Tuple[str, ...] = ()
+        self.kwarg_names: tuple[str, ...] = ()
         self.kind = self._kind(construct)
 
     def _kind(self, construct: bool) -> str:
@@ -127,12 +133,12 @@ class ClassDecl:
     """What one class declared itself (not inherited): items, options, aggregates, flags."""
 
     def __init__(self):
-        self.items: Dict[str, ItemDecl] = OrderedDict()
-        self.options: Dict[str, Dict[str, Calculator]] = {}
+        self.items: dict[str, ItemDecl] = OrderedDict()
+        self.options: dict[str, dict[str, Calculator]] = {}
         # selector -> option -> target -> value
-        self.aggregates: Dict[str, Dict[str, Dict[str, Any]]] = {}
-        self.hyperparams: Dict[str, bool] = {}
-        self.meta: Dict[str, bool] = {}
+        self.aggregates: dict[str, dict[str, dict[str, Any]]] = {}
+        self.hyperparams: dict[str, bool] = {}
+        self.meta: dict[str, bool] = {}
 
 
 class Spec:
@@ -141,6 +147,8 @@ class Spec:
     Attributes:
         name: the class name, for messages.
         annotations: item -> declared type (``type(default)`` when never annotated), in declaration order.
+        types: item -> its type without constraints (``int`` for ``Annotated[int, Ge(1)]``).
+        rules: item -> the :class:`~.constraints.Rule` its values must pass, for items with constraints.
         defaults: item -> class default, for items with one.
         options: item -> ordered option name -> Calculator (first = the default option).
         aggregates: selector -> option -> {target: value}.
@@ -149,22 +157,23 @@ class Spec:
     """
 
     def __init__(self, cls: type):
-        self.cls = cls
         self.name = cls.__name__
         self.version = _version[0]
-        self.annotations: Dict[str, Any] = OrderedDict()
-        self.defaults: Dict[str, Any] = {}
-        self.options: Dict[str, Dict[str, Calculator]] = {}
-        self.aggregates: Dict[str, Dict[str, Dict[str, Any]]] = {}
-        self.by_target: Dict[str, List[Tuple[str, Dict[str, Any]]]] = {}
-        self.hyperparams: Dict[str, bool] = {}
-        self.meta: Dict[str, bool] = {}
+        self.annotations: dict[str, Any] = OrderedDict()
+        self.types: dict[str, Any] = {}
+        self.rules: dict[str, Rule] = {}
+        self.defaults: dict[str, Any] = {}
+        self.options: dict[str, dict[str, Calculator]] = {}
+        self.aggregates: dict[str, dict[str, dict[str, Any]]] = {}
+        self.by_target: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        self.hyperparams: dict[str, bool] = {}
+        self.meta: dict[str, bool] = {}
         for c in reversed(cls.__mro__):
             decl = c.__dict__.get('_lazylab_decl')
             if decl is not None:
                 self._merge(c, decl)
         for selector, per_option in self.aggregates.items():
-            by_target: Dict[str, Dict[str, Any]] = {}
+            by_target: dict[str, dict[str, Any]] = {}
             for option_name, pairs in per_option.items():
                 for target, value in pairs.items():
                     by_target.setdefault(target, {})[option_name] = value
@@ -179,6 +188,11 @@ class Spec:
             elif isinstance(annotation, str):
                 annotation = _resolve_string_annotation(c, annotation)
             self.annotations[key] = annotation
+            self.types[key], rule = split(annotation, f'{c.__name__}.{key}')
+            if rule is not None:
+                self.rules[key] = rule
+            else:
+                self.rules.pop(key, None)
             if item.has_default:
                 self.defaults[key] = item.default
         for key, calculators in decl.options.items():
@@ -189,7 +203,7 @@ class Spec:
         self.hyperparams.update(decl.hyperparams)
         self.meta.update(decl.meta)
 
-    def option_names(self, key: str) -> List[str]:
+    def option_names(self, key: str) -> list[str]:
         """The item's calculator options, or (labml's listing) the options of the aggregate it selects."""
         names = list(self.options.get(key, ()))
         return names if names else list(self.aggregates.get(key, ()))
@@ -209,7 +223,7 @@ def own_decl(cls: type) -> ClassDecl:
     decl = cls.__dict__.get('_lazylab_decl')
     if decl is None:
         decl = ClassDecl()
-        setattr(cls, '_lazylab_decl', decl)
+        cls._lazylab_decl = decl
     return decl
 
 
@@ -218,7 +232,7 @@ def spec_of(cls: type) -> Spec:
     spec = cls.__dict__.get('_lazylab_spec')
     if spec is None or spec.version != _version[0]:
         spec = Spec(cls)
-        setattr(cls, '_lazylab_spec', spec)
+        cls._lazylab_spec = spec
     return spec
 
 
@@ -249,12 +263,43 @@ def declare_class(cls: type, attribute_factory: Callable[[str], Any]):
         if isinstance(value, ItemRef):  # e.g. `x = Base.x` re-exported; not a value
             continue
         decl.items[key] = ItemDecl(key, None, True, value)
+    for item in decl.items.values():
+        _check_item(cls, item)
     for key in decl.items:
         setattr(cls, key, attribute_factory(key))
     bump_version()
 
 
-def item_keys(items: Any, what: str) -> Tuple[type, List[str], bool]:
+def _check_item(cls: type, item: ItemDecl):
+    """Check an item's constraints, and its class default against them, when the class is declared.
+
+    A string default for an item whose type takes no strings names an option (registered after the class
+    body), so it is checked later, once that option computed the value.
+
+    Raises:
+        BadValueError: ``bad value for Configs.batch_size: must be ≥ 1, got 0 (class default)``.
+        DeclarationError: constraints placed where they would not be checked (see :func:`~.constraints.split`).
+    """
+    annotation, owner = item.annotation, cls
+    if annotation is None:  # a new default for an inherited item: the nearest base's annotation
+        for base in cls.__mro__[1:]:
+            decl = base.__dict__.get('_lazylab_decl')
+            if decl is not None and item.key in decl.items and decl.items[item.key].annotation is not None:
+                annotation, owner = decl.items[item.key].annotation, base
+                break
+    if isinstance(annotation, str):
+        annotation = _resolve_string_annotation(owner, annotation)
+    where = f'{cls.__name__}.{item.key}'
+    item_type, rule = split(annotation, where)
+    value = item.default
+    if rule is None or not item.has_default:
+        return
+    if isinstance(value, str) and (value == AGGREGATE_MARKER or not takes_any_string(item_type)):
+        return
+    check(rule, where, value, ' (class default)')
+
+
+def item_keys(items: Any, what: str) -> tuple[type, list[str], bool]:
     """Normalise ``Configs.item`` or ``[Configs.a, Configs.b]`` to (class, keys, is_list).
 
     Raises:
@@ -268,7 +313,7 @@ def item_keys(items: Any, what: str) -> Tuple[type, List[str], bool]:
                            f'got {items!r}')
 
 
-def param_keys(params: Optional[Sequence[Any]]) -> Optional[List[str]]:
+def param_keys(params: Optional[Sequence[Any]]) -> Optional[list[str]]:
     """``pass_params=[Configs.a, 'b']`` -> ``['a', 'b']``."""
     if params is None:
         return None

@@ -6,12 +6,13 @@ descriptors (reading one on an instance computes it; reading it on the class giv
 instance's only public method is ``set_default``; everything else the engine offers is a free function in
 :mod:`lazylab.configs`, so any other name can be a config item.
 """
-from typing import Any, Callable, Dict, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any, Callable, Optional
 
 from . import overrides
 from .declarations import ItemRef, declare_class
 from .errors import unknown_item
-from .resolver import ACTIVE, compute
+from .resolver import ACTIVE, compute, reset_explicit
 from .state import State, state_of
 
 
@@ -122,7 +123,7 @@ class BaseConfigs:
 
     # labml.configs' underscore API, used by labml-style experiment code.
 
-    def _set_values(self, values: Dict[str, Any]):
+    def _set_values(self, values: dict[str, Any]):
         """Override items from a dict (dotted keys reach sub-configs); all-or-nothing.
 
         Raises:
@@ -132,15 +133,14 @@ class BaseConfigs:
         """
         overrides.set_overrides(state_of(self), values, from_text=False)
 
-    def _to_json(self) -> Dict[str, Dict[str, Any]]:
+    def _to_json(self) -> dict[str, dict[str, Any]]:
         """labml's per-item report: name, type, value, order, options, computed, is_hyperparam, is_meta,
         is_explicitly_specified; sub-config items under dotted names."""
         from .report import labml_json
         return labml_json(state_of(self))
 
     def _reset_explicitly_specified(self):
-        from .resolver import _reset_explicit
-        _reset_explicit(state_of(self))
+        reset_explicit(state_of(self))
 
     def _set_update_callback(self, update_callback: Callable[[], None]):
         state_of(self).update_callback = update_callback

@@ -10,7 +10,7 @@
 Each records on the class the item reference was taken from (see :class:`~.declarations.ItemRef`).
 """
 from collections import OrderedDict
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable
 
 from .declarations import Calculator, ItemRef, bump_version, item_keys, own_decl, param_keys
 from .errors import DeclarationError
@@ -59,7 +59,7 @@ def calculate(items: Any, *args: Any) -> Callable:
     return _register(func, items, option_name, pass_params, 'calculate')
 
 
-def _split_args(args: Tuple[Any, ...], allow_func: bool):
+def _split_args(args: tuple[Any, ...], allow_func: bool):
     option_name = pass_params = func = None
     for arg in args:
         if isinstance(arg, str):
@@ -74,7 +74,7 @@ def _split_args(args: Tuple[Any, ...], allow_func: bool):
     return option_name, pass_params, func
 
 
-def aggregate(selector: ItemRef, option_name: str, *pairs: Tuple[ItemRef, Any]):
+def aggregate(selector: ItemRef, option_name: str, *pairs: tuple[ItemRef, Any]):
     """Declare that selecting ``option_name`` for ``selector`` implies values for other items.
 
     When the selector's value equals ``option_name`` and an implied item was not set explicitly (override,
@@ -98,7 +98,7 @@ def aggregate(selector: ItemRef, option_name: str, *pairs: Tuple[ItemRef, Any]):
     bump_version()
 
 
-def _flag(items: Tuple[Any, ...], attribute: str, value: bool, what: str):
+def _flag(items: tuple[Any, ...], attribute: str, value: bool, what: str):
     for item in items:
         cls, keys, _ = item_keys(item, what)
         flags = getattr(own_decl(cls), attribute)
@@ -117,4 +117,4 @@ def meta_config(*items: Any, is_meta: bool = True):
     _flag(items, 'meta', is_meta, 'meta_config')
 
 
-__all__: List[str] = ['option', 'calculate', 'aggregate', 'hyperparams', 'meta_config']
+__all__: list[str] = ['option', 'calculate', 'aggregate', 'hyperparams', 'meta_config']

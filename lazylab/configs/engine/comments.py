@@ -15,10 +15,9 @@ import inspect
 import io
 import textwrap
 import tokenize
-from typing import Dict
 
 
-def own_item_help(cls: type) -> Dict[str, str]:
+def own_item_help(cls: type) -> dict[str, str]:
     """item -> help text for the items declared in ``cls``'s own body; ``{}`` if the source cannot be read."""
     cached = cls.__dict__.get('_lazylab_help')
     if cached is not None:
@@ -28,21 +27,21 @@ def own_item_help(cls: type) -> Dict[str, str]:
         help_text = _parse(source)
     except (OSError, TypeError, SyntaxError, tokenize.TokenError, IndentationError):
         help_text = {}
-    setattr(cls, '_lazylab_help', help_text)
+    cls._lazylab_help = help_text
     return help_text
 
 
-def item_help(cls: type) -> Dict[str, str]:
+def item_help(cls: type) -> dict[str, str]:
     """item -> help text merged along the MRO (a subclass's comment replaces its parent's)."""
-    merged: Dict[str, str] = {}
+    merged: dict[str, str] = {}
     for c in reversed(cls.__mro__):
         if '_lazylab_decl' in c.__dict__:
             merged.update({k: v for k, v in own_item_help(c).items() if v})
     return merged
 
 
-def _parse(source: str) -> Dict[str, str]:
-    comments: Dict[int, str] = {}  # line -> comment text
+def _parse(source: str) -> dict[str, str]:
+    comments: dict[int, str] = {}  # line -> comment text
     code_lines = set()
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT:
@@ -52,7 +51,7 @@ def _parse(source: str) -> Dict[str, str]:
             code_lines.add(tok.start[0])
     tree = ast.parse(source)
     classdef = next(n for n in tree.body if isinstance(n, ast.ClassDef))
-    result: Dict[str, str] = {}
+    result: dict[str, str] = {}
     body = classdef.body
     for i, node in enumerate(body):
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):

@@ -1,24 +1,43 @@
 """Giving values to items before they are computed: overrides, assignments and ``set_default``.
 
-Overrides (``conf._set_values(d)``, :func:`~lazylab.configs.apply_overrides`) are all-or-nothing: every key
-is checked first (declared? not yet computed? a known option? text that parses as the declared type?) and
-only then is anything applied. Dotted keys (``'optimizer.learning_rate'``) go to the sub-config at once if it
-exists, and otherwise wait in the parent until it is created; when the sub-config's class is known from the
-annotation they are checked against it up front.
+Overrides (``conf._set_values(d)``, :func:`apply_overrides`) are all-or-nothing: every key is checked first
+(declared? not yet computed? a known option? text that parses as the declared type?) and only then is anything
+applied. Dotted keys (``'optimizer.learning_rate'``) go to the sub-config at once if it exists, and otherwise
+wait in the parent until it is created; when the sub-config's class is known from the annotation they are
+checked against it up front.
+
+Command-line overrides are ``key=value`` and ``child.key=value`` tokens::
+
+    parse_overrides(['d_model=256', 'optimizer.learning_rate=1e-3'])
+        == {'d_model': '256', 'optimizer.learning_rate': '1e-3'}
+    parse_overrides([...], conf)      # the same, typed and checked against conf (nothing applied)
+    apply_overrides(conf, {...})      # type, check, then apply all (or raise and apply none)
+
+Text is typed by the item's declared type (see :mod:`.coerce`); a string naming one of an item's options stays
+the option name.
 """
-from typing import Any, Dict, Literal, Tuple, get_args, get_origin
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Optional, get_args, get_origin
 
 from .coerce import TypeMismatch, coerce_text, conform, takes_any_string
-from .declarations import ItemRef, Spec, spec_of
-from .errors import (AlreadyComputedError, BadValueError, UnknownItemError, UnknownOptionError, suggestion,
-                     unknown_item)
+from .constraints import check
+from .declarations import AGGREGATE_MARKER, ItemRef, Spec, spec_of
+from .errors import (
+    AlreadyComputedError,
+    BadValueError,
+    OverrideSyntaxError,
+    UnknownItemError,
+    UnknownOptionError,
+    suggestion,
+    unknown_item,
+)
 from .state import State, state_of
 
 
 class _Unborn:
     """Stands in for a sub-config not created yet, so dotted keys can be checked against its class."""
-    cache: Dict[str, Any] = {}
-    children: Dict[str, Any] = {}
+    cache: dict[str, Any] = {}
+    children: dict[str, Any] = {}
 
     def __init__(self, spec: Spec, path: str):
         self.spec = spec
@@ -34,9 +53,9 @@ class Plan:
     waiting for sub-configs not created yet (``top -> {sub_key: (value, from_text)}``)."""
 
     def __init__(self):
-        self.direct: Dict[str, Any] = {}
-        self.children: Dict[str, 'Plan'] = {}
-        self.pending: Dict[str, Dict[str, Tuple[Any, bool]]] = {}
+        self.direct: dict[str, Any] = {}
+        self.children: dict[str, Plan] = {}
+        self.pending: dict[str, dict[str, tuple[Any, bool]]] = {}
 
 
 def check_option_name(view: Any, key: str, value: Any):
@@ -47,9 +66,9 @@ def check_option_name(view: Any, key: str, value: Any):
         UnknownOptionError: naming the path, the nearest option and all options.
     """
     options = view.spec.options.get(key)
-    if not options or not isinstance(value, str) or value in options or value == '__aggregate__':
+    if not options or not isinstance(value, str) or value in options or value == AGGREGATE_MARKER:
         return
-    annotation = view.spec.annotations[key]
+    annotation = view.spec.types[key]
     if takes_any_string(annotation) or (get_origin(annotation) is Literal and value in get_args(annotation)):
         return
     path = view.path_of(key)
@@ -68,7 +87,7 @@ def typed_value(view: Any, key: str, value: Any) -> Any:
         BadValueError: a value that does not fit the type (names the key, the type and the text).
     """
     spec = view.spec
-    annotation = spec.annotations[key]
+    annotation = spec.types[key]
     options = spec.options.get(key)
     if isinstance(value, str) and options and value in options:
         return value
@@ -82,17 +101,32 @@ def typed_value(view: Any, key: str, value: Any) -> Any:
                             path) from None
 
 
-def plan(view: Any, values: Dict[str, Any], from_text: bool) -> Plan:
+def check_given(view: Any, key: str, value: Any):
+    """Check a value given for item ``key`` against its constraints (``Annotated[int, Ge(1)]``); an option
+    name is not a value yet, and what its option computes is checked when stored.
+
+    Raises:
+        BadValueError: ``bad value for <path>: must be ≥ 1, got 0``.
+    """
+    rule = view.spec.rules.get(key)
+    if rule is None:
+        return
+    if isinstance(value, str) and (value == AGGREGATE_MARKER or value in view.spec.options.get(key, ())):
+        return
+    check(rule, view.path_of(key), value)
+
+
+def plan(view: Any, values: dict[str, Any], from_text: bool) -> Plan:
     """Check ``values`` against ``view`` (a :class:`State` or an unborn sub-config) without changing anything.
 
     Raises:
         UnknownItemError: an undeclared key (with the nearest declared names).
         AlreadyComputedError: a key whose item was already computed.
-        UnknownOptionError, BadValueError: see :func:`check_option_name`, :func:`typed_value`.
+        UnknownOptionError, BadValueError: see :func:`check_option_name`, :func:`typed_value`, :func:`check_given`.
     """
     spec = view.spec
     result = Plan()
-    grouped: Dict[str, Dict[str, Any]] = {}
+    grouped: dict[str, dict[str, Any]] = {}
     for key, value in values.items():
         if not isinstance(key, str) or not key or key.startswith('_'):
             raise UnknownItemError(f'invalid config key {key!r} for {view.class_name}', view.path)
@@ -111,6 +145,7 @@ def plan(view: Any, values: Dict[str, Any], from_text: bool) -> Plan:
             value = typed_value(view, top, value)
         else:
             check_option_name(view, top, value)
+        check_given(view, top, value)
         result.direct[top] = value
     for top, sub in grouped.items():
         child = view.children.get(top)
@@ -126,14 +161,14 @@ def plan(view: Any, values: Dict[str, Any], from_text: bool) -> Plan:
     return result
 
 
-def _check_unborn(view: Any, top: str, sub: Dict[str, Any], from_text: bool):
+def _check_unborn(view: Any, top: str, sub: dict[str, Any], from_text: bool):
     """Check dotted keys for a sub-config not created yet against its annotated class, when that is known.
 
     An option may return a subclass with more items, so unknown keys wait (and are checked on creation)
     unless the item can only be constructed from its annotation.
     """
     spec = view.spec
-    annotation = spec.annotations[top]
+    annotation = spec.types[top]
     if not (isinstance(annotation, type) and getattr(annotation, '_lazylab_is_configs', False)):
         return
     try:
@@ -154,12 +189,12 @@ def apply(st: State, p: Plan):
         st.pending.setdefault(top, {}).update(sub)
 
 
-def set_overrides(st: State, values: Dict[str, Any], from_text: bool = False):
+def set_overrides(st: State, values: dict[str, Any], from_text: bool = False):
     """Check all of ``values``, then apply all of them (see module docstring)."""
     apply(st, plan(st, values, from_text))
 
 
-def apply_pending(st: State, pending: Dict[str, Tuple[Any, bool]]):
+def apply_pending(st: State, pending: dict[str, tuple[Any, bool]]):
     """Apply the dotted overrides that waited for this sub-config to be created."""
     python_values = {k: v for k, (v, text) in pending.items() if not text}
     text_values = {k: v for k, (v, text) in pending.items() if text}
@@ -175,12 +210,14 @@ def assign(st: State, key: str, value: Any):
         UnknownItemError: ``key`` is not declared (an AttributeError).
         AlreadyComputedError: the item was already computed (a ValueError, as in labml).
         UnknownOptionError: a string that is not an option (see :func:`check_option_name`).
+        BadValueError: a value that breaks the item's constraints (see :func:`check_given`).
     """
     if key not in st.spec.annotations:
         raise unknown_item(st.class_name, st.path_of(key), key, st.spec.annotations)
     if key in st.cache:
         raise AlreadyComputedError(f'cannot set {st.path_of(key)}: it was already computed', st.path_of(key))
     check_option_name(st, key, value)
+    check_given(st, key, value)
     st.assigned[key] = value
 
 
@@ -190,6 +227,7 @@ def set_default(st: State, item: Any, value: Any = None, func: Any = None):
     Raises:
         UnknownItemError: the item is not declared on this config.
         AlreadyComputedError: the item was already computed.
+        BadValueError: ``value`` (when no ``func`` is given) breaks the item's constraints.
     """
     key = item.key if isinstance(item, ItemRef) else item
     if not isinstance(key, str) or key not in st.spec.annotations:
@@ -198,4 +236,56 @@ def set_default(st: State, item: Any, value: Any = None, func: Any = None):
     if key in st.cache:
         raise AlreadyComputedError(f'cannot set the default of {st.path_of(key)}: it was already computed',
                                    st.path_of(key))
+    if func is None:
+        check_given(st, key, value)
     st.defaults[key] = (value, func)
+
+
+def parse_overrides(argv: Sequence[str], configs: Optional[Any] = None) -> dict[str, Any]:
+    """Split ``key=value`` tokens into a dict (later tokens win).
+
+    Without ``configs`` the values are the text given. With a config object they are typed and checked
+    against its declared items (nothing is applied); dotted keys for sub-configs not created yet stay text
+    when their class is not known.
+
+    Raises:
+        OverrideSyntaxError: a token without ``=`` or with an empty key.
+        UnknownItemError, UnknownOptionError, BadValueError, AlreadyComputedError: with ``configs``.
+    """
+    values: dict[str, str] = {}
+    for token in argv:
+        key, eq, text = token.partition('=')
+        key = key.strip()
+        if not eq or not key:
+            raise OverrideSyntaxError(f'expected key=value, got {token!r}')
+        if key.startswith('--'):  # tolerate `--key=value`
+            key = key[2:]
+        values[key] = text
+    if configs is None:
+        return values
+    checked = plan(state_of(configs), values, from_text=True)
+    return _flatten(checked, '')
+
+
+def _flatten(p: Plan, prefix: str) -> dict[str, Any]:
+    out = {prefix + k: v for k, v in p.direct.items()}
+    for top, child in p.children.items():
+        out.update(_flatten(child, f'{prefix}{top}.'))
+    for top, sub in p.pending.items():
+        out.update({f'{prefix}{top}.{k}': v for k, (v, _) in sub.items()})
+    return out
+
+
+def apply_overrides(configs: Any, values: Mapping[str, Any]):
+    """Apply overrides given as text or YAML-parsed values (dotted keys reach sub-configs), all-or-nothing.
+
+    Strings are parsed by each item's declared type (an option name stays a string); other values are fitted
+    to it (an int for a float item, a list for a tuple item).
+
+    Raises:
+        UnknownItemError: an undeclared key (names the nearest declared ones); nothing is applied.
+        UnknownOptionError: text that is neither an option nor a value of the item's type.
+        BadValueError: text that does not parse as the declared type (names key, type and text).
+        AlreadyComputedError: an item that was already computed.
+    """
+    set_overrides(state_of(configs), dict(values), from_text=True)

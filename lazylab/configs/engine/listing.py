@@ -4,24 +4,24 @@
 renders the rows as text.
 """
 from enum import Enum
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Literal, Optional, get_args, get_origin
 
-from .coerce import describe_type
+from .coerce import UNION_ORIGINS, describe_type
 from .comments import item_help
 from .declarations import spec_of
 from .report import plain
 from .state import state_of
 
 
-def describe(configs_or_class: Any) -> List[Dict[str, Any]]:
-    """One row per item: ``name`` (dotted path), ``type``, ``default`` (class default, or the first option, or
-    ``None``), ``options``, ``help`` (comment above the declaration), ``is_hyperparam``, ``is_meta``; for a
-    config object also ``value`` (its computed value, or ``None``) and ``computed``.
+def describe(configs_or_class: Any) -> list[dict[str, Any]]:
+    """One row per item: ``name`` (dotted path), ``type`` (see :func:`type_text`), ``default`` (class default, or
+    the first option, or ``None``), ``options``, ``help`` (comment above the declaration), ``is_hyperparam``,
+    ``is_meta``; for a config object also ``value`` (its computed value, or ``None``) and ``computed``.
 
     Items of sub-configs appear under dotted names: for a class, those whose annotation is a config class; for an
     object, the sub-configs created so far (or annotated ones not created yet).
     """
-    rows: List[Dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
     if isinstance(configs_or_class, type):
         _describe_class(configs_or_class, '', rows, set())
     else:
@@ -29,7 +29,7 @@ def describe(configs_or_class: Any) -> List[Dict[str, Any]]:
     return rows
 
 
-def _row(cls: type, key: str, prefix: str, help_text: Dict[str, str]) -> Dict[str, Any]:
+def _row(cls: type, key: str, prefix: str, help_text: dict[str, str]) -> dict[str, Any]:
     spec = spec_of(cls)
     options = spec.option_names(key)
     if key in spec.defaults:
@@ -46,7 +46,7 @@ def _row(cls: type, key: str, prefix: str, help_text: Dict[str, str]) -> Dict[st
         default = None
     return {
         'name': prefix + key,
-        'type': describe_type(spec.annotations[key]),
+        'type': type_text(spec, key),
         'default': default,
         'options': options,
         'help': help_text.get(key, ''),
@@ -55,14 +55,31 @@ def _row(cls: type, key: str, prefix: str, help_text: Dict[str, str]) -> Dict[st
     }
 
 
+def type_text(spec: Any, key: str) -> str:
+    """An item's type as a listing shows it: its constraints after the type (``int ≥ 1``, ``float > 0, ≤ 1``),
+    a Literal as its choices (``float32 | bfloat16``)."""
+    text = _choices_or_name(spec.types[key])
+    rule = spec.rules.get(key)
+    return f'{text} {rule.describe()}' if rule is not None else text
+
+
+def _choices_or_name(annotation: Any) -> str:
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return ' | '.join(str(c) for c in get_args(annotation))
+    if origin in UNION_ORIGINS and any(get_origin(m) is Literal for m in get_args(annotation)):
+        return ' | '.join('None' if m is type(None) else _choices_or_name(m) for m in get_args(annotation))
+    return describe_type(annotation)
+
+
 def _sub_class(cls: type, key: str) -> Optional[type]:
-    annotation = spec_of(cls).annotations[key]
+    annotation = spec_of(cls).types[key]
     if isinstance(annotation, type) and getattr(annotation, '_lazylab_is_configs', False):
         return annotation
     return None
 
 
-def _describe_class(cls: type, prefix: str, rows: List[Dict[str, Any]], seen: Set[type]):
+def _describe_class(cls: type, prefix: str, rows: list[dict[str, Any]], seen: set[type]):
     seen = seen | {cls}
     help_text = item_help(cls)
     subs = []
@@ -75,7 +92,7 @@ def _describe_class(cls: type, prefix: str, rows: List[Dict[str, Any]], seen: Se
         _describe_class(sub, f'{prefix}{key}.', rows, seen)
 
 
-def _describe_object(configs: Any, prefix: str, rows: List[Dict[str, Any]], seen: Set[type]):
+def _describe_object(configs: Any, prefix: str, rows: list[dict[str, Any]], seen: set[type]):
     st = state_of(configs)
     cls = type(configs)
     seen = seen | {cls}
@@ -99,7 +116,7 @@ def _describe_object(configs: Any, prefix: str, rows: List[Dict[str, Any]], seen
             _describe_class(sub, f'{prefix}{key}.', rows, seen)
 
 
-def format_description(rows: List[Dict[str, Any]]) -> str:
+def format_description(rows: list[dict[str, Any]]) -> str:
     """Text listing of :func:`describe` rows, one item a line plus an indented help line::
 
         d_model: int = 512  [hyperparam]

@@ -4,23 +4,25 @@
     coerce_text('yes', bool) is True            coerce_text('null', Optional[int]) is None
     coerce_text('[1, 2]', List[int]) == [1, 2]  coerce_text('(0.9, 0.98)', Tuple[float, float]) == (0.9, 0.98)
     coerce_text('b', Literal['a', 'b']) == 'b'  coerce_text('RED', Color) is Color.RED
+    coerce_text('8', Annotated[int, Ge(1)]) == 8   coerce_text('0', Annotated[int, Ge(1)]) raises TypeMismatch
 
 :func:`coerce_text` raises :class:`TypeMismatch` (a plain ``ValueError`` with a description of what was
 expected); callers that know the item turn it into :class:`~.errors.BadValueError` naming the key.
 :func:`conform` does the same for values YAML already parsed (an int for a float item, a list for a tuple).
+Both read ``Annotated[T, ...]`` as ``T`` and then check its constraints (see :mod:`.constraints`).
 """
 import json
 from enum import Enum
-from typing import Any, Literal, Tuple, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 _TRUE = frozenset({'true', 'yes', 'on', '1', 'y', 't'})
 _FALSE = frozenset({'false', 'no', 'off', '0', 'n', 'f'})
 _NULL = frozenset({'null', 'none', '~'})
 
-_UNION_ORIGINS = {Union}
+UNION_ORIGINS = {Union}
 try:  # `int | None` (PEP 604)
     from types import UnionType
-    _UNION_ORIGINS.add(UnionType)
+    UNION_ORIGINS.add(UnionType)
 except ImportError:  # pragma: no cover - Python < 3.10
     pass
 
@@ -41,7 +43,7 @@ def takes_any_string(annotation: Any) -> bool:
     item declared ``Any`` with options is still caught."""
     if annotation is str or isinstance(annotation, str):
         return True
-    if get_origin(annotation) in _UNION_ORIGINS:
+    if get_origin(annotation) in UNION_ORIGINS:
         return any(takes_any_string(a) for a in get_args(annotation))
     return isinstance(annotation, type) and issubclass(annotation, str)
 
@@ -61,8 +63,10 @@ def coerce_text(text: str, annotation: Any) -> Any:
     if is_any(annotation) or annotation is str:
         return text
     origin = get_origin(annotation)
+    if origin is Annotated:
+        return _checked(coerce_text(text, annotation.__origin__), annotation)
     stripped = text.strip()
-    if origin in _UNION_ORIGINS:
+    if origin in UNION_ORIGINS:
         members = get_args(annotation)
         if type(None) in members and stripped.lower() in _NULL:
             return None
@@ -128,6 +132,16 @@ def coerce_text(text: str, annotation: Any) -> Any:
             raise TypeMismatch(f'expected {describe_type(annotation)}')
         return conform(value, annotation)
     raise TypeMismatch(f'a {describe_type(annotation)} cannot be given as text')
+
+
+def _checked(value: Any, annotated: Any) -> Any:
+    """``value`` if it passes the constraints of ``Annotated[T, ...]`` (see :mod:`.constraints`)."""
+    from .constraints import rule_of  # (constraints imports this module)
+    rule = rule_of(annotated, 'value')
+    why = None if rule is None else rule.violation(value)
+    if why is not None:
+        raise TypeMismatch(f'{why}, got {value!r}')
+    return value
 
 
 def _coerce_enum(text: str, enum: type) -> Any:
@@ -214,13 +228,15 @@ def conform(value: Any, annotation: Any) -> Any:
     if is_any(annotation):
         return value
     origin = get_origin(annotation)
+    if origin is Annotated:
+        return _checked(conform(value, annotation.__origin__), annotation)
     if value is None:
-        if origin in _UNION_ORIGINS and type(None) in get_args(annotation):
+        if origin in UNION_ORIGINS and type(None) in get_args(annotation):
             return None
         if annotation is type(None):
             return None
         raise TypeMismatch(f'expected {describe_type(annotation)}, not null')
-    if origin in _UNION_ORIGINS:
+    if origin in UNION_ORIGINS:
         for member in get_args(annotation):
             try:
                 return conform(value, member)
@@ -274,9 +290,3 @@ def conform(value: Any, annotation: Any) -> Any:
         return dict(value)
     return value
 
-
-def split_annotation(annotation: Any) -> Tuple[Any, ...]:
-    """The members of a Union/Optional, or ``(annotation,)``."""
-    if get_origin(annotation) in _UNION_ORIGINS:
-        return get_args(annotation)
-    return (annotation,)

@@ -2,7 +2,8 @@
 
 Both walk computed sub-configs and name their items by full dotted path.
 """
-from typing import Any, Dict, Iterator, List, Tuple
+from collections.abc import Iterator
+from typing import Any
 
 from .state import State, state_of
 
@@ -33,7 +34,7 @@ def object_name(value: Any) -> str:
     return text if len(text) <= _MAX_TEXT else text[:_MAX_TEXT] + ' [[...]]'
 
 
-def walk(st: State, prefix: str = '') -> Iterator[Tuple[str, State, str]]:
+def walk(st: State, prefix: str = '') -> Iterator[tuple[str, State, str]]:
     """(dotted path, state, key) for every declared item, sub-configs after their parent's items."""
     for key in st.spec.annotations:
         yield prefix + key, st, key
@@ -41,9 +42,9 @@ def walk(st: State, prefix: str = '') -> Iterator[Tuple[str, State, str]]:
         yield from walk(state_of(child), f'{prefix}{key}.')
 
 
-def labml_json(st: State) -> Dict[str, Dict[str, Any]]:
+def labml_json(st: State) -> dict[str, dict[str, Any]]:
     """labml.configs' ``_to_json`` structure (see ``BaseConfigs._to_json``)."""
-    out: Dict[str, Dict[str, Any]] = {}
+    out: dict[str, dict[str, Any]] = {}
     for path, s, key in walk(st):
         given = s.overrides.get(key, s.assigned.get(key))
         options = s.spec.option_names(key)
@@ -63,7 +64,7 @@ def labml_json(st: State) -> Dict[str, Dict[str, Any]]:
     return out
 
 
-def explain(configs: Any) -> Dict[str, Dict[str, Any]]:
+def explain(configs: Any) -> dict[str, dict[str, Any]]:
     """Where every computed item's value came from, by full dotted path, in declaration order
     (a sub-config's items after its parent's).
 
@@ -84,9 +85,9 @@ def explain(configs: Any) -> Dict[str, Dict[str, Any]]:
     return {path: row for _, path, row in rows}
 
 
-def format_explain(report: Dict[str, Dict[str, Any]]) -> str:
+def format_explain(report: dict[str, dict[str, Any]]) -> str:
     """Text table of :func:`explain`'s report, one item a line."""
-    lines: List[str] = []
+    lines: list[str] = []
     width = max((len(p) for p in report), default=0)
     for path, row in report.items():
         source = row['source']

@@ -11,7 +11,7 @@ nearest declared names.
 Programming errors inside the engine itself still raise the usual built-in exceptions with a traceback.
 """
 import difflib
-from typing import Iterable, List, Optional, Sequence
+from collections.abc import Iterable, Sequence
 
 
 class ConfigError(Exception):
@@ -89,7 +89,7 @@ class OverrideSyntaxError(ConfigError, ValueError):
     """A command-line token is not ``key=value``."""
 
 
-def nearest(name: str, candidates: Iterable[str], n: int = 3) -> List[str]:
+def nearest(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
     """The up-to-``n`` candidates closest to ``name`` (case-insensitive), best first."""
     candidates = list(candidates)
     lowered = {c.lower(): c for c in candidates}
@@ -105,12 +105,6 @@ def suggestion(name: str, candidates: Iterable[str]) -> str:
     return '; did you mean ' + ' or '.join(repr(h) for h in hits) + '?'
 
 
-def join_path(prefix: str, key: str) -> str:
-    """``join_path('optimizer', 'learning_rate') == 'optimizer.learning_rate'``; an empty prefix gives the key."""
-    return f'{prefix}.{key}' if prefix else key
-
-
-def unknown_item(class_name: str, path: str, key: str, declared: Iterable[str],
-                 prefix: Optional[str] = None) -> UnknownItemError:
+def unknown_item(class_name: str, path: str, key: str, declared: Iterable[str]) -> UnknownItemError:
     """The error for an undeclared name, listing the nearest declared names."""
     return UnknownItemError(f'{class_name} has no config item {path!r}{suggestion(key, declared)}', path)

@@ -3,7 +3,7 @@
 A :class:`State` is plain data kept in the instance's ``__dict__`` under ``_lazylab``, so config objects
 pickle and deep-copy like ordinary objects. The resolver reads and fills it.
 """
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Optional
 
 from .declarations import Spec, spec_of
 
@@ -23,7 +23,7 @@ class Provenance:
     """
     __slots__ = ('source', 'detail', 'selected_by', 'reads')
 
-    def __init__(self, source: str, detail: str = '', selected_by: str = '', reads: Optional[List[str]] = None):
+    def __init__(self, source: str, detail: str = '', selected_by: str = '', reads: Optional[list[str]] = None):
         self.source = source
         self.detail = detail
         self.selected_by = selected_by
@@ -57,18 +57,18 @@ class State:
         self.spec: Spec = spec_of(type(owner))
         self.path = ''
         self.primary = primary
-        self.overrides: Dict[str, Any] = {}
-        self.assigned: Dict[str, Any] = {}
-        self.defaults: Dict[str, Tuple[Any, Optional[Callable]]] = {}
-        self.cache: Dict[str, Any] = {}
-        self.children: Dict[str, Any] = {}
-        self.pending: Dict[str, Dict[str, Tuple[Any, bool]]] = {}
-        self.explicit: Set[str] = set()
-        self.order: Dict[str, int] = {}
-        self.provenance: Dict[str, Provenance] = {}
-        self.computing: Set[str] = set()
-        self.from_type: Set[str] = set()
-        self.rescue: Optional[Tuple[str, BaseException]] = None
+        self.overrides: dict[str, Any] = {}
+        self.assigned: dict[str, Any] = {}
+        self.defaults: dict[str, tuple[Any, Optional[Callable]]] = {}
+        self.cache: dict[str, Any] = {}
+        self.children: dict[str, Any] = {}
+        self.pending: dict[str, dict[str, tuple[Any, bool]]] = {}
+        self.explicit: set[str] = set()
+        self.order: dict[str, int] = {}
+        self.provenance: dict[str, Provenance] = {}
+        self.computing: set[str] = set()
+        self.from_type: set[str] = set()
+        self.rescue: Optional[tuple[str, BaseException]] = None
         self.update_callback: Optional[Callable[[], None]] = None
 
     def __getstate__(self):

@@ -12,10 +12,10 @@ that code passed in directly, e.g. ``_set_values({'activation': nn.SiLU()})``, m
 """
 import os
 from enum import Enum
-from typing import Any, Dict, Optional, Union
+from typing import Any, Optional, Union
 
-from .cli import apply_overrides
 from .errors import BadValueError
+from .overrides import apply_overrides
 from .report import object_name, walk
 from .state import state_of
 
@@ -39,11 +39,11 @@ def _text_value(value: Any) -> Any:
     return _NOT_TEXT
 
 
-def to_dict(configs: Any) -> Dict[str, Any]:
+def to_dict(configs: Any) -> dict[str, Any]:
     """The dump as a dict: ``{'values': {...}, 'objects': {...}, 'hyperparams': [...], 'meta': [...]}``
     (see the module docstring)."""
-    values: Dict[str, Any] = {}
-    objects: Dict[str, str] = {}
+    values: dict[str, Any] = {}
+    objects: dict[str, str] = {}
     hyper, meta = [], []
     for path, st, key in walk(state_of(configs)):
         if st.spec.hyperparams.get(key):
@@ -85,7 +85,7 @@ def dump(configs: Any, path: Optional[Union[str, os.PathLike]] = None) -> str:
     return text
 
 
-def load(configs: Any, source: Union[str, os.PathLike, Dict[str, Any]]):
+def load(configs: Any, source: Union[str, os.PathLike, dict[str, Any]]):
     """Replay a dump as overrides into a fresh config object (all-or-nothing).
 
     ``source`` is a path, YAML text, or a dict as from :func:`to_dict` (a flat ``{key: value}`` mapping

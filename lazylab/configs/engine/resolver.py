@@ -19,18 +19,17 @@ records, for provenance, which items each calculator read. (Like labml.configs, 
 """
 import copy
 from enum import Enum
-from typing import Any, List, Optional, Set, Tuple
+from typing import Any, Callable, Optional
 
-from .declarations import Calculator
-from .errors import CalculatorError, ConfigError, CycleError, NoValueError, DeclarationError, unknown_item
+from .coerce import describe_type
+from .constraints import check
+from .declarations import AGGREGATE_MARKER, Calculator
+from .errors import CalculatorError, ConfigError, CycleError, DeclarationError, NoValueError, unknown_item
 from .state import Provenance, State, state_of
 
 # Types labml never constructs from an annotation.
 PLAIN_TYPES = frozenset({int, float, str, bool, bytes, complex, dict, list, tuple, set, frozenset, object,
                          type(None)})
-
-# A direct value equal to this falls through to the aggregates (labml's convention).
-AGGREGATE_MARKER = '__aggregate__'
 
 
 class Frame:
@@ -41,12 +40,12 @@ class Frame:
         self.state = state
         self.key = key
         self.path = path
-        self.reads: List[str] = []
-        self.read_set: Set[str] = set()
+        self.reads: list[str] = []
+        self.read_set: set[str] = set()
 
 
 # Computations in progress, innermost last.
-ACTIVE: List[Frame] = []
+ACTIVE: list[Frame] = []
 
 
 def is_configs(value: Any) -> bool:
@@ -155,10 +154,16 @@ def _store_result(st: State, key: str, path: str, calc: Calculator, source: str,
             store(st, target, value)
 
 
-def find_source(st: State, key: str, path: str) -> Tuple[Any, str, str]:
+def find_source(st: State, key: str, path: str, seen: Optional[set[str]] = None) -> Optional[tuple[Any, str, str]]:
     """(value, source, detail) for an item, following the precedence in the module docstring.
 
-    For rule 7 the value is the :class:`Calculator` that constructs the type.
+    The one walk of the precedence, used two ways:
+
+    - computing (``seen`` is ``None``): an aggregate's selector is read (cached, and recorded as a read), a
+      class-level config object is copied, and for rule 7 the value is the :class:`Calculator` that constructs
+      the type; with no value at all it raises :class:`NoValueError`.
+    - peeking (``seen`` is the set of items peeked so far, see :func:`peek`): nothing is cached, and ``None``
+      means the item has no value to start from.
     """
     for source, values in (('override', st.overrides), ('assigned', st.assigned)):
         if key in values:
@@ -168,32 +173,35 @@ def find_source(st: State, key: str, path: str) -> Tuple[Any, str, str]:
     if key in st.defaults:
         value, func = st.defaults[key]
         if func is not None:
-            return _call_default(st, key, path, func), 'set_default', 'func'
+            return _call_default(path, func), 'set_default', 'func'
         if not (isinstance(value, str) and value == AGGREGATE_MARKER):
             return value, 'set_default', 'value'
     spec = st.spec
     for selector, table in spec.by_target.get(key, ()):
-        selected, has = peek(st, selector, set())
+        selected, has = peek(st, selector, set() if seen is None else seen)
         if has and _in(selected, table):
-            read(st, selector)
+            if seen is None:
+                read(st, selector)
             return table[selected], 'aggregate', f'{selector}={selected}'
     if key in spec.defaults:
         value = spec.defaults[key]
-        if is_configs(value):  # a class-level instance is a template; each parent gets its own copy
+        if seen is None and is_configs(value):  # a class-level instance is a template; each parent gets a copy
             value = copy.deepcopy(value)
         return value, 'default', ''
     options = spec.options.get(key)
     if options:
         return next(iter(options)), 'first option', ''
-    annotation = spec.annotations[key]
+    if seen is not None:
+        return None
+    annotation = spec.types[key]
     if constructible(annotation):
         st.from_type.add(key)
         return Calculator(annotation, [key], 'from_type', construct=True), 'from_type', ''
     raise NoValueError(f'{path} ({st.class_name}) has no value: no override, default or option, '
-                       f'and its type {_type_name(annotation)} is not constructed automatically', path)
+                       f'and its type {describe_type(annotation)} is not constructed automatically', path)
 
 
-def _call_default(st: State, key: str, path: str, func) -> Any:
+def _call_default(path: str, func: Callable[[], Any]) -> Any:
     try:
         return func()
     except ConfigError:
@@ -203,35 +211,17 @@ def _call_default(st: State, key: str, path: str, func) -> Any:
                               path, 'set_default') from e
 
 
-def peek(st: State, key: str, seen: Set[str]) -> Tuple[Any, bool]:
-    """The value an item would start from (an option name is not run), without caching it.
-
-    Used to test an aggregate's selector, as labml does.
+def peek(st: State, key: str, seen: set[str]) -> tuple[Any, bool]:
+    """(the value an item would start from, whether it has one), without computing or caching it: an option
+    name is not run. Used to test an aggregate's selector, as labml does; ``seen`` stops aggregate loops.
     """
     if key in st.cache:
         return st.cache[key], True
     if key in seen:
         return None, False
     seen.add(key)
-    for values in (st.overrides, st.assigned):
-        if key in values and not (isinstance(values[key], str) and values[key] == AGGREGATE_MARKER):
-            return values[key], True
-    if key in st.defaults:
-        value, func = st.defaults[key]
-        if func is not None:
-            return _call_default(st, key, st.path_of(key), func), True
-        if not (isinstance(value, str) and value == AGGREGATE_MARKER):
-            return value, True
-    for selector, table in st.spec.by_target.get(key, ()):
-        selected, has = peek(st, selector, seen)
-        if has and _in(selected, table):
-            return table[selected], True
-    if key in st.spec.defaults:
-        return st.spec.defaults[key], True
-    options = st.spec.options.get(key)
-    if options:
-        return next(iter(options)), True
-    return None, False
+    found = find_source(st, key, st.path_of(key), seen)
+    return (None, False) if found is None else (found[0], True)
 
 
 def _in(value: Any, table: dict) -> bool:
@@ -242,20 +232,44 @@ def _in(value: Any, table: dict) -> bool:
 
 
 def store(st: State, key: str, value: Any):
-    """Cache a computed value; a config object becomes a sub-config (see module docstring)."""
+    """Cache a computed value; a config object becomes a sub-config (see module docstring).
+
+    Raises:
+        BadValueError: the item has constraints (``Annotated[T, Ge(1)]``) and the value breaks one.
+    """
     if is_configs(value):
         attach(st, key, value)
         primary = value.__dict__.get('_primary')
         if primary is not None:
             value = read(state_of(value), primary)
+    rule = st.spec.rules.get(key)
+    if rule is not None and rule.violation(value) is not None:
+        # not stored, so not reported by explain() either
+        check(rule, st.path_of(key), value, _computed_by(st.provenance.pop(key, None)))
     st.cache[key] = value
+
+
+def _computed_by(p: Optional[Provenance]) -> str:
+    """Where a value that breaks its constraints came from, for the error message (given values were
+    checked when given, and need no note)."""
+    if p is None or p.source in ('override', 'assigned') or (p.source == 'set_default' and p.detail == 'value'):
+        return ''
+    if p.source == 'option':
+        return f' (computed by option {p.detail!r})'
+    if p.source == 'from_type':
+        return ' (constructed from its type)'
+    if p.source == 'aggregate':
+        return f' (set by aggregate {p.detail})'
+    if p.source == 'set_default':
+        return ' (returned by its set_default function)'
+    return ' (class default)'
 
 
 def attach(st: State, key: str, child: Any):
     """Make ``child`` the sub-config at ``key``: set its path and apply dotted overrides waiting for it."""
     cst = state_of(child)
     set_path(cst, st.path_of(key))
-    _reset_explicit(cst)
+    reset_explicit(cst)
     st.children[key] = child
     pending = st.pending.pop(key, None)
     if pending:
@@ -269,27 +283,7 @@ def set_path(st: State, path: str):
         set_path(state_of(child), st.path_of(key))
 
 
-def _reset_explicit(st: State):
+def reset_explicit(st: State):
     st.explicit.clear()
     for child in st.children.values():
-        _reset_explicit(state_of(child))
-
-
-def _type_name(annotation: Any) -> str:
-    if isinstance(annotation, type):
-        return annotation.__name__
-    return str(annotation).replace('typing.', '')
-
-
-def type_name(annotation: Any) -> str:
-    """A short readable name for a declared type (``int``, ``Optional[int]``, ``FeedForward``)."""
-    return _type_name(annotation)
-
-
-def chain_paths() -> List[str]:
-    """The dotted paths of the computations in progress (outermost first); for error messages."""
-    return [f.path for f in ACTIVE]
-
-
-def active_frame() -> Optional[Frame]:
-    return ACTIVE[-1] if ACTIVE else None
+        reset_explicit(state_of(child))
