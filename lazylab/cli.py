@@ -14,6 +14,8 @@ import argparse
 import sys
 from typing import List, Optional
 
+from lazylab.errors import UsageError, run_cli
+
 USAGE = __doc__.split('\n\n')[1]
 
 
@@ -21,26 +23,25 @@ class _Parser(argparse.ArgumentParser):
     """argparse whose mistakes become one-line UsageErrors instead of a usage block."""
 
     def error(self, message):
-        from lazylab.experiments.runner import UsageError
         raise UsageError(f'{self.prog}: {message}')
 
 
 def _train(argv: List[str]) -> None:
-    from lazylab.experiments.runner import UsageError, train_main
+    from lazylab.experiments.runner import train_main
     if not argv or argv[0].startswith('-'):
         raise UsageError('usage: lazylab train NAME [key=value …] [--config FILE.yaml]')
     train_main(argv[0], argv[1:])
 
 
 def _options(argv: List[str]) -> None:
-    from lazylab.experiments.runner import UsageError, options_text
+    from lazylab.experiments.runner import options_text
     if len(argv) != 1:
         raise UsageError('usage: lazylab options NAME')
     print(options_text(argv[0]))
 
 
 def _resume(argv: List[str]) -> None:
-    from lazylab.experiments.runner import UsageError, resume_main
+    from lazylab.experiments.runner import resume_main
     if len(argv) != 1:
         raise UsageError('usage: lazylab resume RUN_DIR')
     resume_main(argv[0])
@@ -80,7 +81,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     if command == 'dashboard':  # the dashboard's own parser and optional dependencies, loaded only when asked
         from lazylab.dashboard import main as dashboard_main
         return dashboard_main(rest)
-    from lazylab.experiments.runner import UsageError, run_cli
     if command not in COMMANDS:
         import difflib
         close = difflib.get_close_matches(command, list(COMMANDS) + ['dashboard'], n=1)

@@ -23,6 +23,8 @@ from typing import Iterator, List, Optional, Tuple, Union
 
 import torch
 
+from lazylab.errors import DataError
+
 __all__ = ['DataError', 'TINY_SHAKESPEARE', 'TINY_SHAKESPEARE_SHA256', 'bundled_text_path', 'load_text',
            'CharTokenizer', 'TextDataset', 'ShuffledLoader', 'SequentialLoader']
 
@@ -32,10 +34,6 @@ TINY_SHAKESPEARE = 'tiny_shakespeare'
 TINY_SHAKESPEARE_SHA256 = '86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed'
 #: fraction of characters in the training split (labml_nn and nanoGPT use the first 90%)
 TRAIN_FRACTION = 0.9
-
-
-class DataError(ValueError):
-    """A problem with the user's text or prompt; the message is one line that names the file or character."""
 
 
 def bundled_text_path() -> Path:

@@ -39,6 +39,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lazylab.errors import DistributedError
+
 __all__ = ['DistEnv', 'DistributedError', 'ReplicaMismatchError', 'environment', 'setup', 'teardown',
            'process_group', 'is_distributed', 'get_rank', 'get_world_size', 'is_main_process', 'wrap',
            'all_reduce_sum', 'all_reduce_mean', 'broadcast_object', 'all_gather_object', 'shard', 'batch_share',
@@ -49,10 +51,6 @@ __all__ = ['DistEnv', 'DistributedError', 'ReplicaMismatchError', 'environment',
 DEFAULT_TIMEOUT_S = 600.0
 
 T = TypeVar('T')
-
-
-class DistributedError(RuntimeError):
-    """The torchrun environment or the device does not allow a distributed run; one-line message."""
 
 
 class ReplicaMismatchError(RuntimeError):
