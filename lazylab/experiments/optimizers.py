@@ -1,7 +1,7 @@
 """Optimizer and learning-rate schedule configs: `optimizer.optimizer` in Adam, AdamW, SGD, Noam.
 
-The schedule is a `torch.optim.lr_scheduler.LambdaLR` stepped once per optimizer step; the learning rate of step
-t (t = 1, 2, …) is `learning_rate · factor(t)` with
+The schedule is a `ScheduledLR` (a `torch.optim.lr_scheduler.LambdaLR` whose length `set_total_steps` can change)
+stepped once per optimizer step; the learning rate of step t (t = 1, 2, …) is `learning_rate · factor(t)` with
 
     warm-up (warmup > 0, t ≤ warmup):  factor = t / warmup
     schedule='constant' after it:      factor = 1
@@ -93,7 +93,7 @@ class LRSchedule:
         return r + (1 - r) * 0.5 * (1 + math.cos(math.pi * p))
 
     def set_total_steps(self, total_steps: int) -> None:
-        """Stretch (or shrink) the cosine over `total_steps`: factor(t) from the next step on uses it."""
+        """Stretch (or shrink) the cosine over `total_steps` (factor(t) computed from now on uses it)."""
         self.total_steps = total_steps
 
 
@@ -105,7 +105,8 @@ class ScheduledLR(torch.optim.lr_scheduler.LambdaLR):
         super().__init__(optimizer, schedule)
 
     def set_total_steps(self, total_steps: int) -> None:
-        """The number of steps the schedule spans (the cosine ends at learning_rate · min_lr_ratio there)."""
+        """The number of steps the schedule spans (the cosine ends at learning_rate · min_lr_ratio there). The rate
+        of the next step is already set (by the last `step()`); the steps after it follow the new length."""
         for schedule in self.lr_lambdas:
             schedule.set_total_steps(total_steps)
 
