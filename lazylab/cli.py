@@ -12,7 +12,7 @@ diverged loss) prints one line `lazylab: error: …` on stderr and exits with co
 """
 import argparse
 import sys
-from typing import List, Optional
+from typing import Optional
 
 from lazylab.errors import UsageError, run_cli
 
@@ -26,28 +26,28 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f'{self.prog}: {message}')
 
 
-def _train(argv: List[str]) -> None:
+def _train(argv: list[str]) -> None:
     from lazylab.experiments.runner import train_main
     if not argv or argv[0].startswith('-'):
         raise UsageError('usage: lazylab train NAME [key=value …] [--config FILE.yaml]')
     train_main(argv[0], argv[1:])
 
 
-def _options(argv: List[str]) -> None:
+def _options(argv: list[str]) -> None:
     from lazylab.experiments.runner import options_text
     if len(argv) != 1:
         raise UsageError('usage: lazylab options NAME')
     print(options_text(argv[0]))
 
 
-def _resume(argv: List[str]) -> None:
+def _resume(argv: list[str]) -> None:
     from lazylab.experiments.runner import resume_main
     if len(argv) != 1:
         raise UsageError('usage: lazylab resume RUN_DIR')
     resume_main(argv[0])
 
 
-def _generate(argv: List[str]) -> None:
+def _generate(argv: list[str]) -> None:
     from lazylab.experiments.runner import generate
     p = _Parser(prog='lazylab generate', add_help=False)
     p.add_argument('run_dir')
@@ -60,7 +60,7 @@ def _generate(argv: List[str]) -> None:
     print(generate(a.run_dir, a.prompt, a.tokens, a.temperature, a.top_k, a.seed))
 
 
-def _plot(argv: List[str]) -> None:
+def _plot(argv: list[str]) -> None:
     from lazylab.experiments.plot import plot_runs
     p = _Parser(prog='lazylab plot', add_help=False)
     p.add_argument('run_dirs', nargs='+')
@@ -72,7 +72,7 @@ def _plot(argv: List[str]) -> None:
 COMMANDS = {'train': _train, 'options': _options, 'resume': _resume, 'generate': _generate, 'plot': _plot}
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ('-h', '--help', 'help'):
         print('usage:\n' + USAGE)

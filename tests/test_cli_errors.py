@@ -32,7 +32,7 @@ def _error(capsys, argv):
 
 def _files(tmp_path):
     """(path, bytes) of the texts the cases use."""
-    (tmp_path / 'latin1.txt').write_bytes('First Citizen:\nBefore we proceed'.encode() + 'caf\xe9'.encode('latin-1'))
+    (tmp_path / 'latin1.txt').write_bytes(b'First Citizen:\nBefore we proceed' + 'caf\xe9'.encode('latin-1'))
     (tmp_path / 'short.txt').write_text('x' * 1000)  # 900 train / 100 valid characters
     (tmp_path / 'tiny.txt').write_text('abcdefghij' * 2)  # 18 train / 2 valid
     (tmp_path / 'bad.yaml').write_text('d_model: [1, 2\n')
@@ -49,7 +49,8 @@ CASES = [
     (['train', 'transformer', 'transformer.encoder_attn=relativ'],
      r"unknown option 'relativ' for transformer.encoder_attn .*did you mean 'relative'"),
     (['train', 'transformer', 'd_model'], r"expected key=value, got 'd_model'"),
-    (['train', 'transformr'], r"unknown experiment 'transformr' \(did you mean 'transformer'\?\); experiments: feedback"),
+    (['train', 'transformr'],
+     r"unknown experiment 'transformr' \(did you mean 'transformer'\?\); experiments: feedback"),
     (['train', 'transformer', 'text={tmp}/missing.txt'], r'text file not found: .*missing.txt'),
     (['train', 'transformer', 'text={tmp}/latin1.txt'],
      r'latin1.txt is not UTF-8 text: invalid byte 0xe9 at byte offset 35$'),  # 15 + 17 + len("caf")

@@ -21,7 +21,7 @@ import os
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional
 
 import torch
 
@@ -44,14 +44,14 @@ class Position:
     calibrated: bool = False  # the step count has been fitted to the time budget
 
 
-def save_checkpoint(path: Path, payload: Dict[str, Any]) -> None:
+def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     """torch.save to a temporary file in the same folder, then rename: a reader never sees a half-written file."""
     tmp = path.with_name(path.name + f'.tmp{os.getpid()}')
     torch.save(payload, tmp)
     os.replace(tmp, path)
 
 
-def load_checkpoint(path: Path) -> Dict[str, Any]:
+def load_checkpoint(path: Path) -> dict[str, Any]:
     """Load a checkpoint written by `save_checkpoint` with `weights_only=True` (tensors and plain values only).
 
     Raises:
@@ -82,7 +82,7 @@ class Checkpointer:
     """
 
     def __init__(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-                 extras: Optional[Dict[str, Any]] = None):
+                 extras: Optional[dict[str, Any]] = None):
         self.path = Path(path)
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.extras = dict(extras or {})
@@ -93,7 +93,7 @@ class Checkpointer:
         return 'no checkpoint was written' if self.saved_step is None else \
             f'the checkpoint of step {self.saved_step} is kept'
 
-    def save(self, pos: Position, sums: Dict[str, Any]) -> None:
+    def save(self, pos: Position, sums: dict[str, Any]) -> None:
         """Write the checkpoint of `pos` (rank 0 writes; every process must call it: the random states of all
         processes are gathered, and their parameters checked to be equal).
 
@@ -111,7 +111,7 @@ class Checkpointer:
                 'world_size': world_size, 'position': asdict(pos), 'sums': dict(sums), **self.extras})
         self.saved_step = pos.step
 
-    def restore(self, payload: Optional[Dict[str, Any]] = None) -> Tuple[Position, Dict[str, Any]]:
+    def restore(self, payload: Optional[dict[str, Any]] = None) -> tuple[Position, dict[str, Any]]:
         """Load the checkpoint (or take `payload`, one already read by `load_checkpoint`) into the model,
         optimizer, scheduler and random generators; returns (position, running-metrics sums).
 
@@ -133,14 +133,14 @@ class Checkpointer:
         return pos, ck['sums']
 
 
-def _rng_states() -> Dict[str, Any]:
+def _rng_states() -> dict[str, Any]:
     states = {'torch': torch.get_rng_state(), 'python': random.getstate()}
     if torch.cuda.is_available():
         states['cuda'] = torch.cuda.get_rng_state_all()
     return states
 
 
-def _set_rng_states(states: Dict[str, Any]) -> None:
+def _set_rng_states(states: dict[str, Any]) -> None:
     torch.set_rng_state(states['torch'])
     random.setstate(_as_tuple(states['python']))
     if 'cuda' in states and torch.cuda.is_available():

@@ -20,7 +20,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 METRICS = 'metrics.jsonl'
 SAMPLES = 'samples.txt'
@@ -33,12 +33,12 @@ class RunningMetrics:
     run's first record is that of the uninterrupted run.
     """
 
-    def __init__(self, sums: Optional[Dict[str, Any]] = None):
+    def __init__(self, sums: Optional[dict[str, Any]] = None):
         self.sums = dict(sums) if sums else self._zeros()
         self.lr: Optional[float] = None  # the learning rate of the last update
 
     @staticmethod
-    def _zeros() -> Dict[str, Any]:
+    def _zeros() -> dict[str, Any]:
         return {'loss': 0.0, 'correct': 0, 'count': 0, 'steps': 0, 'tokens': 0, 'seconds': 0.0}
 
     def add(self, loss: float, correct: int, count: int, tokens: int, seconds: float, lr: float) -> None:
@@ -53,7 +53,7 @@ class RunningMetrics:
         s['seconds'] += seconds
         self.lr = lr
 
-    def record(self, pos, batches_per_epoch: int, valid: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
+    def record(self, pos, batches_per_epoch: int, valid: Optional[dict[str, float]] = None) -> dict[str, Any]:
         """The record of step `pos.step` (a checkpoint.Position), with the validation's loss and accuracy if given;
         the sums start again from zero."""
         s = self.sums
@@ -68,7 +68,7 @@ class RunningMetrics:
         self.sums = self._zeros()
         return r
 
-    def state(self) -> Dict[str, Any]:
+    def state(self) -> dict[str, Any]:
         """The sums, for the checkpoint."""
         return dict(self.sums)
 
@@ -79,7 +79,7 @@ class MetricsLog:
     def __init__(self, path: Path):
         self.path = path
 
-    def write(self, record: Dict[str, Any]) -> None:
+    def write(self, record: dict[str, Any]) -> None:
         with open(self.path, 'a', encoding='utf-8') as f:
             f.write(json.dumps(record) + '\n')
 
@@ -92,7 +92,7 @@ class MetricsLog:
             os.replace(tmp, self.path)
 
 
-def read_metrics(path: Path) -> List[Dict[str, Any]]:
+def read_metrics(path: Path) -> list[dict[str, Any]]:
     """All records of a metrics.jsonl file (a torn last line from a killed process is skipped)."""
     records = []
     for line in Path(path).read_text(encoding='utf-8').splitlines():
@@ -111,7 +111,7 @@ class Progress:
         self.stream = stream or sys.stdout
         self.tty = self.stream.isatty()
 
-    def show(self, pos, record: Dict[str, Any], eta: float, newline: bool) -> None:
+    def show(self, pos, record: dict[str, Any], eta: float, newline: bool) -> None:
         if not (self.tty or newline):
             return
         parts = [f'epoch {pos.epoch + (pos.batch > 0)} step {pos.step:,}/{self.total_steps:,}',
@@ -157,7 +157,7 @@ class RunLog:
         if enabled and resumed_at is not None:
             self.metrics.drop_after(resumed_at)
 
-    def write(self, record: Dict[str, Any], pos, eta: float) -> Dict[str, Any]:
+    def write(self, record: dict[str, Any], pos, eta: float) -> dict[str, Any]:
         """Append `record` to metrics.jsonl, send its metrics to labml, show it (with `eta` seconds to go) on the
         progress line, which gets a line of its own when the record holds a validation. Returns `record`."""
         if self.enabled:

@@ -6,7 +6,8 @@ validation on the held-out 10%, a sample from `prompt`). Experiments subclass it
 `@option(Configs.model, 'name')` functions that build an `AutoregressiveModel(n_tokens, d_model, core_transformer)`
 on `device_of(c)`.
 """
-from typing import Any, Dict, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -17,7 +18,6 @@ from lazylab.experiments import distributed
 from lazylab.experiments.optimizers import OptimizerConfigs
 from lazylab.experiments.task import Batch, Task, evaluate
 from lazylab.experiments.trainer import TrainerConfigs, resolve_device
-
 
 #: labml_nn's published experiment settings (d_model 512, 8 heads, 6 layers, Noam lr 1.0, 128 epochs); each
 #: experiment's `preset=labml_nn` is this plus its own keys
@@ -103,7 +103,7 @@ class TextTask(Task):
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         return self.train_loader.epoch(epoch, start=start)
 
-    def evaluate(self, model: nn.Module, final: bool) -> Dict[str, float]:
+    def evaluate(self, model: nn.Module, final: bool) -> dict[str, float]:
         return evaluate(model, self.valid_full if final else self.valid_quick, self.device, loss=self.loss)
 
     def sample(self, model: nn.Module, step: int) -> str:
@@ -114,7 +114,7 @@ class TextTask(Task):
                              temperature=self.sample_temperature, generator=g)
         return self.data.tokenizer.decode(ids.cpu())
 
-    def checkpoint_extras(self) -> Dict[str, Any]:
+    def checkpoint_extras(self) -> dict[str, Any]:
         """The vocabulary, so that `lazylab generate` needs only the checkpoint."""
         return {'vocabulary': self.data.tokenizer.itos}
 

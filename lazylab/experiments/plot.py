@@ -1,6 +1,6 @@
 """`lazylab plot RUN_DIR [RUN_DIR …] -o FILE.png`: train and valid loss against tokens seen, one colour per run."""
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from lazylab.errors import UsageError
 from lazylab.experiments.metrics import METRICS, read_metrics

@@ -18,8 +18,9 @@ import os
 import sys
 import time
 import uuid as uuid_lib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Optional
 
 from lazylab.configs import apply_overrides, dump, load, parse_overrides, to_dict
 from lazylab.errors import UsageError, run_cli, user_error_message  # noqa: F401  (re-exported: the CLI's error path)
@@ -35,7 +36,7 @@ def load_experiment(name: str):
     return importlib.import_module(f'lazylab.experiments.{name}')
 
 
-def split_args(argv: Sequence[str]) -> Tuple[List[str], Optional[str]]:
+def split_args(argv: Sequence[str]) -> tuple[list[str], Optional[str]]:
     """key=value tokens and the `--config FILE` (or `--config=FILE`) option."""
     tokens, config_file, i = [], None, 0
     argv = list(argv)
@@ -56,7 +57,7 @@ def split_args(argv: Sequence[str]) -> Tuple[List[str], Optional[str]]:
     return tokens, config_file
 
 
-def read_config_file(path: str) -> Dict[str, Any]:
+def read_config_file(path: str) -> dict[str, Any]:
     """A YAML mapping of overrides: flat `{key: value}` or a configs.yaml dump (its `values` section)."""
     import yaml
     try:
@@ -179,12 +180,13 @@ def parameter_count(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def execute(name: str, conf, run_dir: Path, *, resume: bool, checkpoint: Optional[Dict[str, Any]] = None
-            ) -> Dict[str, Any]:
+def execute(name: str, conf, run_dir: Path, *, resume: bool, checkpoint: Optional[dict[str, Any]] = None
+            ) -> dict[str, Any]:
     """Train inside a labml experiment and print the summary; returns the last metrics record.
 
     `checkpoint`: the run's checkpoint, already loaded (resume=True), so that it is read once."""
     import contextlib
+
     from lazylab.experiments import distributed
     from lazylab.experiments.nlp_autoregression import device_of
     from lazylab.experiments.tracking import LabmlRun
@@ -251,7 +253,7 @@ def _device(conf):
         raise UsageError(str(e)) from None
 
 
-def open_run(run_dir: str) -> Tuple[str, Any, Path]:
+def open_run(run_dir: str) -> tuple[str, Any, Path]:
     """(experiment name, Configs replayed from configs.yaml, run dir) of an existing run directory."""
     path = Path(run_dir)
     if not (path / 'run.json').is_file() or not (path / 'configs.yaml').is_file():
@@ -286,6 +288,7 @@ def generate(run_dir: str, prompt: str, tokens: int, temperature: float = 1.0, t
     incremental state is used when it has one, so each new character costs one step.
     """
     import torch
+
     from lazylab.data import CharTokenizer
     from lazylab.experiments.checkpoint import CHECKPOINT, load_checkpoint
     from lazylab.models.sampling import check_generate_arguments

@@ -11,15 +11,16 @@ An experiment's config provides a `Task` (the item `task`); `trainer.train` need
 (and `evaluate`) with its own objective. The defaults are next-token cross-entropy and accuracy
 (`next_token_loss`) and no sample.
 """
+from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
-from typing import Any, Callable, Dict, Iterable, Iterator, NamedTuple, Optional, Tuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
 
 from lazylab.experiments import distributed
 
-Batch = Tuple[torch.Tensor, torch.Tensor]
+Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 class BatchLoss(NamedTuple):
@@ -68,7 +69,7 @@ class Task:
         """The loss of a batch (x, y already on the model's device); default: `next_token_loss`."""
         return next_token_loss(model, x, y, reduction)
 
-    def evaluate(self, model: torch.nn.Module, final: bool) -> Dict[str, float]:
+    def evaluate(self, model: torch.nn.Module, final: bool) -> dict[str, float]:
         """{'loss', 'accuracy'} on the validation data: a quick estimate (final=False, at every validation) or
         the thorough one that ends the run (final=True). Called on every process; it leaves the model in the
         mode it found it in."""
@@ -79,7 +80,7 @@ class Task:
         generator of its own, not the global random state); None: nothing to show."""
         return None
 
-    def checkpoint_extras(self) -> Dict[str, Any]:
+    def checkpoint_extras(self) -> dict[str, Any]:
         """Plain values saved in every checkpoint, for using the model without the data (e.g. its vocabulary)."""
         return {}
 
@@ -87,7 +88,7 @@ class Task:
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, batches: Iterable[Batch], device: torch.device,
              autocast: Callable[[], Any] = nullcontext, loss: Callable[..., BatchLoss] = next_token_loss
-             ) -> Dict[str, float]:
+             ) -> dict[str, float]:
     """Mean loss (of `loss`, by default cross-entropy in nats/token) and accuracy over all `batches`, in eval mode.
 
     Under torchrun each process takes its share of every batch's columns (distributed.batch_share) and the sums

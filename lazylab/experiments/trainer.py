@@ -32,19 +32,23 @@ so a run killed at any point and resumed logs, on the CPU, bitwise the same loss
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from lazylab.configs import BaseConfigs
-from lazylab.errors import CheckpointError, NonFiniteLossError, TrainingError  # noqa: F401  (re-exported)
+from lazylab.errors import CheckpointError, NonFiniteLossError, TrainingError
 from lazylab.experiments import distributed
-from lazylab.experiments.budget import CALIBRATION_STEPS, TimeBudget  # noqa: F401  (re-exported)
-from lazylab.experiments.checkpoint import (CHECKPOINT, Checkpointer, Position, load_checkpoint,  # noqa: F401
-                                            save_checkpoint)
-from lazylab.experiments.metrics import METRICS, SAMPLES, MetricsLog, Progress, RunLog, RunningMetrics, \
-    read_metrics  # noqa: F401  (re-exported)
-from lazylab.experiments.task import Task, evaluate  # noqa: F401  (re-exported)
+from lazylab.experiments.budget import CALIBRATION_STEPS, TimeBudget
+from lazylab.experiments.checkpoint import CHECKPOINT, Checkpointer, Position, load_checkpoint, save_checkpoint
+from lazylab.experiments.metrics import METRICS, SAMPLES, MetricsLog, Progress, RunLog, RunningMetrics, read_metrics
+from lazylab.experiments.task import Task, evaluate
+
+# the loop and its configuration, and (re-exported) the names of its parts that callers used to find here
+__all__ = ['TrainerConfigs', 'resolve_device', 'autocast_for', 'train', 'validate', 'check_finite', 'sample',
+           'TrainingError', 'CheckpointError', 'NonFiniteLossError', 'CALIBRATION_STEPS', 'TimeBudget', 'CHECKPOINT',
+           'Checkpointer', 'Position', 'load_checkpoint', 'save_checkpoint', 'METRICS', 'SAMPLES', 'MetricsLog',
+           'Progress', 'RunLog', 'RunningMetrics', 'read_metrics', 'Task', 'evaluate']
 
 
 class TrainerConfigs(BaseConfigs):
@@ -99,8 +103,8 @@ def autocast_for(device: torch.device, dtype: str) -> Callable[[], Any]:
     return lambda: torch.autocast(device.type, dtype=torch_dtype, enabled=torch_dtype is not None)
 
 
-def train(c, run_dir: Path, *, resume: bool = False, checkpoint: Optional[Dict[str, Any]] = None,
-          labml_run=None) -> Dict[str, Any]:
+def train(c, run_dir: Path, *, resume: bool = False, checkpoint: Optional[dict[str, Any]] = None,
+          labml_run=None) -> dict[str, Any]:
     """Train `c.model` on `c.task`; returns the last metrics record (with the final validation), {} when a resumed
     run had already finished.
 
@@ -133,7 +137,7 @@ def train(c, run_dir: Path, *, resume: bool = False, checkpoint: Optional[Dict[s
                  enabled=distributed.is_main_process())
     budget = TimeBudget(c.max_minutes, pos, fit_steps=c.max_steps == 0, max_total_steps=c.total_steps,
                         valid_every=valid_every, final_valid_ratio=task.final_valid_ratio, now=time.time)
-    last: Dict[str, Any] = {}
+    last: dict[str, Any] = {}
     model.train()
     while pos.step < pos.total_steps:
         for x, y in task.batches(pos.epoch, start=pos.batch):
@@ -179,7 +183,7 @@ def train(c, run_dir: Path, *, resume: bool = False, checkpoint: Optional[Dict[s
 
 
 def validate(task: Task, model: torch.nn.Module, autocast, *, final: bool, pos: Position,
-             ckpt: Checkpointer) -> Dict[str, float]:
+             ckpt: Checkpointer) -> dict[str, float]:
     """`task.evaluate` (the final validation at the end), refusing a loss that is not finite.
 
     Raises:

@@ -23,7 +23,7 @@ a function for one token x [1, batch_size, d_model] in eval mode without autogra
 on that token, with the checks and set-up done once, when it is made. `generate` makes one per call and uses it
 for every token after the prompt.
 """
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -33,7 +33,7 @@ from lazylab.models.sampling import check_generate_arguments, sample_next
 from lazylab.models.transformer import get_positional_encoding
 
 #: (token ids [seq_len, batch_size], state) → (logits [seq_len, batch_size, n_vocab], new state)
-IncrementalStep = Callable[[torch.Tensor, Any], Tuple[torch.Tensor, Any]]
+IncrementalStep = Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]]
 
 
 class LanguageModel(nn.Module):
@@ -117,7 +117,7 @@ class AutoregressiveModel(LanguageModel):
         self.transformer = transformer
         self.generator = nn.Linear(d_model, n_vocab)
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, None]:
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
         """Logits for every position; the second element is None (labml_nn's experiments expect a pair)."""
         return self.generator(self.transformer(self.src_embed(x))), None
 
@@ -126,7 +126,7 @@ class AutoregressiveModel(LanguageModel):
         """True when the core transformer implements `forward_with_state`."""
         return callable(getattr(self.transformer, 'forward_with_state', None))
 
-    def forward_with_state(self, x: torch.Tensor, state: Any = None) -> Tuple[torch.Tensor, Any]:
+    def forward_with_state(self, x: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, Any]:
         """Logits for a chunk x [seq_len, batch_size] continuing from `state`; returns (logits, new_state).
 
         Raises:
@@ -149,7 +149,7 @@ class AutoregressiveModel(LanguageModel):
             return self.forward_with_state
         embed, generator = self.src_embed, self.generator
 
-        def step(ids: torch.Tensor, state: Any) -> Tuple[torch.Tensor, Any]:
+        def step(ids: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
             if ids.shape[0] != 1:  # the prompt
                 return self.forward_with_state(ids, state)
             y, state = core_step(embed(ids), state)
@@ -211,7 +211,7 @@ class AutoregressiveTransformer(LanguageModel):
         self.generator = generator
         self.max_context = max_context
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, None]:
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
         mask = subsequent_mask(x.shape[0], x.device)
         return self.generator(self.encoder(self.src_embed(x), mask)), None
 

@@ -6,7 +6,8 @@ With temperature T > 0 the next token is drawn from softmax(logits / T) (T < 1 s
 flattens it); T = 0 is the limit, the argmax. Top-k sampling
 (Fan, Lewis & Dauphin 2018, "Hierarchical Neural Story Generation") first keeps only the k largest logits.
 """
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import torch
 

@@ -1,7 +1,7 @@
 """The trainer's named parts, each on hand-worked cases: the time budget, the checkpointer, the running metrics,
 and the task interface (a task that is not text, with a loss of its own, trained by `trainer.train`)."""
 import random
-from typing import Dict, Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -161,7 +161,7 @@ class LastTokenTask(Task):
             self.counts.append(correct)
         return BatchLoss(loss, correct, y.shape[1])
 
-    def evaluate(self, model, final: bool) -> Dict[str, float]:
+    def evaluate(self, model, final: bool) -> dict[str, float]:
         return {'loss': 1.0, 'accuracy': 0.75} if final else {'loss': 2.0, 'accuracy': 0.25}
 
     def checkpoint_extras(self):

@@ -6,8 +6,12 @@ import pytest
 import torch
 from torch import nn
 
-from lazylab.models.autoregressive import (AutoregressiveModel, AutoregressiveTransformer, LanguageModel,
-                                           TokenAndPositionEmbeddings)
+from lazylab.models.autoregressive import (
+    AutoregressiveModel,
+    AutoregressiveTransformer,
+    LanguageModel,
+    TokenAndPositionEmbeddings,
+)
 from lazylab.models.sampling import check_generate_arguments, sample_next
 
 
