@@ -12,7 +12,9 @@ diverged loss) prints one line `lazylab: error: …` on stderr and exits with co
 """
 import argparse
 import sys
-from typing import List, Optional
+from typing import Optional
+
+from lazylab.errors import UsageError, run_cli
 
 USAGE = __doc__.split('\n\n')[1]
 
@@ -21,32 +23,31 @@ class _Parser(argparse.ArgumentParser):
     """argparse whose mistakes become one-line UsageErrors instead of a usage block."""
 
     def error(self, message):
-        from lazylab.experiments.runner import UsageError
         raise UsageError(f'{self.prog}: {message}')
 
 
-def _train(argv: List[str]) -> None:
-    from lazylab.experiments.runner import UsageError, train_main
+def _train(argv: list[str]) -> None:
+    from lazylab.experiments.runner import train_main
     if not argv or argv[0].startswith('-'):
         raise UsageError('usage: lazylab train NAME [key=value …] [--config FILE.yaml]')
     train_main(argv[0], argv[1:])
 
 
-def _options(argv: List[str]) -> None:
-    from lazylab.experiments.runner import UsageError, options_text
+def _options(argv: list[str]) -> None:
+    from lazylab.experiments.runner import options_text
     if len(argv) != 1:
         raise UsageError('usage: lazylab options NAME')
     print(options_text(argv[0]))
 
 
-def _resume(argv: List[str]) -> None:
-    from lazylab.experiments.runner import UsageError, resume_main
+def _resume(argv: list[str]) -> None:
+    from lazylab.experiments.runner import resume_main
     if len(argv) != 1:
         raise UsageError('usage: lazylab resume RUN_DIR')
     resume_main(argv[0])
 
 
-def _generate(argv: List[str]) -> None:
+def _generate(argv: list[str]) -> None:
     from lazylab.experiments.runner import generate
     p = _Parser(prog='lazylab generate', add_help=False)
     p.add_argument('run_dir')
@@ -59,7 +60,7 @@ def _generate(argv: List[str]) -> None:
     print(generate(a.run_dir, a.prompt, a.tokens, a.temperature, a.top_k, a.seed))
 
 
-def _plot(argv: List[str]) -> None:
+def _plot(argv: list[str]) -> None:
     from lazylab.experiments.plot import plot_runs
     p = _Parser(prog='lazylab plot', add_help=False)
     p.add_argument('run_dirs', nargs='+')
@@ -71,7 +72,7 @@ def _plot(argv: List[str]) -> None:
 COMMANDS = {'train': _train, 'options': _options, 'resume': _resume, 'generate': _generate, 'plot': _plot}
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ('-h', '--help', 'help'):
         print('usage:\n' + USAGE)
@@ -80,7 +81,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     if command == 'dashboard':  # the dashboard's own parser and optional dependencies, loaded only when asked
         from lazylab.dashboard import main as dashboard_main
         return dashboard_main(rest)
-    from lazylab.experiments.runner import UsageError, run_cli
     if command not in COMMANDS:
         import difflib
         close = difflib.get_close_matches(command, list(COMMANDS) + ['dashboard'], n=1)

@@ -32,7 +32,7 @@ def _error(capsys, argv):
 
 def _files(tmp_path):
     """(path, bytes) of the texts the cases use."""
-    (tmp_path / 'latin1.txt').write_bytes('First Citizen:\nBefore we proceed'.encode() + 'caf\xe9'.encode('latin-1'))
+    (tmp_path / 'latin1.txt').write_bytes(b'First Citizen:\nBefore we proceed' + 'caf\xe9'.encode('latin-1'))
     (tmp_path / 'short.txt').write_text('x' * 1000)  # 900 train / 100 valid characters
     (tmp_path / 'tiny.txt').write_text('abcdefghij' * 2)  # 18 train / 2 valid
     (tmp_path / 'bad.yaml').write_text('d_model: [1, 2\n')
@@ -49,7 +49,8 @@ CASES = [
     (['train', 'transformer', 'transformer.encoder_attn=relativ'],
      r"unknown option 'relativ' for transformer.encoder_attn .*did you mean 'relative'"),
     (['train', 'transformer', 'd_model'], r"expected key=value, got 'd_model'"),
-    (['train', 'transformr'], r"unknown experiment 'transformr' \(did you mean 'transformer'\?\); experiments: feedback"),
+    (['train', 'transformr'],
+     r"unknown experiment 'transformr' \(did you mean 'transformer'\?\); experiments: feedback"),
     (['train', 'transformer', 'text={tmp}/missing.txt'], r'text file not found: .*missing.txt'),
     (['train', 'transformer', 'text={tmp}/latin1.txt'],
      r'latin1.txt is not UTF-8 text: invalid byte 0xe9 at byte offset 35$'),  # 15 + 17 + len("caf")
@@ -161,3 +162,31 @@ def test_python_dash_m_reports_errors_the_same_way(tmp_path):
     assert done.stderr.strip() == ("lazylab: error: Configs has no config item 'd_modle'; "
                                    "did you mean 'd_model' or 'model'?")
     assert not (tmp_path / 'runs').exists()
+
+
+def test_the_error_module_and_the_command_line_import_no_torch():
+    # `lazylab --help` and the error path must not pay for torch; the script fails if torch gets imported
+    code = ('import sys, lazylab.errors, lazylab.cli; '
+            'assert "torch" not in sys.modules, sorted(m for m in sys.modules if m.startswith("torch"))[:5]')
+    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+
+
+def test_user_errors_are_the_lazylab_errors_and_config_errors_wherever_they_are_imported_from():
+    from lazylab import errors
+    from lazylab.configs import CalculatorError, ConfigError
+    from lazylab.data import DataError
+    from lazylab.experiments import distributed, runner, trainer
+    assert DataError is errors.DataError and issubclass(DataError, ValueError)
+    assert runner.UsageError is errors.UsageError and distributed.DistributedError is errors.DistributedError
+    assert (trainer.TrainingError, trainer.CheckpointError, trainer.NonFiniteLossError) == \
+        (errors.TrainingError, errors.CheckpointError, errors.NonFiniteLossError)
+    assert issubclass(errors.CheckpointError, errors.TrainingError) and issubclass(errors.TrainingError, RuntimeError)
+    message = errors.user_error_message
+    assert message(errors.CheckpointError('no checkpoint at x\nsecond line')) == 'no checkpoint at x'
+    assert message(ConfigError('bad value for seq_len')) == 'bad value for seq_len'
+    wrapped = CalculatorError('dataset: option failed', 'dataset', 'character_split')
+    wrapped.__cause__ = DataError('text file not found: a.txt')
+    assert message(wrapped) == 'text file not found: a.txt'
+    assert message(ValueError('a bug')) is None and message(RuntimeError('a bug')) is None

@@ -9,8 +9,9 @@ batch loaders that lay batches out sequence-first, `[seq_len, batch_size]`, as l
         ...
 
 Every user mistake (missing file, bytes that are not UTF-8, a text too short for `seq_len`, a prompt character
-outside the vocabulary) raises `DataError`, whose message is one line naming the file and the culprit; the command
-line prints it as `lazylab: error: …` and exits with code 2.
+outside the vocabulary) raises `DataError` (`lazylab.errors.DataError`, also importable from here), whose message
+is one line naming the file and the culprit; the command line prints it as `lazylab: error: …` and exits with
+code 2.
 
 The loaders draw their randomness from a generator seeded by `(seed, epoch)` only, so batch `i` of epoch `e` is a
 pure function of the configuration: resuming from a checkpoint needs nothing but `(epoch, batch index)`, and
@@ -18,10 +19,13 @@ several processes can each take a disjoint shard of the same permutation (`rank`
 """
 import hashlib
 import math
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple, Union
+from typing import Optional, Union
 
 import torch
+
+from lazylab.errors import DataError
 
 __all__ = ['DataError', 'TINY_SHAKESPEARE', 'TINY_SHAKESPEARE_SHA256', 'bundled_text_path', 'load_text',
            'CharTokenizer', 'TextDataset', 'ShuffledLoader', 'SequentialLoader']
@@ -32,10 +36,6 @@ TINY_SHAKESPEARE = 'tiny_shakespeare'
 TINY_SHAKESPEARE_SHA256 = '86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed'
 #: fraction of characters in the training split (labml_nn and nanoGPT use the first 90%)
 TRAIN_FRACTION = 0.9
-
-
-class DataError(ValueError):
-    """A problem with the user's text or prompt; the message is one line that names the file or character."""
 
 
 def bundled_text_path() -> Path:
@@ -103,7 +103,7 @@ class CharTokenizer:
             raise DataError(f'character {c!r} (position {text.index(c)}) is not in the vocabulary of '
                             f'{self.n_tokens} characters the model was trained on') from None
 
-    def decode(self, ids: Union[torch.Tensor, List[int]]) -> str:
+    def decode(self, ids: Union[torch.Tensor, list[int]]) -> str:
         """LongTensor [n] (or list of ints) → str of length n."""
         if isinstance(ids, torch.Tensor):
             ids = ids.tolist()
@@ -150,7 +150,7 @@ class TextDataset:
                                 f'fewer processes')
 
 
-def _windows(data: torch.Tensor, starts: torch.Tensor, seq_len: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def _windows(data: torch.Tensor, starts: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Cut windows of seq_len + 1 tokens at `starts` [b] → (inputs, targets), each [seq_len, b]."""
     idx = starts[:, None] + torch.arange(seq_len + 1)[None, :]
     w = data[idx].t()
@@ -188,7 +188,7 @@ class ShuffledLoader:
         """Batches per epoch."""
         return math.ceil(self.n_local / self.batch_size)
 
-    def epoch(self, epoch: int, start: int = 0) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yield the batches of `epoch`, beginning with batch index `start` (to resume mid-epoch)."""
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         perm = torch.randperm(self.n_slots, generator=g)
@@ -225,6 +225,6 @@ class SequentialLoader:
     def __len__(self) -> int:
         return math.ceil(len(self.starts) / self.batch_size)
 
-    def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for b in range(len(self)):
             yield _windows(self.data, self.starts[b * self.batch_size:(b + 1) * self.batch_size], self.seq_len)

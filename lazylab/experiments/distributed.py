@@ -32,12 +32,15 @@ import hashlib
 import itertools
 import os
 import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Optional, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from lazylab.errors import DistributedError
 
 __all__ = ['DistEnv', 'DistributedError', 'ReplicaMismatchError', 'environment', 'setup', 'teardown',
            'process_group', 'is_distributed', 'get_rank', 'get_world_size', 'is_main_process', 'wrap',
@@ -49,10 +52,6 @@ __all__ = ['DistEnv', 'DistributedError', 'ReplicaMismatchError', 'environment',
 DEFAULT_TIMEOUT_S = 600.0
 
 T = TypeVar('T')
-
-
-class DistributedError(RuntimeError):
-    """The torchrun environment or the device does not allow a distributed run; one-line message."""
 
 
 class ReplicaMismatchError(RuntimeError):
@@ -232,7 +231,7 @@ def wrap(model: nn.Module, device: torch.device) -> nn.Module:
     return DistributedDataParallel(model, device_ids=device_ids, static_graph=True)
 
 
-def all_reduce_sum(*values: float) -> Tuple[float, ...]:
+def all_reduce_sum(*values: float) -> tuple[float, ...]:
     """Sum each number over all processes (float64; identity in a single process)."""
     if not is_distributed():
         return tuple(values)
@@ -241,7 +240,7 @@ def all_reduce_sum(*values: float) -> Tuple[float, ...]:
     return tuple(t.tolist())
 
 
-def all_reduce_mean(*values: float) -> Tuple[float, ...]:
+def all_reduce_mean(*values: float) -> tuple[float, ...]:
     """Average each number over all processes (identity in a single process)."""
     n = get_world_size()
     return tuple(v / n for v in all_reduce_sum(*values))
@@ -256,20 +255,19 @@ def broadcast_object(obj: T, src: int = 0) -> T:
     return box[0]
 
 
-def all_gather_object(obj: Any) -> List[Any]:
+def all_gather_object(obj: Any) -> list[Any]:
     """[obj of rank 0, obj of rank 1, …] on every process ([obj] in a single process)."""
     if not is_distributed():
         return [obj]
-    out: List[Any] = [None] * get_world_size()
+    out: list[Any] = [None] * get_world_size()
     dist.all_gather_object(out, obj)
     return out
 
 
 def shard(batches: Iterable[T], rank: Optional[int] = None, world_size: Optional[int] = None) -> Iterable[T]:
-    """Every world_size-th item of `batches`, starting at `rank` (all of them in a single process).
-
-    Used for validation: the processes evaluate disjoint batches whose sums `all_reduce_sum` then combines, so
-    the averaged loss is that of the whole validation set.
+    """Every world_size-th item of `batches`, starting at `rank` (all of them in a single process): the
+    processes can evaluate disjoint batches whose sums `all_reduce_sum` then combines. (The text task's validation
+    shares each batch's columns instead, `batch_share`, so that every process takes part in every batch.)
     """
     rank = get_rank() if rank is None else rank
     world_size = get_world_size() if world_size is None else world_size
@@ -293,7 +291,8 @@ def batch_share(batch: torch.Tensor) -> torch.Tensor:
 def any_process(flag: bool) -> bool:
     """True on every process if `flag` is true on any (the flag itself in a single process).
 
-    For decisions every process must take together, such as stopping on a time limit measured by local clocks.
+    For decisions every process must take together. (The trainer sends its out-of-time flag with the step's other
+    sums, in its one all-reduce per step, rather than in a call of its own.)
     """
     if not is_distributed():
         return flag

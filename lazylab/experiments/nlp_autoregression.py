@@ -1,18 +1,23 @@
 """Character-level autoregressive language modelling: what every experiment here shares.
 
-`NLPAutoRegressionConfigs` adds to the trainer's items the text, the model width, the optimizer and sampling.
-Experiments subclass it and add `@option(Configs.model, 'name')` functions that build an
-`AutoregressiveModel(n_tokens, d_model, core_transformer)` on `device_of(c)`.
+`NLPAutoRegressionConfigs` adds to the trainer's items the text, the model width, the optimizer and sampling, and
+`task`, the trainer's view of the data: a `TextTask` (next character of the text: shuffled training windows,
+validation on the held-out 10%, a sample from `prompt`). Experiments subclass it and add
+`@option(Configs.model, 'name')` functions that build an `AutoregressiveModel(n_tokens, d_model, core_transformer)`
+on `device_of(c)`.
 """
+from collections.abc import Iterator
+from typing import Any, Optional
+
 import torch
 from torch import nn
 
-from lazylab.configs import BaseConfigs, option
-
-from lazylab.data import TINY_SHAKESPEARE, TextDataset
+from lazylab.configs import option
+from lazylab.data import TINY_SHAKESPEARE, SequentialLoader, ShuffledLoader, TextDataset
+from lazylab.experiments import distributed
 from lazylab.experiments.optimizers import OptimizerConfigs
+from lazylab.experiments.task import Batch, Task, evaluate
 from lazylab.experiments.trainer import TrainerConfigs, resolve_device
-
 
 #: labml_nn's published experiment settings (d_model 512, 8 heads, 6 layers, Noam lr 1.0, 128 epochs); each
 #: experiment's `preset=labml_nn` is this plus its own keys
@@ -35,6 +40,7 @@ class NLPAutoRegressionConfigs(TrainerConfigs):
     valid_interval: int = 250         # steps between validations (and checkpoints)
     text: str = TINY_SHAKESPEARE      # tiny_shakespeare (bundled) or the path of a UTF-8 text file
     dataset: TextDataset              # the tokenized 90% / 10% split of `text`
+    task: Task                        # what the trainer trains on: batches, loss, validation, samples
     n_tokens: int                     # vocabulary size (from the dataset)
     model: nn.Module                  # the autoregressive model (options per experiment)
     d_model: int = 128                # model width
@@ -55,6 +61,70 @@ def _dataset(c: NLPAutoRegressionConfigs):
     data = TextDataset.load(c.text)
     data.check_seq_len(c.seq_len)
     return data
+
+
+class TextTask(Task):
+    """Next-character prediction on a `TextDataset` (labml_nn's NLPAutoRegressionConfigs' data and loss).
+
+    Training: `ShuffledLoader` windows of the training split (this process's shard under torchrun); loss:
+    next-token cross-entropy and accuracy. Validation: `SequentialLoader` windows of the validation split,
+    `valid_batches` of them at each validation and `final_valid_batches` (0: all) at the end; every batch spans all
+    processes (`evaluate` takes this process's columns). Sample: `sample_tokens` characters after `prompt`.
+
+    Args:
+        data: the text split; seq_len, batch_size: window length and windows per step (per process).
+        seed: the data order (ShuffledLoader) and the samples' generator (seed + step).
+        device: where batches go for validation and sampling (the model's device).
+        rank, world_size: this process in a torchrun job (default: read from lazylab.experiments.distributed).
+
+    Raises:
+        DataError: a split holds no window of seq_len + 1 characters, or fewer training windows than processes;
+            the prompt has a character outside the text's vocabulary.
+    """
+
+    def __init__(self, data: TextDataset, *, seq_len: int, batch_size: int, seed: int, valid_batches: int,
+                 final_valid_batches: int, prompt: str, sample_tokens: int, sample_temperature: float,
+                 device: torch.device, rank: Optional[int] = None, world_size: Optional[int] = None):
+        rank = distributed.get_rank() if rank is None else rank
+        world_size = distributed.get_world_size() if world_size is None else world_size
+        data.check_seq_len(seq_len, processes=world_size)
+        self.data, self.device, self.seed = data, device, seed
+        self.prompt_ids = data.tokenizer.encode(prompt)
+        self.sample_tokens, self.sample_temperature = sample_tokens, sample_temperature
+        self.train_loader = ShuffledLoader(data.train, seq_len=seq_len, batch_size=batch_size, seed=seed,
+                                           rank=rank, world_size=world_size)
+        self.valid_quick = SequentialLoader(data.valid, seq_len=seq_len, batch_size=batch_size * world_size,
+                                            max_batches=valid_batches)
+        self.valid_full = SequentialLoader(data.valid, seq_len=seq_len, batch_size=batch_size * world_size,
+                                           max_batches=final_valid_batches or None)
+        self.batches_per_epoch = len(self.train_loader)
+        self.final_valid_ratio = len(self.valid_full) / len(self.valid_quick)
+
+    def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        return self.train_loader.epoch(epoch, start=start)
+
+    def evaluate(self, model: nn.Module, final: bool) -> dict[str, float]:
+        return evaluate(model, self.valid_full if final else self.valid_quick, self.device, loss=self.loss)
+
+    def sample(self, model: nn.Module, step: int) -> str:
+        """`prompt` and `sample_tokens` characters sampled at `sample_temperature`, from a generator seeded with
+        seed + step (training's random state is untouched)."""
+        g = torch.Generator(device=self.device).manual_seed(self.seed + step)
+        ids = model.generate(self.prompt_ids.to(self.device), self.sample_tokens,
+                             temperature=self.sample_temperature, generator=g)
+        return self.data.tokenizer.decode(ids.cpu())
+
+    def checkpoint_extras(self) -> dict[str, Any]:
+        """The vocabulary, so that `lazylab generate` needs only the checkpoint."""
+        return {'vocabulary': self.data.tokenizer.itos}
+
+
+@option(NLPAutoRegressionConfigs.task, 'next_character')
+def _task(c: NLPAutoRegressionConfigs):
+    """Made inside the torchrun process group (runner.prepare): each process takes its shard."""
+    return TextTask(c.dataset, seq_len=c.seq_len, batch_size=c.batch_size, seed=c.seed,
+                    valid_batches=c.valid_batches, final_valid_batches=c.final_valid_batches, prompt=c.prompt,
+                    sample_tokens=c.sample_tokens, sample_temperature=c.sample_temperature, device=device_of(c))
 
 
 @option(NLPAutoRegressionConfigs.n_tokens, 'vocabulary_size')

@@ -1,7 +1,7 @@
 """Optimizer and learning-rate schedule configs: `optimizer.optimizer` in Adam, AdamW, SGD, Noam.
 
-The schedule is a `torch.optim.lr_scheduler.LambdaLR` stepped once per optimizer step; the learning rate of step
-t (t = 1, 2, …) is `learning_rate · factor(t)` with
+The schedule is a `ScheduledLR` (a `torch.optim.lr_scheduler.LambdaLR` whose length `set_total_steps` can change)
+stepped once per optimizer step; the learning rate of step t (t = 1, 2, …) is `learning_rate · factor(t)` with
 
     warm-up (warmup > 0, t ≤ warmup):  factor = t / warmup
     schedule='constant' after it:      factor = 1
@@ -11,6 +11,7 @@ t (t = 1, 2, …) is `learning_rate · factor(t)` with
                                        ("Attention Is All You Need", eq. 3; labml_nn's Noam, lr 1.0 there)
 """
 import math
+
 import torch
 
 from lazylab.configs import BaseConfigs, meta_config, option
@@ -67,6 +68,9 @@ class LRSchedule:
 
     A plain object rather than a closure: LambdaLR saves its attributes in the scheduler's state dict, so a
     checkpoint keeps `total_steps` even when the trainer fits it to a time budget (`max_minutes`).
+
+    Raises:
+        ValueError: an unknown schedule.
     """
 
     def __init__(self, *, schedule: str, warmup: int, total_steps: int, min_lr_ratio: float, d_model: int,
@@ -88,9 +92,27 @@ class LRSchedule:
         p = min(1.0, (t - warmup) / max(1, self.total_steps - warmup))
         return r + (1 - r) * 0.5 * (1 + math.cos(math.pi * p))
 
+    def set_total_steps(self, total_steps: int) -> None:
+        """Stretch (or shrink) the cosine over `total_steps` (factor(t) computed from now on uses it)."""
+        self.total_steps = total_steps
+
+
+class ScheduledLR(torch.optim.lr_scheduler.LambdaLR):
+    """A LambdaLR over an `LRSchedule` whose length can be set once the run's step count is known
+    (the trainer fits it to `max_minutes`). Its state dict is LambdaLR's."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, schedule: LRSchedule):
+        super().__init__(optimizer, schedule)
+
+    def set_total_steps(self, total_steps: int) -> None:
+        """The number of steps the schedule spans (the cosine ends at learning_rate · min_lr_ratio there). The rate
+        of the next step is already set (by the last `step()`); the steps after it follow the new length."""
+        for schedule in self.lr_lambdas:
+            schedule.set_total_steps(total_steps)
+
 
 @option(OptimizerConfigs.scheduler, 'LambdaLR')
 def _scheduler(c: OptimizerConfigs):
     schedule = LRSchedule(schedule=c.schedule, warmup=c.warmup, total_steps=c.total_steps,
                           min_lr_ratio=c.min_lr_ratio, d_model=c.d_model, noam=isinstance(c.optimizer, Noam))
-    return torch.optim.lr_scheduler.LambdaLR(c.optimizer, schedule)
+    return ScheduledLR(c.optimizer, schedule)

@@ -1,20 +1,20 @@
 """`lazylab plot RUN_DIR [RUN_DIR …] -o FILE.png`: train and valid loss against tokens seen, one colour per run."""
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+
+from lazylab.errors import UsageError
+from lazylab.experiments.metrics import METRICS, read_metrics
 
 
 def plot_runs(run_dirs: Sequence[str], output: str) -> Path:
     """Draw loss.train (thin line) and loss.valid (line with dots) of each run against `tokens`; save a PNG.
 
     Raises:
-        lazylab.experiments.runner.UsageError: a folder has no metrics.jsonl, or no loss values yet.
+        UsageError: a folder has no metrics.jsonl, or no loss values yet.
     """
     import matplotlib
     matplotlib.use('Agg')  # files only; never needs a display
     import matplotlib.pyplot as plt
-
-    from lazylab.experiments.runner import UsageError
-    from lazylab.experiments.trainer import METRICS, read_metrics
 
     runs = []
     for d in run_dirs:

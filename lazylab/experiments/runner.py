@@ -7,8 +7,9 @@
 
 Everything the user can get wrong is checked before anything is written: the overrides (unknown keys, bad values,
 unknown options), the device, the text file, the model's shape constraints and the optimizer are all resolved
-first; only then is RUNS_DIR/NAME/RUN_ID/ created. Such mistakes raise a `USER_ERRORS` exception whose message is
-one line; `run_cli` prints it as `lazylab: error: …` and returns exit code 2.
+first; only then is RUNS_DIR/NAME/RUN_ID/ created. Such mistakes raise a `lazylab.errors.LazylabError` or a
+`lazylab.configs.ConfigError` whose message is one line; `run_cli` (lazylab.errors) prints it as
+`lazylab: error: …` and returns exit code 2.
 """
 import difflib
 import importlib
@@ -17,55 +18,13 @@ import os
 import sys
 import time
 import uuid as uuid_lib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Optional
 
-from lazylab.configs import CalculatorError, ConfigError, apply_overrides, dump, load, parse_overrides, to_dict
-from lazylab.data import DataError
-
-EXPERIMENTS = ('feedback', 'fast_weights', 'transformer')
-
-
-class UsageError(Exception):
-    """A command-line mistake (unknown experiment, missing run directory, bad flag); one-line message."""
-
-
-def _training_error():
-    from lazylab.experiments.distributed import DistributedError
-    from lazylab.experiments.trainer import TrainingError
-    return TrainingError, DistributedError
-
-
-def user_error_message(e: BaseException) -> Optional[str]:
-    """The one-line message for an error the user caused, or None for a programming error (show the traceback).
-
-    A data or training error raised while the config engine computed an item arrives wrapped in a
-    CalculatorError; the user sees the original message.
-    """
-    if isinstance(e, CalculatorError) and isinstance(e.__cause__, (DataError, *_training_error(), UsageError)):
-        e = e.__cause__
-    if isinstance(e, (ConfigError, DataError, UsageError, *_training_error())):
-        return str(e).splitlines()[0] if str(e) else type(e).__name__
-    return None
-
-
-def run_cli(func: Callable[..., Any], *args) -> int:
-    """Call `func(*args)`; a user error becomes `lazylab: error: …` on stderr and exit code 2."""
-    try:
-        func(*args)
-    except KeyboardInterrupt:
-        print('\nlazylab: interrupted', file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # output piped into a reader that stopped (`| head`): not an error worth a traceback
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    except Exception as e:
-        message = user_error_message(e)
-        if message is None:
-            raise
-        print(f'lazylab: error: {message}', file=sys.stderr)
-        return 2
-    return 0
+from lazylab.configs import apply_overrides, dump, load, parse_overrides, to_dict
+from lazylab.errors import UsageError, run_cli, user_error_message  # noqa: F401  (re-exported: the CLI's error path)
+from lazylab.experiments import EXPERIMENTS
 
 
 def load_experiment(name: str):
@@ -77,7 +36,7 @@ def load_experiment(name: str):
     return importlib.import_module(f'lazylab.experiments.{name}')
 
 
-def split_args(argv: Sequence[str]) -> Tuple[List[str], Optional[str]]:
+def split_args(argv: Sequence[str]) -> tuple[list[str], Optional[str]]:
     """key=value tokens and the `--config FILE` (or `--config=FILE`) option."""
     tokens, config_file, i = [], None, 0
     argv = list(argv)
@@ -98,7 +57,7 @@ def split_args(argv: Sequence[str]) -> Tuple[List[str], Optional[str]]:
     return tokens, config_file
 
 
-def read_config_file(path: str) -> Dict[str, Any]:
+def read_config_file(path: str) -> dict[str, Any]:
     """A YAML mapping of overrides: flat `{key: value}` or a configs.yaml dump (its `values` section)."""
     import yaml
     try:
@@ -146,18 +105,51 @@ def make_configs(name: str, argv: Sequence[str] = ()):
     return conf
 
 
+#: items that must be ≥ 1, and ≥ 0 (checked by `check_values` until their declarations carry the range)
+AT_LEAST_ONE = ('batch_size', 'seq_len', 'epochs', 'inner_iterations', 'log_interval', 'valid_batches')
+AT_LEAST_ZERO = ('max_steps', 'max_minutes', 'grad_norm_clip', 'sample_tokens', 'valid_interval',
+                 'final_valid_batches')
+
+
 def prepare(conf) -> None:
     """Compute everything a run needs, so every user mistake surfaces before a file is written.
 
     Seeds torch first: the model's initial parameters depend only on `seed`.
+
+    Raises:
+        UsageError: see `check_values`; DataError, ConfigError: from the items computed here.
     """
     import torch
+    check_values(conf)
+    if conf.threads:
+        torch.set_num_threads(conf.threads)
+    torch.manual_seed(conf.seed)
+    _ = conf.task  # the data: DataError if the text is too short or the prompt has characters outside it
+    _ = conf.model, conf.total_steps
+    _ = conf.optimizer.optimizer, conf.optimizer.scheduler
+    # compute the remaining plain items too (numbers, strings, flags), so configs.yaml records all of them;
+    # unused component options (say, a decoder the causal model never builds) stay unbuilt
+    from lazylab.configs import describe
+    for row in describe(conf):
+        if row['type'] in ('int', 'float', 'str', 'bool'):
+            value = conf
+            for part in row['name'].split('.'):
+                value = getattr(value, part)
+
+
+def check_values(conf) -> None:
+    """The trainer's items checked by hand: ranges (AT_LEAST_ONE, AT_LEAST_ZERO, threads), dtype's choices, and
+    that the device and the dashboard URL can be used. The ranges and choices go once the item declarations carry
+    them; the device and dashboard checks stay.
+
+    Raises:
+        UsageError: the first bad value, in one line.
+    """
     from lazylab.experiments.trainer import resolve_device
-    for key in ('batch_size', 'seq_len', 'epochs', 'inner_iterations', 'log_interval', 'valid_batches'):
+    for key in AT_LEAST_ONE:
         if getattr(conf, key) < 1:
             raise UsageError(f'{key} must be ≥ 1, got {getattr(conf, key)}')
-    for key in ('max_steps', 'max_minutes', 'grad_norm_clip', 'sample_tokens', 'valid_interval',
-                'final_valid_batches'):
+    for key in AT_LEAST_ZERO:
         if getattr(conf, key) < 0:
             raise UsageError(f'{key} must be ≥ 0, got {getattr(conf, key)}')
     try:
@@ -174,20 +166,6 @@ def prepare(conf) -> None:
             raise UsageError(str(e)) from None
     if conf.threads < 0:
         raise UsageError(f'threads must be ≥ 0, got {conf.threads}')
-    if conf.threads:
-        torch.set_num_threads(conf.threads)
-    torch.manual_seed(conf.seed)
-    conf.dataset.tokenizer.encode(conf.prompt)  # DataError if the prompt has characters outside the text
-    _ = conf.model, conf.total_steps
-    _ = conf.optimizer.optimizer, conf.optimizer.scheduler
-    # compute the remaining plain items too (numbers, strings, flags), so configs.yaml records all of them;
-    # unused component options (say, a decoder the causal model never builds) stay unbuilt
-    from lazylab.configs import describe
-    for row in describe(conf):
-        if row['type'] in ('int', 'float', 'str', 'bool'):
-            value = conf
-            for part in row['name'].split('.'):
-                value = getattr(value, part)
 
 
 def new_run_dir(conf, name: str) -> Path:
@@ -202,9 +180,13 @@ def parameter_count(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def execute(name: str, conf, run_dir: Path, *, resume: bool) -> Dict[str, Any]:
-    """Train inside a labml experiment and print the summary; returns the last metrics record."""
+def execute(name: str, conf, run_dir: Path, *, resume: bool, checkpoint: Optional[dict[str, Any]] = None
+            ) -> dict[str, Any]:
+    """Train inside a labml experiment and print the summary; returns the last metrics record.
+
+    `checkpoint`: the run's checkpoint, already loaded (resume=True), so that it is read once."""
     import contextlib
+
     from lazylab.experiments import distributed
     from lazylab.experiments.nlp_autoregression import device_of
     from lazylab.experiments.tracking import LabmlRun
@@ -230,7 +212,7 @@ def execute(name: str, conf, run_dir: Path, *, resume: bool) -> Dict[str, Any]:
         explicit = [k for k, row in explain(conf).items() if row['source'] == 'override']
         labml_run = LabmlRun(run_dir, name, info['uuid'], flat, conf.dashboard, explicit)
     with labml_run as tracker:
-        last = train(conf, run_dir, resume=resume, labml_run=tracker)
+        last = train(conf, run_dir, resume=resume, checkpoint=checkpoint, labml_run=tracker)
     if is_main and not last:
         print(f'nothing to do: the run in {run_dir} has already finished', flush=True)
     if is_main and 'loss.valid' in last:
@@ -271,7 +253,7 @@ def _device(conf):
         raise UsageError(str(e)) from None
 
 
-def open_run(run_dir: str) -> Tuple[str, Any, Path]:
+def open_run(run_dir: str) -> tuple[str, Any, Path]:
     """(experiment name, Configs replayed from configs.yaml, run dir) of an existing run directory."""
     path = Path(run_dir)
     if not (path / 'run.json').is_file() or not (path / 'configs.yaml').is_file():
@@ -289,12 +271,12 @@ def open_run(run_dir: str) -> Tuple[str, Any, Path]:
 def resume_main(run_dir: str) -> Path:
     """`lazylab resume RUN_DIR`: rebuild the run's configs and continue from its checkpoint."""
     from lazylab.experiments import distributed
-    from lazylab.experiments.trainer import CHECKPOINT, load_checkpoint
+    from lazylab.experiments.checkpoint import CHECKPOINT, load_checkpoint
     name, conf, path = open_run(run_dir)
-    load_checkpoint(path / CHECKPOINT)  # CheckpointError before anything else happens
+    checkpoint = load_checkpoint(path / CHECKPOINT)  # CheckpointError before anything else happens
     with distributed.process_group(_device(conf)):
         prepare(conf)
-        execute(name, conf, path, resume=True)
+        execute(name, conf, path, resume=True, checkpoint=checkpoint)
     return path
 
 
@@ -306,14 +288,14 @@ def generate(run_dir: str, prompt: str, tokens: int, temperature: float = 1.0, t
     incremental state is used when it has one, so each new character costs one step.
     """
     import torch
+
     from lazylab.data import CharTokenizer
-    from lazylab.experiments.trainer import CHECKPOINT, load_checkpoint
-    if tokens < 0:
-        raise UsageError(f'--tokens must be ≥ 0, got {tokens}')
-    if temperature < 0:
-        raise UsageError(f'--temperature must be ≥ 0, got {temperature}')
-    if top_k is not None and top_k < 1:
-        raise UsageError(f'--top-k must be ≥ 1, got {top_k}')
+    from lazylab.experiments.checkpoint import CHECKPOINT, load_checkpoint
+    from lazylab.models.sampling import check_generate_arguments
+    try:
+        check_generate_arguments(tokens, temperature, top_k, names=('--tokens', '--temperature', '--top-k'))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     if not prompt:
         raise UsageError('--prompt must not be empty')
     name, conf, path = open_run(run_dir)

@@ -17,8 +17,9 @@ import contextlib
 import io
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Dict, Iterable
+from typing import Any
 
 
 class LabmlRun:
@@ -29,7 +30,7 @@ class LabmlRun:
     (labml names: `loss.train`, `loss.valid`, …) with `step` as labml's global step.
     """
 
-    def __init__(self, run_dir: Path, name: str, uuid: str, configs: Dict[str, Any], dashboard: str = '',
+    def __init__(self, run_dir: Path, name: str, uuid: str, configs: dict[str, Any], dashboard: str = '',
                  explicit: Iterable[str] = ()):
         from labml import experiment, lab
         from labml.internal import lab as labml_lab
@@ -69,7 +70,7 @@ class LabmlRun:
     def __exit__(self, *exc) -> None:
         self._started.__exit__(*exc)
 
-    def log(self, step: int, values: Dict[str, float]) -> None:
+    def log(self, step: int, values: dict[str, float]) -> None:
         from labml import tracker
         tracker.save(step, values)
 

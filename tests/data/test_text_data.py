@@ -3,10 +3,19 @@ import hashlib
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from lazylab.data import (DataError, SequentialLoader, ShuffledLoader, TextDataset, CharTokenizer, TINY_SHAKESPEARE_SHA256,
-                          bundled_text_path, load_text)
+from lazylab.data import (
+    TINY_SHAKESPEARE_SHA256,
+    CharTokenizer,
+    DataError,
+    SequentialLoader,
+    ShuffledLoader,
+    TextDataset,
+    bundled_text_path,
+    load_text,
+)
 
 
 def test_bundled_text_is_tiny_shakespeare_with_standard_split_and_65_characters():

@@ -17,11 +17,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Optional
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lazylab.experiments import distributed as D
 
@@ -34,7 +35,7 @@ TORCHRUN = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--np
 # Helpers: run a job, find and kill its processes
 # ---------------------------------------------------------------------------------------------------------------
 
-def _children(pid: int) -> List[int]:
+def _children(pid: int) -> list[int]:
     """PIDs whose parent is `pid` (from /proc; torchrun's workers are its direct children)."""
     out = []
     for d in Path('/proc').iterdir():
@@ -59,14 +60,14 @@ def _kill_session(pid: int) -> None:
 class Job:
     """A subprocess in its own session; `close()` kills it, its workers and their sessions."""
 
-    def __init__(self, args: List[str], cwd: Path, env: Optional[Dict[str, str]] = None):
-        self.workers: List[int] = []
+    def __init__(self, args: list[str], cwd: Path, env: Optional[dict[str, str]] = None):
+        self.workers: list[int] = []
         env = {**os.environ, 'PYTHONPATH': str(ROOT), 'OMP_NUM_THREADS': '1', 'LABML_DISABLE_GIT': '1',
                **(env or {})}
         self.proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
 
-    def find_workers(self, n: int, within: float = 120) -> List[int]:
+    def find_workers(self, n: int, within: float = 120) -> list[int]:
         deadline = time.time() + within
         while time.time() < deadline and self.proc.poll() is None:
             self.workers = _children(self.proc.pid)
@@ -97,7 +98,7 @@ class Job:
             self.proc.stdout.close()
 
 
-def run(args: List[str], cwd: Path, within: float = 240) -> str:
+def run(args: list[str], cwd: Path, within: float = 240) -> str:
     """Run a job to the end; returns its output; fails the test on a non-zero exit."""
     job = Job(args, cwd)
     try:
@@ -207,11 +208,19 @@ def test_rank_batches_are_disjoint_and_together_make_the_single_process_batch(n_
 def _models(seq_len: int):
     """(name, factory) of each core model family wrapped in AutoregressiveModel (vocab 11, d_model 8)."""
     from lazylab.models.autoregressive import AutoregressiveModel
-    from lazylab.models.fast_weights import DPFP, FastWeightsAttention, FastWeightsAttentionTransformer, \
-        FastWeightsAttentionTransformerLayer
+    from lazylab.models.fast_weights import (
+        DPFP,
+        FastWeightsAttention,
+        FastWeightsAttentionTransformer,
+        FastWeightsAttentionTransformerLayer,
+    )
     from lazylab.models.feed_forward import FeedForward
-    from lazylab.models.feedback import FeedbackAttention, FeedbackTransformer, FeedbackTransformerKV, \
-        FeedbackTransformerLayer
+    from lazylab.models.feedback import (
+        FeedbackAttention,
+        FeedbackTransformer,
+        FeedbackTransformerKV,
+        FeedbackTransformerLayer,
+    )
     from lazylab.models.mha import MultiHeadAttention
     from lazylab.models.transformer import Encoder, TransformerLayer
     d, h, f = 8, 2, 16
@@ -262,7 +271,7 @@ def _check_models(out: Path) -> None:
             opt = torch.optim.SGD(model.parameters(), lr=0.5)
             ref_opt = torch.optim.SGD(reference.parameters(), lr=0.5)
             g = torch.Generator().manual_seed(1)
-            for step in range(2):
+            for _step in range(2):
                 x = torch.randint(0, 11, (seq_len, 2 * world), generator=g)  # same on every rank
                 y = torch.randint(0, 11, (seq_len, 2 * world), generator=g)
                 mine = slice(2 * rank, 2 * rank + 2)
@@ -273,7 +282,8 @@ def _check_models(out: Path) -> None:
                     o.step()
             unused = sorted(n for n, p in reference.named_parameters() if p.grad is None)
             for (n, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
-                torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=lambda m: f'{name}/{seq_len} {n}: {m}')
+                where = f'{name}/{seq_len} {n}'
+                torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=lambda m, where=where: f'{where}: {m}')
             D.check_replicas_in_sync(model)
             results[f'{name}/{seq_len}'] = {'unused': unused, 'digest': D.parameter_digest(model),
                                             'names': [n for n, _ in model.named_parameters()]}
@@ -415,7 +425,7 @@ def test_two_processes_train_like_one_process_on_the_combined_batches(single_and
             # q·b_k is the same for every key, and softmax ignores a shift, so this bias's exact gradient is 0:
             # both runs get rounding noise there, which Adam scales up to full-size (different) steps
             continue
-        torch.testing.assert_close(pb['model'][k], v, rtol=1e-4, atol=1e-5, msg=lambda m: f'{k}: {m}')
+        torch.testing.assert_close(pb['model'][k], v, rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f'{k}: {m}')
     # what the job printed came from rank 0 only: one sample per validation, one summary
     assert log.count('sample: ') == 5 and log.count('done: step 30') == 1, log
     assert '2 processes' in log and 'effective batch 8' in log, log

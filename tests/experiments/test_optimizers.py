@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from lazylab.configs import apply_overrides
-from lazylab.experiments.optimizers import Noam, OptimizerConfigs
+from lazylab.experiments.optimizers import Noam, OptimizerConfigs, ScheduledLR
 
 
 def _rates(overrides, steps):
@@ -56,3 +56,26 @@ def test_constant_schedule_and_weight_decay_reach_the_torch_optimizer(name, cls)
     assert type(opt) is cls
     assert rates == [0.05] * 5
     assert opt.param_groups[0]['weight_decay'] == 0.01
+
+
+def test_set_total_steps_stretches_the_cosine_from_the_next_step_and_is_saved_in_the_state_dict():
+    model = nn.Linear(3, 3)
+    conf = OptimizerConfigs()
+    conf.parameters = model.parameters()
+    apply_overrides(conf, {'optimizer': 'SGD', 'learning_rate': 0.01, 'warmup': 2, 'schedule': 'cosine',
+                           'total_steps': 100, 'min_lr_ratio': 0.1})
+    opt, sched = conf.optimizer, conf.scheduler
+    assert isinstance(sched, ScheduledLR) and isinstance(sched, torch.optim.lr_scheduler.LambdaLR)
+    rates = []
+    for t in range(1, 13):
+        if t == 5:
+            sched.set_total_steps(12)  # e.g. the time budget fitted the run to 12 steps after 4
+        rates.append(opt.param_groups[0]['lr'])
+        opt.step()
+        sched.step()
+    # step 5's rate was computed by the scheduler step before (over 100 steps); from step 6 on: over 12 steps
+    assert rates[4] == pytest.approx(0.01 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 3 / 98))))
+    for t in range(6, 13):
+        assert rates[t - 1] == pytest.approx(0.01 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (t - 2) / 10))))
+    assert rates[-1] == pytest.approx(0.001)
+    assert sched.state_dict()['lr_lambdas'][0]['total_steps'] == 12

@@ -1,9 +1,18 @@
-"""AutoregressiveModel: labml_nn-compatible layout and incremental generation equal to re-running the prefix."""
+"""AutoregressiveModel: labml_nn-compatible layout and incremental generation equal to re-running the prefix;
+AutoregressiveTransformer; the sampling functions."""
+import math
+
 import pytest
 import torch
 from torch import nn
 
-from lazylab.models.autoregressive import AutoregressiveModel
+from lazylab.models.autoregressive import (
+    AutoregressiveModel,
+    AutoregressiveTransformer,
+    LanguageModel,
+    TokenAndPositionEmbeddings,
+)
+from lazylab.models.sampling import check_generate_arguments, sample_next
 
 
 class CausalMean(nn.Module):
@@ -104,3 +113,72 @@ def test_generate_rejects_bad_arguments(kwargs, message):
 def test_forward_with_state_without_protocol_is_a_type_error():
     with pytest.raises(TypeError, match='StatelessCore has no forward_with_state'):
         _model(StatelessCore).forward_with_state(torch.tensor([[1]]))
+
+
+# --- sampling (lazylab.models.sampling) -------------------------------------------------------------------------
+
+def test_sample_next_at_temperature_zero_is_the_argmax_of_each_row():
+    logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 2.9, 0.0]])
+    assert sample_next(logits, 0.0).tolist() == [1, 0]
+
+
+def test_sample_next_top_k_draws_only_among_the_k_largest_and_reaches_each_of_them():
+    # row 0: the two largest are tokens 2 and 0; row 1: a tie with the 2nd largest keeps all three tied tokens
+    logits = torch.tensor([[1.0, -5.0, 1.5, 0.0], [0.0, 1.0, 1.0, 1.0]]).repeat(500, 1)
+    draws = sample_next(logits, 1.0, top_k=2, generator=torch.Generator().manual_seed(0)).view(500, 2)
+    assert set(draws[:, 0].tolist()) == {0, 2}
+    assert set(draws[:, 1].tolist()) == {1, 2, 3}
+
+
+def test_sample_next_follows_the_softmax_of_logits_over_temperature():
+    # p = softmax([ln 3, 0] / 1) = (3/4, 1/4); at T = 0.5, softmax([2 ln 3, 0]) = (9/10, 1/10)
+    g = torch.Generator().manual_seed(1)
+    logits = torch.tensor([[math.log(3.0), 0.0]]).repeat(20_000, 1)
+    assert (sample_next(logits, 1.0, generator=g) == 0).float().mean().item() == pytest.approx(0.75, abs=0.015)
+    assert (sample_next(logits, 0.5, generator=g) == 0).float().mean().item() == pytest.approx(0.9, abs=0.01)
+
+
+def test_generate_argument_checks_name_the_caller_s_arguments():
+    with pytest.raises(ValueError, match=r'^--tokens must be ≥ 0, got -2$'):
+        check_generate_arguments(-2, 1.0, None, names=('--tokens', '--temperature', '--top-k'))
+    with pytest.raises(ValueError, match=r'^--top-k must be ≥ 1, got 0$'):
+        check_generate_arguments(3, 1.0, 0, names=('--tokens', '--temperature', '--top-k'))
+    check_generate_arguments(0, 0.0, 1)  # the edges are allowed
+
+
+# --- AutoregressiveTransformer ----------------------------------------------------------------------------------
+
+def _transformer(max_context=4, n_vocab=7, d=8):
+    from lazylab.models.feed_forward import FeedForward
+    from lazylab.models.mha import MultiHeadAttention
+    from lazylab.models.transformer import Encoder, Generator, TransformerLayer
+    torch.manual_seed(0)
+    layer = TransformerLayer(d_model=d, self_attn=MultiHeadAttention(2, d, 0.0), feed_forward=FeedForward(d, 16, 0.0),
+                             dropout_prob=0.0)
+    return AutoregressiveTransformer(Encoder(layer, 1), TokenAndPositionEmbeddings(d, n_vocab, max_context),
+                                     Generator(n_vocab, d), max_context)
+
+
+def test_autoregressive_transformer_has_labml_nn_s_layout_and_the_shared_generate():
+    model = _transformer()
+    assert isinstance(model, LanguageModel) and not isinstance(model, AutoregressiveModel)
+    keys = list(model.state_dict())
+    assert keys[:2] == ['src_embed.positional_encodings', 'src_embed.linear.weight']
+    assert keys[2].startswith('encoder.layers.0.') and keys[-2:] == ['generator.projection.weight',
+                                                                    'generator.projection.bias']
+    assert {k.split('.')[0] for k in keys} == {'src_embed', 'encoder', 'generator'}
+    assert not model.supports_state and model.incremental_step() is None
+
+
+def test_autoregressive_transformer_generates_from_the_last_max_context_tokens():
+    model = _transformer(max_context=4)
+    prompt = torch.tensor([1, 2, 3, 4, 5, 6])  # longer than the context: positions stay within the 4 learned
+    out = model.generate(prompt, 5, temperature=0)
+    ids = prompt.tolist()
+    with torch.no_grad():
+        for _ in range(5):
+            logits, _ = model(torch.tensor(ids[-4:])[:, None])
+            ids.append(int(logits[-1, 0].argmax()))
+    assert out.tolist() == ids
+    with pytest.raises(ValueError, match='top_k'):
+        model.generate(prompt, 1, top_k=0)

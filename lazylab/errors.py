@@ -1,0 +1,87 @@
+"""The errors a user can cause and fix, shared by the command line, the experiments and the tools (torch-free).
+
+Each message is one line that names the culprit (the key, file, character or checkpoint); the command line prints
+it as `lazylab: error: …` and exits with code 2, without a traceback (`run_cli`). Every other exception is a
+programming error and keeps its traceback. Configuration mistakes raise `lazylab.configs.ConfigError`, which the
+command line treats the same way.
+
+    LazylabError
+    ├── UsageError          a command-line mistake: unknown experiment, missing run directory, bad flag
+    ├── DataError           the user's text or prompt (also a ValueError)
+    ├── DistributedError    the torchrun environment or the device does not allow a distributed run
+    └── TrainingError       a run cannot go on
+        ├── CheckpointError     a checkpoint is missing, truncated or not a lazylab checkpoint
+        └── NonFiniteLossError  the loss became NaN or infinite
+"""
+import os
+import sys
+from typing import Any, Callable, Optional
+
+__all__ = ['LazylabError', 'UsageError', 'DataError', 'DistributedError', 'TrainingError', 'CheckpointError',
+           'NonFiniteLossError', 'user_error_message', 'run_cli']
+
+
+class LazylabError(Exception):
+    """Base class of the errors a user can fix; the message is one line."""
+
+
+class UsageError(LazylabError):
+    """A command-line mistake (unknown experiment, missing run directory, bad flag)."""
+
+
+class DataError(LazylabError, ValueError):
+    """A problem with the user's text or prompt; the message names the file or character."""
+
+
+class DistributedError(LazylabError, RuntimeError):
+    """The torchrun environment or the device does not allow a distributed run."""
+
+
+class TrainingError(LazylabError, RuntimeError):
+    """A run cannot go on for a reason the user can act on (bad checkpoint, diverged loss)."""
+
+
+class CheckpointError(TrainingError):
+    """A checkpoint file is missing, truncated or not a lazylab checkpoint."""
+
+
+class NonFiniteLossError(TrainingError):
+    """The training loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+def user_error_message(e: BaseException) -> Optional[str]:
+    """The one-line message for an error the user caused, or None for a programming error (show the traceback).
+
+    User errors: `LazylabError` and `lazylab.configs.ConfigError`. One of ours raised while the config engine
+    computed an item arrives wrapped in a `CalculatorError`; the user sees the original message.
+    """
+    # imported here, not at the top: the config engine may one day build its errors on ours
+    from lazylab.configs import CalculatorError, ConfigError
+    if isinstance(e, CalculatorError) and isinstance(e.__cause__, LazylabError):
+        e = e.__cause__
+    if isinstance(e, (ConfigError, LazylabError)):
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return None
+
+
+def run_cli(func: Callable[..., Any], *args) -> int:
+    """Call `func(*args)`; a user error becomes `lazylab: error: …` on stderr and exit code 2.
+
+    Returns 0 on success, 130 on Ctrl-C, 1 when stdout was closed by its reader (`| head`), 2 on a user error;
+    a programming error is re-raised.
+    """
+    try:
+        func(*args)
+    except KeyboardInterrupt:
+        print('\nlazylab: interrupted', file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # output piped into a reader that stopped (`| head`): not an error worth a traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except Exception as e:
+        message = user_error_message(e)
+        if message is None:
+            raise
+        print(f'lazylab: error: {message}', file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,152 @@
+"""checkpoint.pt: what it takes to continue a run exactly where it stopped.
+
+    ckpt = Checkpointer(run_dir / CHECKPOINT, model, optimizer, scheduler, extras={'vocabulary': itos})
+    pos, sums = ckpt.restore()     # resume: states loaded into model, optimizer, scheduler, random generators
+    ...
+    ckpt.save(pos, metrics.state())  # at every validation (every process calls it; rank 0 writes)
+
+The file is one `torch.save` of a dict of tensors and plain values (format 'lazylab-checkpoint-1'):
+
+    model, optimizer, scheduler   their state_dict()s
+    rng, rng_per_rank             torch / python (/ cuda) random states of rank 0, and of every rank (or None)
+    world_size                    the number of processes that wrote it (resume needs the same number)
+    position                      `Position` as a dict: step, epoch, batch, tokens, elapsed, total_steps, calibrated
+    sums                          the running metrics' sums (see metrics.RunningMetrics)
+    + the task's extras           e.g. vocabulary (the text task's characters, so generation needs no text)
+
+It is written to a temporary file in the same folder, then renamed, so a reader (or a resume after a kill) never
+sees a half-written file; it is read with `weights_only=True`, so loading one runs no code from it.
+"""
+import os
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from lazylab.errors import CheckpointError
+from lazylab.experiments import distributed
+
+CHECKPOINT = 'checkpoint.pt'
+FORMAT = 'lazylab-checkpoint-1'
+
+
+@dataclass
+class Position:
+    """Where training stands; saved in every checkpoint."""
+    step: int = 0             # optimizer steps taken
+    epoch: int = 0            # current epoch
+    batch: int = 0            # next batch index within the epoch
+    tokens: int = 0           # training tokens seen (all processes)
+    elapsed: float = 0.0      # wall-clock seconds of training and validation, summed over resumes
+    total_steps: int = 0      # steps this run takes (fitted to max_minutes when the time budget decides)
+    calibrated: bool = False  # the step count has been fitted to the time budget
+
+
+def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
+    """torch.save to a temporary file in the same folder, then rename: a reader never sees a half-written file."""
+    tmp = path.with_name(path.name + f'.tmp{os.getpid()}')
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Load a checkpoint written by `save_checkpoint` with `weights_only=True` (tensors and plain values only).
+
+    Raises:
+        CheckpointError: the file is missing, unreadable, truncated, or not a lazylab checkpoint.
+    """
+    if not path.is_file():
+        raise CheckpointError(f'no checkpoint at {path}')
+    try:
+        payload = torch.load(path, map_location='cpu', weights_only=True)
+    except Exception as e:  # torch raises several types for damaged files (RuntimeError, UnpicklingError, EOFError…)
+        raise CheckpointError(f'cannot read checkpoint {path}: it is damaged or not a lazylab checkpoint '
+                              f'({type(e).__name__})') from None
+    if not isinstance(payload, dict) or payload.get('format') != FORMAT:
+        raise CheckpointError(f'{path} is not a lazylab checkpoint')
+    return payload
+
+
+class Checkpointer:
+    """Saves and restores one run's checkpoint (the module docstring's contents) for the objects it is given.
+
+    Args:
+        path: the checkpoint file (RUN_DIR/checkpoint.pt).
+        model, optimizer, scheduler: what is saved and restored (the model itself, not its DDP wrapper).
+        extras: plain values added to every checkpoint (the task's, e.g. {'vocabulary': …}).
+
+    Attributes:
+        saved_step: the step of the checkpoint on disk, None while there is none.
+    """
+
+    def __init__(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+                 extras: Optional[dict[str, Any]] = None):
+        self.path = Path(path)
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.extras = dict(extras or {})
+        self.saved_step: Optional[int] = None
+
+    def kept(self) -> str:
+        """What a failing run leaves behind, for its error message."""
+        return 'no checkpoint was written' if self.saved_step is None else \
+            f'the checkpoint of step {self.saved_step} is kept'
+
+    def save(self, pos: Position, sums: dict[str, Any]) -> None:
+        """Write the checkpoint of `pos` (rank 0 writes; every process must call it: the random states of all
+        processes are gathered, and their parameters checked to be equal).
+
+        Raises:
+            ReplicaMismatchError: the processes' parameters differ (a bug; nothing is written).
+        """
+        rng = _rng_states()
+        world_size = distributed.get_world_size()
+        rng_per_rank = distributed.all_gather_object(rng) if world_size > 1 else None
+        distributed.check_replicas_in_sync(self.model)
+        if distributed.is_main_process():
+            save_checkpoint(self.path, {
+                'format': FORMAT, 'model': self.model.state_dict(), 'optimizer': self.optimizer.state_dict(),
+                'scheduler': self.scheduler.state_dict(), 'rng': rng, 'rng_per_rank': rng_per_rank,
+                'world_size': world_size, 'position': asdict(pos), 'sums': dict(sums), **self.extras})
+        self.saved_step = pos.step
+
+    def restore(self, payload: Optional[dict[str, Any]] = None) -> tuple[Position, dict[str, Any]]:
+        """Load the checkpoint (or take `payload`, one already read by `load_checkpoint`) into the model,
+        optimizer, scheduler and random generators; returns (position, running-metrics sums).
+
+        Raises:
+            CheckpointError: the file is missing or damaged, or it was saved by another number of processes.
+        """
+        ck = load_checkpoint(self.path) if payload is None else payload
+        saved_world_size, world_size = ck.get('world_size', 1), distributed.get_world_size()
+        if saved_world_size != world_size:  # data shards and per-rank RNG states would mean something else
+            raise CheckpointError(f'{self.path} was saved by {saved_world_size} process(es); '
+                                  f'resume it with {saved_world_size}, not {world_size}')
+        self.model.load_state_dict(ck['model'])
+        self.optimizer.load_state_dict(ck['optimizer'])
+        self.scheduler.load_state_dict(ck['scheduler'])
+        per_rank = ck.get('rng_per_rank') or [ck['rng']]
+        _set_rng_states(per_rank[distributed.get_rank()] if len(per_rank) == world_size else ck['rng'])
+        pos = Position(**ck['position'])
+        self.saved_step = pos.step
+        return pos, ck['sums']
+
+
+def _rng_states() -> dict[str, Any]:
+    states = {'torch': torch.get_rng_state(), 'python': random.getstate()}
+    if torch.cuda.is_available():
+        states['cuda'] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states['torch'])
+    random.setstate(_as_tuple(states['python']))
+    if 'cuda' in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states['cuda'])
+
+
+def _as_tuple(x):
+    """random.setstate needs tuples back where torch.save may hand us lists."""
+    return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x

@@ -1,0 +1,177 @@
+"""What a run reports as it trains: metrics.jsonl records, the labml run, the progress line and samples.txt.
+
+    metrics = RunningMetrics()                        # sums of the training steps since the last record
+    metrics.add(loss, correct, count, tokens, seconds, lr)      # after every optimizer step
+    record = metrics.record(pos, batches_per_epoch, valid)      # → a metrics.jsonl record; the sums start again
+    log.write(record, pos, eta)                       # metrics.jsonl, labml, progress line (rank 0)
+
+A record (one JSON object per line of metrics.jsonl):
+
+    step, tokens, epoch, lr, time              always: optimizer steps, training tokens seen (all processes),
+                                               epochs (fractional), the learning rate of the last update,
+                                               wall-clock seconds over all resumes
+    loss.train, accuracy.train, tokens_per_s   when steps were taken since the last record: the mean loss of
+                                               those steps, the fraction of right predictions, their speed
+    loss.valid, accuracy.valid                 on validation records
+
+Torch-free, so that `lazylab plot` reads metrics.jsonl without loading torch.
+"""
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+METRICS = 'metrics.jsonl'
+SAMPLES = 'samples.txt'
+
+
+class RunningMetrics:
+    """Sums of the training steps since the last record, turned into a record (and reset) by `record`.
+
+    The sums (loss, correct, count, steps, tokens, seconds) are saved in every checkpoint (`state()`), so a resumed
+    run's first record is that of the uninterrupted run.
+    """
+
+    def __init__(self, sums: Optional[dict[str, Any]] = None):
+        self.sums = dict(sums) if sums else self._zeros()
+        self.lr: Optional[float] = None  # the learning rate of the last update
+
+    @staticmethod
+    def _zeros() -> dict[str, Any]:
+        return {'loss': 0.0, 'correct': 0, 'count': 0, 'steps': 0, 'tokens': 0, 'seconds': 0.0}
+
+    def add(self, loss: float, correct: int, count: int, tokens: int, seconds: float, lr: float) -> None:
+        """One optimizer step: its mean loss (over all processes), right predictions out of `count`, training
+        tokens, seconds it took, and the learning rate it used."""
+        s = self.sums
+        s['loss'] += loss
+        s['correct'] += int(correct)
+        s['count'] += int(count)
+        s['steps'] += 1
+        s['tokens'] += int(tokens)
+        s['seconds'] += seconds
+        self.lr = lr
+
+    def record(self, pos, batches_per_epoch: int, valid: Optional[dict[str, float]] = None) -> dict[str, Any]:
+        """The record of step `pos.step` (a checkpoint.Position), with the validation's loss and accuracy if given;
+        the sums start again from zero."""
+        s = self.sums
+        r = {'step': pos.step, 'tokens': pos.tokens, 'epoch': round(pos.epoch + pos.batch / batches_per_epoch, 4),
+             'lr': self.lr, 'time': round(pos.elapsed, 3)}
+        if s['count']:
+            r['loss.train'] = s['loss'] / s['steps']
+            r['accuracy.train'] = s['correct'] / s['count']
+            r['tokens_per_s'] = s['tokens'] / max(s['seconds'], 1e-9)
+        if valid is not None:
+            r['loss.valid'], r['accuracy.valid'] = valid['loss'], valid['accuracy']
+        self.sums = self._zeros()
+        return r
+
+    def state(self) -> dict[str, Any]:
+        """The sums, for the checkpoint."""
+        return dict(self.sums)
+
+
+class MetricsLog:
+    """metrics.jsonl: one JSON object per line, flushed per record."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def write(self, record: dict[str, Any]) -> None:
+        with open(self.path, 'a', encoding='utf-8') as f:
+            f.write(json.dumps(record) + '\n')
+
+    def drop_after(self, step: int) -> None:
+        """Keep only records up to `step` (a resumed run re-logs the steps after its checkpoint)."""
+        if self.path.exists():
+            kept = [r for r in read_metrics(self.path) if r['step'] <= step]
+            tmp = self.path.with_name(self.path.name + '.tmp')
+            tmp.write_text(''.join(json.dumps(r) + '\n' for r in kept), encoding='utf-8')
+            os.replace(tmp, self.path)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """All records of a metrics.jsonl file (a torn last line from a killed process is skipped)."""
+    records = []
+    for line in Path(path).read_text(encoding='utf-8').splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return records
+
+
+class Progress:
+    """The live progress line: redrawn in place on a terminal, one line per validation otherwise."""
+
+    def __init__(self, total_steps: int, stream=None):
+        self.total_steps = total_steps
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty()
+
+    def show(self, pos, record: dict[str, Any], eta: float, newline: bool) -> None:
+        if not (self.tty or newline):
+            return
+        parts = [f'epoch {pos.epoch + (pos.batch > 0)} step {pos.step:,}/{self.total_steps:,}',
+                 f'{record.get("tokens_per_s", 0):,.0f} tok/s', f'ETA {_minutes(eta)}']
+        if 'loss.train' in record:
+            parts.append(f'train loss {record["loss.train"]:.3f} acc {record["accuracy.train"]:.3f}')
+        if 'loss.valid' in record:
+            parts.append(f'valid loss {record["loss.valid"]:.3f} acc {record["accuracy.valid"]:.3f}')
+        line = ' | '.join(parts)
+        if self.tty:
+            self.stream.write('\r\033[K' + line + ('\n' if newline else ''))
+        else:
+            self.stream.write(line + '\n')
+        self.stream.flush()
+
+    def text(self, line: str) -> None:
+        self.stream.write(('\r\033[K' if self.tty else '') + line + '\n')
+        self.stream.flush()
+
+
+def _minutes(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f'{seconds // 60}:{seconds % 60:02d}'
+
+
+class RunLog:
+    """Where a run's records and samples go: metrics.jsonl, the labml run (if any) and the progress line;
+    samples.txt and a 'sample: …' line. Only rank 0 writes and prints; on the other processes it does nothing.
+
+    Args:
+        run_dir: the run directory.
+        total_steps: the run's step count, for the progress line (updated with every record).
+        labml_run: anything with `log(step, values)` (a tracking.LabmlRun, a notebook's live plot) or None.
+        resumed_at: the step of the checkpoint a resumed run starts from: the records after it are dropped.
+        enabled: False on the processes other than rank 0.
+    """
+
+    def __init__(self, run_dir: Path, total_steps: int, labml_run=None, *, resumed_at: Optional[int] = None,
+                 enabled: bool = True):
+        self.run_dir, self.labml_run, self.enabled = Path(run_dir), labml_run, enabled
+        self.metrics = MetricsLog(self.run_dir / METRICS)
+        self.progress = Progress(total_steps)
+        if enabled and resumed_at is not None:
+            self.metrics.drop_after(resumed_at)
+
+    def write(self, record: dict[str, Any], pos, eta: float) -> dict[str, Any]:
+        """Append `record` to metrics.jsonl, send its metrics to labml, show it (with `eta` seconds to go) on the
+        progress line, which gets a line of its own when the record holds a validation. Returns `record`."""
+        if self.enabled:
+            self.metrics.write(record)
+            if self.labml_run is not None:
+                self.labml_run.log(record['step'], {k: v for k, v in record.items()
+                                                    if '.' in k or k in ('lr', 'tokens_per_s')})
+            self.progress.total_steps = pos.total_steps
+            self.progress.show(pos, record, eta=eta, newline='loss.valid' in record)
+        return record
+
+    def sample(self, pos, text: Optional[str]) -> None:
+        """Print a sampled text on one line ('⏎' for newlines) and append it to samples.txt (None: nothing)."""
+        if self.enabled and text is not None:
+            self.progress.text('sample: ' + text.replace('\n', ' ⏎ '))
+            with open(self.run_dir / SAMPLES, 'a', encoding='utf-8') as f:
+                f.write(f'--- step {pos.step}, {pos.tokens:,} tokens\n{text}\n')
