@@ -1,17 +1,22 @@
-# Two entry points, used by the README and CI. Everything installs into .venv.
-# torch==2.13.0 is pinned here (a CPU build available offline on our machines); setup.py keeps a range.
+# The targets the README's two commands call, plus the notebooks' sync. Everything installs into .venv.
+#
+# Install order: torch==2.13.0 first (a CPU build on our machines' local disk; pyproject.toml keeps a range), then
+# lazylab in editable mode with the test and dashboard extras, then the labml_nn reference the tests and benchmarks
+# compare against. labml_nn 0.5.1 goes in with --no-deps on purpose: its requirements would also bring torchtext,
+# torchvision and fairscale, which the modules we compare against do not import; what they do need (labml, einops)
+# is in lazylab's dependencies and test extra. This is the one place that installs it (CONTRIBUTING.md points here).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-$(VENV)/.installed: setup.py
+$(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e '.[test,dashboard]'
-	$(PIP) install --no-deps labml-nn==0.5.1   # the reference implementation the tests compare against
+	$(PIP) install --no-deps labml-nn==0.5.1
 	touch $@
 
-.PHONY: install train test
+.PHONY: install train test lint notebooks
 install: $(VENV)/.installed
 
 train: $(VENV)/.installed
@@ -19,3 +24,10 @@ train: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+
+# After editing a notebook's .py source (its source of truth): rewrite the paired .ipynb (inputs only, no outputs).
+notebooks: $(VENV)/.installed
+	$(VENV)/bin/jupytext --sync notebooks/*.py

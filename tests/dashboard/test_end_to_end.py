@@ -1,4 +1,5 @@
-"""`lazylab dashboard` end to end: the real labml app over a file store, a real run streamed to it, numbers checked.
+"""`lazylab dashboard` end to end: the real labml app over a file store, a real run streamed to it, numbers checked;
+a training run whose dashboard is not there; the web page served with local copies of its CDN files.
 
 Needs the `dashboard` extra (labml-app, labml-db); CI installs it, so a missing extra fails here rather than skipping.
 """
@@ -18,7 +19,7 @@ import pytest
 
 from lazylab import dashboard
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STEPS = 30
 # A tiny model on the first 20,000 characters of Tiny Shakespeare: seconds per run, a loss.train record every step.
 TINY = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=32', 'batch_size=4', 'log_interval=1',
@@ -45,7 +46,8 @@ def _env(tmp_path: Path = None):
 
 
 def _train(tmp_path: Path, url: str, steps: int = STEPS):
-    """`lazylab train transformer` with `dashboard=url` ('' for none); returns (run dir, labml uuid, stderr, seconds)."""
+    """`lazylab train transformer` with `dashboard=url` ('' for none); returns (run dir, labml uuid, stderr,
+    seconds)."""
     text = tmp_path / 'tiny.txt'
     if not text.exists():
         text.write_text((REPO / 'lazylab' / 'data' / 'tiny_shakespeare.txt').read_text(encoding='utf-8')[:20_000],
@@ -90,11 +92,11 @@ def _port_open(port: int) -> bool:
         return False
 
 
-def _start_dashboard(tmp_path: Path, store: Path):
+def _start_dashboard(tmp_path: Path, store: Path, *flags: str):
     """`lazylab dashboard` on a free loopback port over `store`; returns (url, process, port) once it accepts."""
     port = _free_port()
     proc = subprocess.Popen([sys.executable, '-m', 'lazylab.cli', 'dashboard', '--port', str(port),
-                             '--store', str(store)],
+                             '--store', str(store), *flags],
                             cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 60
     while not _port_open(port):
@@ -191,66 +193,26 @@ def test_closed_port_warns_once_and_trains_normally(tmp_path):
     assert t_closed < 2 * t_none + 10, (t_closed, t_none)
 
 
-def test_track_url():
-    assert dashboard.track_url('http://127.0.0.1:5005') == 'http://127.0.0.1:5005/api/v1/default'
-    assert dashboard.track_url('http://localhost:5005/') == 'http://localhost:5005/api/v1/default'
-    assert dashboard.track_url('https://x.org/api/v1/TOKEN/') == 'https://x.org/api/v1/TOKEN'
-    for bad in ['127.0.0.1:5005', 'ftp://h:1', 'http://h:1/?a=b']:
-        with pytest.raises(ValueError, match='dashboard'):
-            dashboard.track_url(bad)
+def _get_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return r.read().decode('utf-8')
 
 
-def test_configured_app_url_reads_nearest_labml_yaml(tmp_path, monkeypatch):
-    monkeypatch.delenv('labml_app_url', raising=False)
-    (tmp_path / '.labml.yaml').write_text('app_url: http://127.0.0.1:7777/api/v1/default\n')
-    sub = tmp_path / 'a' / 'b'
-    sub.mkdir(parents=True)
-    assert dashboard.configured_app_url(sub) == 'http://127.0.0.1:7777/api/v1/default'
-    monkeypatch.setenv('labml_app_url', 'http://127.0.0.1:8888/api/v1/x')
-    assert dashboard.configured_app_url(sub) == 'http://127.0.0.1:8888/api/v1/x'
-
-
-def test_busy_port_is_a_one_line_error(capsys):
-    with socket.socket() as busy:
-        busy.bind(('127.0.0.1', 0))
-        busy.listen()
-        port = busy.getsockname()[1]
-        assert dashboard.main(['--port', str(port)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f'lazylab: error: 127.0.0.1:{port} is already in use; choose another --port']
-
-
-def test_missing_extra_says_what_to_install(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, 'labml_app', None)  # makes `import labml_app` raise ImportError
-    assert dashboard.main(['--port', str(_free_port())]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "pip install 'lazylab[dashboard]'" in err[0]
-
-
-def test_app_writer_returns_labml_url_only_when_reachable(capsys):
-    with socket.socket() as listener:
-        listener.bind(('127.0.0.1', 0))
-        listener.listen()
-        port = listener.getsockname()[1]
-        assert dashboard.app_writer(f'http://127.0.0.1:{port}') == f'http://127.0.0.1:{port}/api/v1/default'
-    assert capsys.readouterr().err == ''
-    assert dashboard.app_writer(f'http://127.0.0.1:{port}') is None  # the listener is closed now
-    assert capsys.readouterr().err.count('lazylab: warning') == 1
-
-
-def test_wait_for_app_upload_gives_up_on_a_hung_server(capsys):
-    """A finished run whose last upload never completes must not keep the process alive: the wait is bounded."""
-    import threading
-    import labml.internal.app as labml_client
-
-    class HungUpload(labml_client._AppTrackThread):
-        def _process(self, packets):  # a server that accepted the connection and never answers
-            threading.Event().wait()
-
-    thread = HungUpload('http://127.0.0.1:9/api/v1/default/track?', timeout_seconds=1, daemon=True)
-    thread.push_data_source(labml_client.SimpleAppTrackDataSource({'time': 0.0}))
-    thread.start()
-    thread.stop()  # what labml does when the run finishes
-    assert dashboard.wait_for_app_upload(timeout=0.5, threads=[thread]) is False
-    assert 'gave up sending the last metrics' in capsys.readouterr().err
-    assert dashboard.wait_for_app_upload(timeout=0.5, threads=[]) is True
+def test_assets_folder_replaces_the_pages_cdn_files(tmp_path):
+    """`--assets DIR`: index.html loads d3, Bootstrap and Font Awesome from /vendor/ (DIR), without integrity
+    hashes of the CDN's bytes, and /vendor/ serves DIR's files."""
+    assets = tmp_path / 'assets'
+    files = {'d3.v6.min.js': '/* local d3 */', 'bootstrap.min.css': '/* local bootstrap */',
+             'fontawesome/css/all.css': '/* local font awesome */', 'fontawesome/webfonts/fa-solid-900.woff2': 'f'}
+    for name, text in files.items():
+        (assets / name).parent.mkdir(parents=True, exist_ok=True)
+        (assets / name).write_text(text)
+    url, proc, port = _start_dashboard(tmp_path, tmp_path / 'store', '--assets', str(assets))
+    try:
+        html = _get_text(f'{url}/')
+        for cdn_url, name in dashboard.CDN_ASSETS.items():
+            assert cdn_url not in html and f'/vendor/{name}' in html
+            assert _get_text(f'{url}/vendor/{name}') == files[name]
+        assert 'integrity=' not in html and 'crossorigin=' not in html
+    finally:
+        assert _stop_dashboard(proc, port) == 0

@@ -1,0 +1,51 @@
+"""`lazylab dashboard`: labml's own dashboard app over a file store, and the client hook that streams runs to it.
+
+- :mod:`lazylab.dashboard.server`: the ``lazylab dashboard`` command (labml's app, its database in files).
+- :mod:`lazylab.dashboard.client`: for the trainer, labml's ``app`` writer pointed at a running dashboard.
+- :mod:`lazylab.dashboard.labml_patches`: the four places where labml's and labml_app's internals are changed.
+
+    lazylab dashboard [--port 5005] [--store DIR] [--host 127.0.0.1]
+    lazylab train transformer ... dashboard=http://127.0.0.1:5005
+
+Importing this package imports neither labml nor labml_app; they are imported when a server starts or a run
+streams to one.
+"""
+
+
+class DashboardError(ValueError):
+    """A user mistake with the dashboard (bad URL or flag, port in use, missing extra); a one-line message."""
+
+
+# The submodules raise DashboardError, imported from here: it is defined above their import.
+from lazylab.dashboard.client import (  # noqa: E402
+    FLUSH_TIMEOUT_S,
+    LABML_TOKEN,
+    app_writer,
+    app_writer_settings,
+    configure_app_writer,
+    configured_app_url,
+    is_reachable,
+    track_url,
+    wait_for_app_upload,
+)
+from lazylab.dashboard.server import (  # noqa: E402
+    CDN_ASSETS,
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    DEFAULT_STORE,
+    INSTALL_HINT,
+    create_app,
+    install_file_store,
+    main,
+    missing_assets,
+    require_app,
+    run,
+    serve,
+)
+
+__all__ = [
+    'CDN_ASSETS', 'DEFAULT_HOST', 'DEFAULT_PORT', 'DEFAULT_STORE', 'FLUSH_TIMEOUT_S', 'INSTALL_HINT', 'LABML_TOKEN',
+    'DashboardError', 'app_writer', 'app_writer_settings', 'configure_app_writer', 'configured_app_url',
+    'create_app', 'install_file_store', 'is_reachable', 'main', 'missing_assets', 'require_app', 'run', 'serve',
+    'track_url', 'wait_for_app_upload',
+]

@@ -1,0 +1,175 @@
+"""The trainer's side of the dashboard: point labml's ``app`` writer at a running `lazylab dashboard`.
+
+:func:`configure_app_writer` (or :func:`app_writer`, which only returns labml's `app_url`) points labml's ``app``
+writer at a dashboard URL (``http://HOST:PORT``) after a quick socket check, so an unreachable server costs one
+warning, not a hang. What arrives is what labml's tracker gets: the configs, every `tracker.save` indicator and the
+run's standard output (the sampled text). labml itself thins long series (the client averages bursts late in a
+run, the app keeps at most 1024 points per series); metrics.jsonl keeps them all.
+
+    lazylab train transformer ... dashboard=http://127.0.0.1:5005
+"""
+import atexit
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+from urllib.parse import urlsplit
+
+from lazylab.dashboard import DashboardError, labml_patches
+from lazylab.dashboard.server import DEFAULT_PORT
+
+# The path segment labml's app wants before /track; the app ignores it (it reads a token from the query string only).
+LABML_TOKEN = 'default'
+# Seconds the end of a run may wait for the last metrics to reach the dashboard (the app answers each post after a
+# fixed 3 s pause, so a healthy server needs two or three round trips).
+FLUSH_TIMEOUT_S = 30.0
+
+
+def track_url(url: str) -> str:
+    """labml's `app_url` for a dashboard at `url`.
+
+    ``http://127.0.0.1:5005`` → ``http://127.0.0.1:5005/api/v1/default``; a URL that already has a path (e.g. a
+    labml ``app_url`` ending in ``/api/v1/TOKEN``) is kept as given.
+
+    Raises:
+        DashboardError (a ValueError): `url` is not an http(s) URL with a host (the message names it).
+    """
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ('http', 'https') or not parts.hostname or parts.query:
+        raise DashboardError(f"dashboard: expected a URL like http://127.0.0.1:{DEFAULT_PORT}, got {url!r}")
+    if parts.path.strip('/'):
+        return url.strip().rstrip('/')
+    return f'{parts.scheme}://{parts.netloc}/api/v1/{LABML_TOKEN}'
+
+
+def is_reachable(url: str, timeout: float = 1.0) -> bool:
+    """True when a TCP connection to `url`'s host and port opens within `timeout` seconds."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == 'https' else 80)
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def configured_app_url(search_from: Optional[Path] = None) -> Optional[str]:
+    """The `app_url` a user configured for labml: env ``labml_app_url``, else the nearest ``.labml.yaml``
+    from `search_from` (default: the working directory) up to the root; None when there is none."""
+    env = os.environ.get('labml_app_url', '').strip()
+    if env:
+        return env
+    import yaml
+    path = Path(search_from or os.getcwd()).resolve()
+    for folder in [path, *path.parents]:
+        f = folder / '.labml.yaml'
+        if f.is_file():
+            conf = yaml.safe_load(f.read_text(encoding='utf-8')) or {}
+            if conf.get('app_url'):
+                return str(conf['app_url'])
+    return None
+
+
+def app_writer_settings(url: Optional[str] = None, *, search_from: Optional[Path] = None,
+                        timeout: float = 1.0) -> Optional[dict[str, object]]:
+    """labml lab settings that send a run to the dashboard, or None when there is no reachable dashboard.
+
+    `url` is the `dashboard=` key (``http://HOST:PORT``); when empty, the user's labml `app_url` is used
+    (:func:`configured_app_url`). If that server does not accept a TCP connection within `timeout` seconds,
+    prints one warning to stderr and returns None: train without the app writer.
+
+    Returns:
+        ``{'app_url': ..., 'app_open_browser': False, 'app_track_frequency': 0}`` for
+        ``labml.internal.lab.lab_singleton().set_configurations`` (or ``experiment.record(lab_conf=...)``).
+    Raises:
+        DashboardError (a ValueError): `url` is not an http(s) URL.
+    """
+    if not url:
+        url = configured_app_url(search_from)
+        if not url:
+            return None
+    app_url = track_url(url)
+    if not is_reachable(app_url, timeout):
+        print(f'lazylab: warning: labml dashboard at {url} is not reachable; training without it '
+              f'(start one with: lazylab dashboard --port {urlsplit(app_url).port or 80})',
+              file=sys.stderr, flush=True)
+        return None
+    return {'app_url': app_url, 'app_open_browser': False, 'app_track_frequency': 0}
+
+
+def app_writer(url: str) -> Optional[str]:
+    """The trainer's hook: the labml `app_url` to give labml's ``app`` writer for dashboard `url`, or None.
+
+    `url` is the `dashboard=` key or a `.labml.yaml` `app_url`. None (after ONE warning on stderr) when the server
+    does not accept a TCP connection within a second: train without the app writer. When a URL is returned, the
+    labml client is also adjusted for this process (see :func:`_adjust_labml_client`): no web browser is opened,
+    and the end of the program waits at most ``FLUSH_TIMEOUT_S`` seconds for the last upload.
+
+    Raises:
+        DashboardError (a ValueError): `url` is not an http(s) URL (the message names it).
+    """
+    settings = app_writer_settings(url)
+    if settings is None:
+        return None
+    _adjust_labml_client()
+    return settings['app_url']
+
+
+def configure_app_writer(url: Optional[str] = None, *, search_from: Optional[Path] = None,
+                         timeout: float = 1.0) -> bool:
+    """Point labml's ``app`` writer at the dashboard; True when the run should add ``'app'`` to its writers.
+
+    For scripts that drive labml themselves: call before ``labml.experiment.create(..., writers={..., 'app'})``.
+    When no dashboard is configured or it is unreachable (one warning), sets labml's `app_url` to nothing and
+    returns False: leave ``'app'`` out of the writers.
+    """
+    from labml.internal.lab import lab_singleton
+    settings = app_writer_settings(url, search_from=search_from, timeout=timeout)
+    if settings is None:
+        lab_singleton().set_configurations({'app_url': ''})  # also silences a .labml.yaml app_url
+        return False
+    lab_singleton().set_configurations(settings)
+    _adjust_labml_client()
+    return True
+
+
+_ADJUSTED = False
+_UPLOADS = []  # labml upload threads of the runs this process streamed to a dashboard
+
+
+def _adjust_labml_client() -> None:
+    """Make labml's app client safe to run from a training command (idempotent, this process only).
+
+    - labml's upload threads become daemons (:func:`labml_patches.patch_client_upload_thread`), and at exit we
+      wait at most ``FLUSH_TIMEOUT_S`` for them (:func:`wait_for_app_upload`): a dashboard that goes away mid-run
+      cannot keep the finished process alive.
+    - labml opens a web browser on the run's page by default; a training command prints the URL instead
+      (:func:`labml_patches.patch_client_browser`).
+    """
+    global _ADJUSTED
+    if _ADJUSTED:
+        return
+    _ADJUSTED = True
+    labml_patches.patch_client_upload_thread(_UPLOADS)
+    labml_patches.patch_client_browser()
+    atexit.register(wait_for_app_upload, FLUSH_TIMEOUT_S)
+
+
+def wait_for_app_upload(timeout: float = FLUSH_TIMEOUT_S, threads=None) -> bool:
+    """Wait up to `timeout` seconds in all for labml upload threads to send what they hold; True when all did.
+
+    `threads`: labml ``_AppTrackThread`` objects (default: those of the runs this process streamed). Only threads
+    whose run has finished are waited for (labml stops them then); an unfinished run's thread waits on its queue
+    forever. Prints one warning when giving up.
+    """
+    deadline = time.monotonic() + timeout
+    for t in list(_UPLOADS if threads is None else threads):
+        if t.is_alive() and t.is_stopped:
+            t.join(max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
+                print(f'lazylab: warning: gave up sending the last metrics to the labml dashboard after '
+                      f'{timeout:.0f} s; the run\'s local files are complete', file=sys.stderr, flush=True)
+                return False
+    return True

@@ -1,0 +1,183 @@
+"""`lazylab dashboard`: labml's own dashboard app served over a file store.
+
+The server runs the real labml app (PyPI ``labml-app``) unchanged except for its database: before
+``labml_app.flask_app`` is imported, :func:`labml_patches.patch_app_database` replaces the app's MongoDB set-up
+with ``labml-db``'s file drivers (models pickled, one folder per model class; indexes as YAML files). So no MongoDB
+is needed and the whole dashboard state is one folder (``--store``, default ``runs/.dashboard``).
+
+    lazylab dashboard [--port 5005] [--store DIR] [--host 127.0.0.1] [--assets DIR]
+"""
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Optional
+
+from lazylab.dashboard import DashboardError, labml_patches
+
+DEFAULT_PORT = 5005
+DEFAULT_HOST = '127.0.0.1'
+DEFAULT_STORE = os.path.join('runs', '.dashboard')
+INSTALL_HINT = "pip install 'lazylab[dashboard]'"
+
+# The labml web page loads three files from CDNs; `--assets DIR` serves them from DIR instead (no internet needed).
+# URL in labml-app 0.5.14's index.html → file under DIR (npm: d3@6.7.0 dist/d3.min.js, bootstrap@5.0.0-beta2
+# dist/css/bootstrap.min.css, @fortawesome/fontawesome-free@5.9.0 css/ and webfonts/).
+CDN_ASSETS = {
+    'https://d3js.org/d3.v6.min.js': 'd3.v6.min.js',
+    'https://cdn.jsdelivr.net/npm/bootstrap@5.0.0-beta2/dist/css/bootstrap.min.css': 'bootstrap.min.css',
+    'https://cdnjs.cloudflare.com/ajax/libs/font-awesome/5.9.0/css/all.css': 'fontawesome/css/all.css',
+}
+
+
+def require_app() -> None:
+    """Import check for the optional ``dashboard`` extra.
+
+    Raises:
+        DashboardError: labml-app, labml-db or uvicorn is not installed (the message says what to install).
+    """
+    try:
+        import labml_app  # noqa: F401
+        import labml_db  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise DashboardError(f"the dashboard needs labml's app ({e.name} is missing): {INSTALL_HINT}") from None
+
+
+def install_file_store(store: Path) -> None:
+    """Make the labml app keep its database in files under `store` (see :func:`labml_patches.patch_app_database`).
+
+    Must run before ``labml_app.flask_app`` is imported: that module sets up its database at import time.
+    """
+    labml_patches.patch_app_database(store)
+
+
+def missing_assets(assets: Path) -> list[str]:
+    """Files of CDN_ASSETS (and Font Awesome's webfonts folder) that `assets` lacks."""
+    needed = list(CDN_ASSETS.values()) + ['fontawesome/webfonts']
+    return [name for name in needed if not (Path(assets) / name).exists()]
+
+
+def _offline_static(static: Path, assets: Path, dest: Path) -> Path:
+    """A copy of the app's static folder (as symlinks) whose index.html loads the CDN files from /vendor/."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for entry in static.iterdir():
+        if entry.name != 'index.html':
+            (dest / entry.name).symlink_to(entry.resolve())
+    (dest / 'vendor').symlink_to(Path(assets).resolve())
+    html = (static / 'index.html').read_text(encoding='utf-8')
+    for url, name in CDN_ASSETS.items():
+        html = html.replace(url, f'/vendor/{name}')
+    # Subresource-integrity hashes name the CDN's bytes; a local copy is trusted as it is.
+    html = re.sub(r'\s(integrity|crossorigin)="[^"]*"', '', html)
+    (dest / 'index.html').write_text(html, encoding='utf-8')
+    return dest
+
+
+def create_app(store: Path, host: str, port: int, assets: Optional[Path] = None):
+    """Import the labml app (a FastAPI object) over the file store in `store`; returns it.
+
+    `assets`: a folder with the page's CDN files (see CDN_ASSETS) to serve instead of the internet ones.
+
+    Raises:
+        RuntimeError: ``labml_app.flask_app`` was imported already (its database would be MongoDB).
+    """
+    # labml_app.settings reads these at import.
+    os.environ['LABML_APP_SERVER_IP'] = host
+    os.environ['LABML_APP_SERVER_PORT'] = str(port)
+    if 'labml_app.flask_app' in sys.modules:
+        raise RuntimeError('labml_app.flask_app was imported before the file store was installed')
+    install_file_store(store)
+    import logging
+    import warnings
+    # The app averages empty series on some pages; numpy's warnings about that are noise in the terminal.
+    warnings.filterwarnings('ignore', category=RuntimeWarning, module=r'numpy\..*')
+    from labml_app.logger import logger as app_logger
+    app_logger.setLevel(logging.WARNING)  # the app logs every request's timing at INFO
+    from labml_app import flask_app
+    if assets is not None:
+        labml_patches.patch_app_static_path(_offline_static(Path(flask_app.STATIC_PATH), assets, Path(store) / 'web'))
+    return flask_app.app
+
+
+def serve(store: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, assets: Optional[Path] = None) -> None:
+    """Serve the labml app until SIGINT/SIGTERM (uvicorn handles both and shuts down cleanly)."""
+    import uvicorn
+    app = create_app(store, host, port, assets)
+    config = uvicorn.Config(app, host=host, port=port, workers=1, log_level='warning', access_log=False,
+                            lifespan='off')
+    server = uvicorn.Server(config)
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM and then re-raises the signal to the handler found before it;
+    # make that KeyboardInterrupt for both, so `run` ends normally either way.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    shown_host = f'[{host}]' if ':' in host else host
+    print(f'labml dashboard: http://{shown_host}:{port}  (store: {Path(store).resolve()})', flush=True)
+    print(f'  train with: lazylab train NAME ... dashboard=http://{shown_host}:{port}   (Ctrl-C stops)',
+          flush=True)
+    server.run()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog='lazylab dashboard',
+                                     description="Serve labml's dashboard app over a local file store.")
+    parser.add_argument('--port', type=int, default=DEFAULT_PORT, help=f'TCP port (default {DEFAULT_PORT})')
+    parser.add_argument('--host', default=DEFAULT_HOST,
+                        help=f'address to bind (default {DEFAULT_HOST}: this machine only)')
+    parser.add_argument('--store', default=DEFAULT_STORE,
+                        help=f'folder holding the dashboard\'s data (default {DEFAULT_STORE})')
+    parser.add_argument('--assets', default=None,
+                        help='folder with the web page\'s CDN files (d3.v6.min.js, bootstrap.min.css, '
+                             'fontawesome/css/all.css + fontawesome/webfonts/), for machines without internet')
+    return parser
+
+
+def run(argv: Optional[list[str]] = None) -> None:
+    """`lazylab dashboard [--port 5005] [--store DIR] [--host 127.0.0.1] [--assets DIR]`: serve until Ctrl-C.
+
+    Everything is checked before anything is written or bound. (A malformed flag is argparse's usage error:
+    SystemExit(2).)
+
+    Raises:
+        DashboardError: the ``dashboard`` extra is missing, the port is out of range or in use, or `--assets`
+            lacks files; one line each, naming the value.
+    """
+    args = _parser().parse_args(argv)
+    require_app()
+    if not 0 < args.port < 65536:
+        raise DashboardError(f'--port must be in 1..65535, got {args.port}')
+    if not _port_is_free(args.host, args.port):
+        raise DashboardError(f'{args.host}:{args.port} is already in use; choose another --port')
+    if args.assets is not None and missing_assets(Path(args.assets)):
+        raise DashboardError(f'--assets {args.assets} lacks {", ".join(missing_assets(Path(args.assets)))}')
+    try:
+        serve(Path(args.store), args.host, args.port, None if args.assets is None else Path(args.assets))
+    except KeyboardInterrupt:
+        pass
+    print('labml dashboard stopped', flush=True)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """:func:`run`, returning the exit code: 0, or 2 after printing a DashboardError as `lazylab: error: …`."""
+    try:
+        run(argv)
+    except DashboardError as e:
+        print(f'lazylab: error: {e}', file=sys.stderr)
+        return 2
+    return 0
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ':' in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
