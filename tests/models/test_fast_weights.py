@@ -289,8 +289,8 @@ def test_what_the_step_function_cannot_spell_out_takes_the_module_path(change):
         layer.attn.value.linear = nn.Linear(D_MODEL, D_MODEL)  # not fusable
     elif change == 'hook on the FFN':
         layer.feed_forward.register_forward_hook(lambda module, args, out: out + 0.5)
-    elif change == 'hook on a projection':
-        layer.attn.key.register_forward_hook(lambda module, args, out: out * 2)
+    elif change == 'hook on a projection':  # a shift: a scale would be invisible, φ'(2k) = φ'(k) up to eps
+        layer.attn.key.register_forward_hook(lambda module, args, out: out + 0.5)
     elif change == 'dropout in train mode':  # Monte Carlo dropout: eval model, dropout switched back on
         layer.dropout.p = 0.5
         layer.dropout.train()

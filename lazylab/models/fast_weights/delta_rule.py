@@ -11,8 +11,8 @@ values of size d_v and a write strength βᵢ ∈ (0, 1):
 The fast weights W have shape [d_v, d_dot] per head, i.e. `[batch, heads, d_v, d_dot]` for a batch; this is
 labml_nn's layout ('bhvk') and the state layout used throughout `lazylab.models.fast_weights`.
 
-* `delta_rule_step`    one token; what generation uses (O(1) work per token); `delta_rule_token` is the
-  same without the shape checks.
+* `delta_rule_step`    one token; what generation uses (O(1) work per token); `delta_rule_step_unchecked` is
+  the same without the shape checks.
 * `delta_rule_loop`    the equations above, token by token: the slow, obviously-correct reference.
 * `delta_rule_chunked` the chunkwise-parallel form (Yang, Wang, Zhang, Shen & Kim 2024, "Parallelizing Linear
   Transformers with the Delta Rule over Sequence Length"): within a chunk the product of the
@@ -28,7 +28,8 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ['delta_rule_step', 'delta_rule_token', 'delta_rule_loop', 'delta_rule_chunked', 'unit_lower_inverse']
+__all__ = ['delta_rule_step', 'delta_rule_step_unchecked', 'delta_rule_loop', 'delta_rule_chunked',
+           'unit_lower_inverse']
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, state: Optional[torch.Tensor],
@@ -68,11 +69,11 @@ def delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     Raises:
         ValueError: if the shapes do not fit together.
     """
-    return delta_rule_token(q, k, v, _check(q, k, v, beta, state, token=True).unsqueeze(-1), state)
+    return delta_rule_step_unchecked(q, k, v, _check(q, k, v, beta, state, token=True).unsqueeze(-1), state)
 
 
-def delta_rule_token(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
-                     state: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+def delta_rule_step_unchecked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                              state: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
     """`delta_rule_step` without its shape checks, with beta as [batch, heads, 1]: for a generation step function,
     which checks the state once per layer and token and needs nothing else checked (its q, k, v, β come from
     its own projection). Mismatched shapes broadcast or fail inside PyTorch here."""

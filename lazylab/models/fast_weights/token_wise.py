@@ -10,16 +10,17 @@ is `interpolation_weight` in the whole-sequence module).
 
 State layout: W is [batch_size, heads, d_k, d_dot] per layer, the same as the whole-sequence module's.
 """
-import copy
 from typing import List, Optional, Tuple
 
 import torch
 from torch import nn
 
-from lazylab.models.fast_weights import DPFP, per_layer_state
+from lazylab.models.fast_weights import per_layer_state
 from lazylab.models.fast_weights.delta_rule import delta_rule_step
+from lazylab.models.fast_weights.feature_maps import DPFP  # re-exported, as labml_nn does
 from lazylab.models.feed_forward import FeedForward  # re-exported, as labml_nn does
 from lazylab.models.mha import PrepareForMultiHeadAttention
+from lazylab.models.utils import check_heads, check_n_layers, clone_module_list
 
 __all__ = ['DPFP', 'FeedForward', 'FastWeightsAttention', 'FastWeightsAttentionTransformerLayer',
            'FastWeightsAttentionTransformer']
@@ -43,8 +44,7 @@ class FastWeightsAttention(nn.Module):
 
     def __init__(self, heads: int, d_model: int, dropout_prob: float, phi: nn.Module):
         super().__init__()
-        if heads <= 0 or d_model % heads != 0:
-            raise ValueError(f"FastWeightsAttention: d_model={d_model} must be divisible by heads={heads}")
+        check_heads(d_model, heads, 'FastWeightsAttention')
         self.d_k = d_model // heads
         self.heads = heads
         self.query = PrepareForMultiHeadAttention(d_model, heads, self.d_k, bias=False)
@@ -103,9 +103,8 @@ class FastWeightsAttentionTransformer(nn.Module):
 
     def __init__(self, layer: FastWeightsAttentionTransformerLayer, n_layers: int):
         super().__init__()
-        if n_layers < 1:
-            raise ValueError(f"FastWeightsAttentionTransformer needs n_layers >= 1, got n_layers={n_layers}")
-        self.layers = nn.ModuleList([copy.deepcopy(layer) for _ in range(n_layers)])
+        check_n_layers(n_layers, 'FastWeightsAttentionTransformer')
+        self.layers = clone_module_list(layer, n_layers)
         self.norm = nn.LayerNorm([layer.size])
 
     def forward(self, x_seq: torch.Tensor) -> torch.Tensor:
