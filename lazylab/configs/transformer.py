@@ -17,7 +17,8 @@ One deliberate difference: labml-nn builds 'relative' attention with its default
 `dropout` says; here it uses `dropout`, like 'mha' does. With the default dropout (0.1) the two agree.
 """
 import copy
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 from torch import nn
 
@@ -25,9 +26,15 @@ from lazylab.configs import BaseConfigs, aggregate, calculate, option
 from lazylab.models.feed_forward import FeedForward
 from lazylab.models.mha import MultiHeadAttention
 from lazylab.models.relative_mha import RelativeMultiHeadAttention
-from lazylab.models.transformer import (Decoder, EmbeddingsWithLearnedPositionalEncoding,
-                                        EmbeddingsWithPositionalEncoding, Encoder, EncoderDecoder, Generator,
-                                        TransformerLayer)
+from lazylab.models.transformer import (
+    Decoder,
+    EmbeddingsWithLearnedPositionalEncoding,
+    EmbeddingsWithPositionalEncoding,
+    Encoder,
+    EncoderDecoder,
+    Generator,
+    TransformerLayer,
+)
 
 #: the names `glu_variant` accepts: 'none' (plain FFN) or one of the aggregates below
 GLUVariant = Literal['none', 'GLU', 'Bilinear', 'ReGLU', 'GEGLU', 'SwiGLU']

@@ -28,7 +28,8 @@ lazily from the detached queries and keys on first read (softmax of the masked, 
 so inference pays nothing unless someone looks.
 """
 import math
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import torch
 import torch.nn.functional as F

@@ -2,14 +2,15 @@
 no 512-step limit, a clear error past the relative-position table, and incremental state equal to the full pass."""
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from labml_nn.transformers import feedback as ref
+from labml_nn.transformers.feed_forward import FeedForward as RefFeedForward
 
 from lazylab.models import feedback as ours
 from lazylab.models.autoregressive import AutoregressiveModel
 from lazylab.models.feed_forward import FeedForward
 from lazylab.models.feedback.reference import reference_forward
-from labml_nn.transformers import feedback as ref
-from labml_nn.transformers.feed_forward import FeedForward as RefFeedForward
 
 
 def build(mod, ff_cls, kv, d_model=16, heads=4, d_ff=32, n_layers=3, dropout=0.0, **attn_kwargs):
@@ -127,7 +128,7 @@ def test_reference_loop_equals_labml_nn_and_the_fast_path_forward_and_backward(k
 def test_labml_nn_kv_stops_at_512_steps():
     """The limit we remove (documents why the test above compares against our plain loop)."""
     _, r = None, build(ref, RefFeedForward, True, d_model=8, heads=2, d_ff=16, n_layers=1)
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 (whatever labml-nn's stack overflow raises)
         r(torch.randn(513, 1, 8))
 
 

@@ -68,7 +68,7 @@ def test_global_forward_hooks_are_visible_while_registered():
     assert not compat.global_forward_hooks_registered()
     for register in (torch_module.register_module_forward_hook, torch_module.register_module_forward_pre_hook):
         calls = []
-        handle = register(lambda module, *args: calls.append(type(module).__name__))
+        handle = register(lambda module, *args, calls=calls: calls.append(type(module).__name__))
         try:
             assert compat.global_forward_hooks_registered()
             nn.ReLU()(torch.ones(1))

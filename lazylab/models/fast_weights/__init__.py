@@ -34,15 +34,21 @@ The package: this module holds the whole-sequence modules; `feature_maps.py` the
 step functions that `step_function()` returns; `token_wise.py` the token-wise variants (one step per call, as
 labml_nn's `token_wise.py`).
 """
-from typing import List, Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import nn
 
 from lazylab.models.fast_weights.delta_rule import delta_rule_chunked, delta_rule_loop, delta_rule_step
 from lazylab.models.fast_weights.feature_maps import DPFP
-from lazylab.models.fast_weights.step import (LayerStep, TransformerStep, layer_step_function, one_token_inference,
-                                              projector, transformer_step_function)
+from lazylab.models.fast_weights.step import (
+    LayerStep,
+    TransformerStep,
+    layer_step_function,
+    one_token_inference,
+    projector,
+    transformer_step_function,
+)
 from lazylab.models.feed_forward import FeedForward  # re-exported, as labml_nn does (its experiment imports it here)
 from lazylab.models.mha import PrepareForMultiHeadAttention
 from lazylab.models.utils import check_heads, check_n_layers, clone_module_list
@@ -62,7 +68,7 @@ def _check_kernel(kernel: str, chunk_size: int):
 
 
 def run_delta_rule(kernel: str, chunk_size: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   beta: torch.Tensor, state: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+                   beta: torch.Tensor, state: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the delta rule over a sequence with the named kernel (shapes as in `delta_rule`).
 
     A single token always takes the recurrent step: it is the same computation, without the chunking set-up.
@@ -139,7 +145,7 @@ class FastWeightsAttention(nn.Module):
         return self.forward_with_state(x)[0]
 
     def forward_with_state(self, x: torch.Tensor, state: Optional[torch.Tensor] = None
-                           ) -> Tuple[torch.Tensor, torch.Tensor]:
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
         """Continue from fast weights `state` ([batch_size, heads, d_k, d_dot], None = zeros).
 
         Returns the output [seq_len, batch_size, d_model] and the fast weights after the last token.
@@ -154,7 +160,7 @@ class FastWeightsAttention(nn.Module):
         return self.output(y.reshape(seq_len, batch_size, d_model)), state  # (no -1: seq_len may be 0)
 
 
-def per_layer_state(state: Optional[List[Optional[torch.Tensor]]], n_layers: int) -> List[Optional[torch.Tensor]]:
+def per_layer_state(state: Optional[list[Optional[torch.Tensor]]], n_layers: int) -> list[Optional[torch.Tensor]]:
     """The per-layer fast weights a transformer continues from: None → one None (zeros) per layer.
 
     Raises:
@@ -195,7 +201,7 @@ class FastWeightsAttentionTransformerLayer(nn.Module):
         return self._add_attention_and_ffn(x, self.attn(x))
 
     def forward_with_state(self, x: torch.Tensor, state: Optional[torch.Tensor] = None
-                           ) -> Tuple[torch.Tensor, torch.Tensor]:
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` continuing from the fast weights `state`; returns (output, new state). Calls the attention's
         `forward_with_state` directly, so forward hooks of `attn` itself do not run here."""
         if one_token_inference(x):
@@ -253,8 +259,8 @@ class FastWeightsAttentionTransformer(nn.Module):
             x = layer(x)
         return self.norm(x)
 
-    def forward_with_state(self, x: torch.Tensor, state: Optional[List[torch.Tensor]] = None
-                           ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+    def forward_with_state(self, x: torch.Tensor, state: Optional[list[torch.Tensor]] = None
+                           ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Continue from the per-layer fast weights `state`; returns (output, new per-layer fast weights).
 
         Calling this on consecutive chunks of a sequence, carrying the state, gives the outputs of one call on

@@ -24,7 +24,7 @@ All three take sequence-first tensors (the project's layout):
     (a trailing singleton, [seq_len, batch, heads, 1], is accepted too);  state: [batch, heads, d_v, d_dot] or None.
 They return `(y, state)` with y: [seq_len, batch, heads, d_v] and the fast weights after the last token.
 """
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 
@@ -54,7 +54,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor
 
 
 def delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
-                    state: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                    state: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One token of the delta rule, in the "Householder" form W⁽ⁱ⁾ = W⁽ⁱ⁻¹⁾ (I − βᵢ kᵢ kᵢᵀ) + βᵢ vᵢ kᵢᵀ.
 
     Args:
@@ -73,7 +73,7 @@ def delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
 
 
 def delta_rule_step_unchecked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
-                              state: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+                              state: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """`delta_rule_step` without its shape checks, with beta as [batch, heads, 1]: for a generation step function,
     which checks the state once per layer and token and needs nothing else checked (its q, k, v, β come from
     its own projection). Mismatched shapes broadcast or fail inside PyTorch here."""
@@ -89,7 +89,7 @@ def delta_rule_step_unchecked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def delta_rule_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
-                    state: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                    state: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The delta rule token by token, written as the paper's equations (the reference the fast form is tested
     against). O(seq_len) sequential steps.
 
@@ -211,7 +211,7 @@ class _ChunkedDeltaRule(torch.autograd.Function):
 
 
 def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
-                       state: Optional[torch.Tensor] = None, chunk_size: int = 64) -> Tuple[torch.Tensor, torch.Tensor]:
+                       state: Optional[torch.Tensor] = None, chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """The delta rule, chunkwise-parallel (Yang et al. 2024; WY/UT representation).
 
     Work with the transposed state S = Wᵀ ([d_dot, d_v]); one token is S ← (I − β k kᵀ) S + β k vᵀ. For a chunk of

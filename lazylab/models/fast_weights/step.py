@@ -16,7 +16,7 @@ It is made only where that holds:
 The modules' `step_function()` methods (`FastWeightsAttentionTransformerLayer`, `FastWeightsAttentionTransformer`)
 call the functions here.
 """
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -30,9 +30,9 @@ from lazylab.models.mha import PrepareForMultiHeadAttention
 __all__ = ['has_forward_hooks', 'spelled_out', 'one_token_inference', 'projector', 'layer_step_function',
            'transformer_step_function']
 
-LayerStep = Callable[[torch.Tensor, Optional[torch.Tensor]], Tuple[torch.Tensor, torch.Tensor]]
-TransformerStep = Callable[[torch.Tensor, Optional[List[torch.Tensor]]], Tuple[torch.Tensor, List[torch.Tensor]]]
-Projector = Callable[[torch.Tensor], Tuple[torch.Tensor, ...]]
+LayerStep = Callable[[torch.Tensor, Optional[torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
+TransformerStep = Callable[[torch.Tensor, Optional[list[torch.Tensor]]], tuple[torch.Tensor, list[torch.Tensor]]]
+Projector = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
 
 
 def has_forward_hooks(modules) -> bool:
@@ -92,7 +92,7 @@ def projector(attn: nn.Module, step: bool = False) -> Optional[Projector]:
     sizes = [2 * h * d_k, h * d_k, h]
 
     # (the C-level split_with_sizes, chunk and view: Tensor.split and unflatten add Python-level wrappers)
-    def project(x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    def project(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         qk, value, beta = nn.functional.linear(x, weight).split_with_sizes(sizes, dim=-1)
         qk = qk.view(*qk.shape[:-1], 2 * h, d_k)
         query, key = phi(qk).chunk(2, dim=-2) if stack_phi else map(phi, qk.chunk(2, dim=-2))
@@ -118,7 +118,7 @@ def layer_step_function(layer: nn.Module) -> Optional[LayerStep]:
     norm_args = (norm.normalized_shape, norm.weight, norm.bias, norm.eps)
     w1, b1, w2, b2 = ff.layer1.weight, ff.layer1.bias, ff.layer2.weight, ff.layer2.bias
 
-    def step(x: torch.Tensor, state: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    def step(x: torch.Tensor, state: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         query, key, value, beta = project(x)
         if state is not None and state.shape != (x.shape[0], heads, d_k, key.shape[-1]):
             raise ValueError(f"fast-weights state must be [batch_size, heads, d_k, d_dot] = "
@@ -142,7 +142,7 @@ def transformer_step_function(model: nn.Module) -> Optional[TransformerStep]:
     norm_args = (norm.normalized_shape, norm.weight, norm.bias, norm.eps)
     d_model = model.layers[0].size
 
-    def step(x: torch.Tensor, state: Optional[List[torch.Tensor]]) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+    def step(x: torch.Tensor, state: Optional[list[torch.Tensor]]) -> tuple[torch.Tensor, list[torch.Tensor]]:
         if x.dim() != 3 or x.shape[0] != 1 or x.shape[2] != d_model:
             raise ValueError(f"a step function takes one token, x [1, batch_size, d_model={d_model}]; "
                              f"got {tuple(x.shape)}")

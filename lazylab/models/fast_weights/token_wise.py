@@ -10,7 +10,7 @@ is `interpolation_weight` in the whole-sequence module).
 
 State layout: W is [batch_size, heads, d_k, d_dot] per layer, the same as the whole-sequence module's.
 """
-from typing import List, Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import nn
@@ -55,7 +55,7 @@ class FastWeightsAttention(nn.Module):
         self.output = nn.Linear(d_model, d_model)
         self.dropout = nn.Dropout(dropout_prob)
 
-    def forward(self, x: torch.Tensor, weights: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, weights: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         if x.dim() != 2:
             raise ValueError(f"token-wise FastWeightsAttention expects one step [batch_size, d_model], "
                              f"got {tuple(x.shape)}")
@@ -83,7 +83,7 @@ class FastWeightsAttentionTransformerLayer(nn.Module):
         self.norm_self_attn = nn.LayerNorm([d_model])
         self.norm_ff = nn.LayerNorm([d_model])
 
-    def forward(self, x: torch.Tensor, weights: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, weights: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         attn, weights = self.attn(x, weights)
         x = x + self.dropout(attn)
         x = x + self.dropout(self.feed_forward(self.norm_ff(x)))
@@ -110,8 +110,8 @@ class FastWeightsAttentionTransformer(nn.Module):
     def forward(self, x_seq: torch.Tensor) -> torch.Tensor:
         return self.forward_with_state(x_seq)[0]
 
-    def forward_with_state(self, x_seq: torch.Tensor, state: Optional[List[Optional[torch.Tensor]]] = None
-                           ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+    def forward_with_state(self, x_seq: torch.Tensor, state: Optional[list[Optional[torch.Tensor]]] = None
+                           ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Run the tokens of x_seq in order, continuing from per-layer fast weights `state`."""
         weights = per_layer_state(state, len(self.layers))
         outputs = []

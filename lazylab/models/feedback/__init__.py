@@ -32,7 +32,7 @@ one step per token and the outputs equal those of one call over the whole sequen
 carried-in state (it is treated as a constant, like Transformer-XL's memory).
 """
 import math
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -186,13 +186,13 @@ class _FeedbackBase(nn.Module):
         self.softmax = nn.Softmax(0)
 
     # Subclasses: the projections of a memory vector, as one affine map m [b, d_model] → [b, groups·heads·d_k].
-    def _memory_projection(self) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def _memory_projection(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         raise NotImplementedError
 
     def _groups(self) -> int:
         raise NotImplementedError
 
-    def _kv_groups(self, i: int) -> Tuple[int, int]:
+    def _kv_groups(self, i: int) -> tuple[int, int]:
         """Memory groups holding layer i's keys and values."""
         raise NotImplementedError
 
@@ -201,7 +201,7 @@ class _FeedbackBase(nn.Module):
         return self.forward_with_state(x_seq)[0]
 
     def forward_with_state(self, x_seq: torch.Tensor, state: Optional[FeedbackState] = None
-                           ) -> Tuple[torch.Tensor, FeedbackState]:
+                           ) -> tuple[torch.Tensor, FeedbackState]:
         """Run x_seq [seq_len, batch_size, d_model] after the steps held in `state` (None: from scratch).
 
         Returns (outputs [seq_len, batch_size, d_model], new state). Chained calls give the outputs of one call

@@ -27,7 +27,7 @@ added its share to slot t-1 before `ReadMemory(t)` runs. The tape checks this or
 violated, and starts from zero in each new backward pass (retain_graph, autograd.grad).
 """
 import copy
-from typing import List, Optional, Tuple
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -88,7 +88,7 @@ class Memory:
             self.data.view(g, b, h, -1, d)[:, :, :, self.n].copy_(kv.view(b, g, h, d).transpose(0, 1))
         self.n += 1
 
-    def views(self, t: int) -> Tuple[torch.Tensor, ...]:
+    def views(self, t: int) -> tuple[torch.Tensor, ...]:
         """The first t slots of each group: `groups` views [batch·heads, t, d_k]."""
         return tuple(self.alias[g, :, :t] for g in range(self.groups))
 
@@ -103,14 +103,14 @@ class Tape:
       contributions in one product instead of L).
     """
 
-    def __init__(self, memory: Memory, n0: int, steps: int, layer_steps: List['LayerStep']):
+    def __init__(self, memory: Memory, n0: int, steps: int, layer_steps: list['LayerStep']):
         self.memory = memory
         self.n0 = n0
         self.layer_steps = layer_steps
         self.grad = memory.data.new_zeros(memory.groups, memory.batch * memory.heads, steps, memory.d_k)
         self.pos_grad = [torch.zeros_like(s.pos_data) for s in layer_steps]
         self.bias_grad = [torch.zeros_like(s.bias_data) for s in layer_steps]
-        self.pending: List[List[Tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(memory.groups)]
+        self.pending: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(memory.groups)]
         self.pass_id = None  # the autograd graph task (backward pass) that last used the tape
         self.horizon = None  # t of the latest read whose backward has run in that pass
 

@@ -7,8 +7,6 @@ steps before t, stacked afresh, and the step's memory vector m_t = Σ_l softmax(
 Slow on purpose: the memory is re-stacked (and, for `FeedbackTransformer`, re-projected by every layer) at every
 step. No limit on seq_len but the relative-position tables' `n_positions`.
 """
-from typing import List, Tuple
-
 import torch
 
 from lazylab.models.feedback import FeedbackTransformerKV
@@ -28,7 +26,7 @@ def reference_forward(model: torch.nn.Module, x_seq: torch.Tensor) -> torch.Tens
         [seq_len, batch_size, d_model]: the final LayerNorm of the last layer's output at every step.
     """
     w = model.softmax(model.weights)
-    memory: List[Tuple[torch.Tensor, torch.Tensor]] = []  # per earlier step: what the layers take as key, value
+    memory: list[tuple[torch.Tensor, torch.Tensor]] = []  # per earlier step: what the layers take as key, value
     outputs = []
     for x in x_seq.unbind(0):
         key = value = None
