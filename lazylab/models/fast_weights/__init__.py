@@ -42,8 +42,8 @@ from torch import nn
 from lazylab.models.fast_weights.delta_rule import delta_rule_chunked, delta_rule_loop, delta_rule_step
 from lazylab.models.fast_weights.feature_maps import DPFP
 from lazylab.models.fast_weights.step import (
-    LayerStep,
-    TransformerStep,
+    LayerStepFunction,
+    TransformerStepFunction,
     layer_step_function,
     one_token_inference,
     projector,
@@ -216,7 +216,7 @@ class FastWeightsAttentionTransformerLayer(nn.Module):
         x = x + self.dropout(attn)
         return x + self.dropout(self.feed_forward(self.norm_ff(x)))
 
-    def step_function(self) -> Optional[LayerStep]:
+    def step_function(self) -> Optional[LayerStepFunction]:
         """This layer's `forward_with_state` for one token in eval mode, as a function
         (x [batch_size, d_model], state) → (x', state') that runs the same operations in the same order (so the
         same result, bit for bit) without the module calls, shape checks and identity dropouts that otherwise
@@ -280,7 +280,7 @@ class FastWeightsAttentionTransformer(nn.Module):
             new_state.append(layer_state)
         return self.norm(x), new_state
 
-    def step_function(self) -> Optional[TransformerStep]:
+    def step_function(self) -> Optional[TransformerStepFunction]:
         """For generation: `forward_with_state` on one token in eval mode without autograd, as a function
         (x [1, batch_size, d_model], state) → (y, new_state) with every check and set-up done here, once
         (each layer's `step_function`). Bit for bit the module path's result. Use it while the modules and

@@ -30,8 +30,9 @@ from lazylab.models.mha import PrepareForMultiHeadAttention
 __all__ = ['has_forward_hooks', 'spelled_out', 'one_token_inference', 'projector', 'layer_step_function',
            'transformer_step_function']
 
-LayerStep = Callable[[torch.Tensor, Optional[torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
-TransformerStep = Callable[[torch.Tensor, Optional[list[torch.Tensor]]], tuple[torch.Tensor, list[torch.Tensor]]]
+LayerStepFunction = Callable[[torch.Tensor, Optional[torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
+TransformerStepFunction = Callable[[torch.Tensor, Optional[list[torch.Tensor]]],
+                                   tuple[torch.Tensor, list[torch.Tensor]]]
 Projector = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
 
 
@@ -100,7 +101,7 @@ def projector(attn: nn.Module, step: bool = False) -> Optional[Projector]:
     return project
 
 
-def layer_step_function(layer: nn.Module) -> Optional[LayerStep]:
+def layer_step_function(layer: nn.Module) -> Optional[LayerStepFunction]:
     """The step function of a `FastWeightsAttentionTransformerLayer` (see its `step_function`): (x [batch_size,
     d_model], state [batch_size, heads, d_k, d_dot] or None) → (x', state'), or None where it would not be the
     module path bit for bit."""
@@ -130,7 +131,7 @@ def layer_step_function(layer: nn.Module) -> Optional[LayerStep]:
     return step
 
 
-def transformer_step_function(model: nn.Module) -> Optional[TransformerStep]:
+def transformer_step_function(model: nn.Module) -> Optional[TransformerStepFunction]:
     """The step function of a `FastWeightsAttentionTransformer` (see its `step_function`): (x [1, batch_size,
     d_model], per-layer state or None) → (y [1, batch_size, d_model], new per-layer state), or None where a layer
     has none or the final norm is not a LayerNorm in eval mode without forward hooks."""
