@@ -16,7 +16,7 @@ own copy (the transformer deep-copies the layer).
 from torch import nn
 
 from lazylab.configs import BaseConfigs, option
-from lazylab.configs.transformer import FeedForwardConfigs
+from lazylab.configs.transformer import FeedForwardConfigs, feed_forward_configs
 from lazylab.models import fast_weights
 from lazylab.models.autoregressive import AutoregressiveModel
 
@@ -40,11 +40,7 @@ class FastWeightsConfigs(BaseConfigs):
 
 @option(FastWeightsConfigs.ffn, 'default')
 def _ffn_configs(c: FastWeightsConfigs):
-    conf = FeedForwardConfigs()
-    conf.set_default(FeedForwardConfigs.d_model, func=lambda: c.d_model)
-    conf.set_default(FeedForwardConfigs.d_ff, func=lambda: c.d_ff)
-    conf.set_default(FeedForwardConfigs.dropout, func=lambda: c.dropout)
-    return conf
+    return feed_forward_configs(c, ('d_model', 'd_ff', 'dropout'))
 
 
 @option(FastWeightsConfigs.transformer, 'default')

@@ -14,7 +14,7 @@ The FFN is a `FeedForwardConfigs` whose d_model, d_ff and dropout default to thi
 own copy (the transformer deep-copies the layer).
 """
 from lazylab.configs import BaseConfigs, option
-from lazylab.configs.transformer import FeedForwardConfigs
+from lazylab.configs.transformer import FeedForwardConfigs, feed_forward_configs
 from lazylab.models import feedback
 from lazylab.models.autoregressive import AutoregressiveModel
 
@@ -35,11 +35,7 @@ class FeedbackConfigs(BaseConfigs):
 
 @option(FeedbackConfigs.ffn, 'default')
 def _ffn_configs(c: FeedbackConfigs):
-    conf = FeedForwardConfigs()
-    conf.set_default(FeedForwardConfigs.d_model, func=lambda: c.d_model)
-    conf.set_default(FeedForwardConfigs.d_ff, func=lambda: c.d_ff)
-    conf.set_default(FeedForwardConfigs.dropout, func=lambda: c.dropout)
-    return conf
+    return feed_forward_configs(c, ('d_model', 'd_ff', 'dropout'))
 
 
 def _layer(c: FeedbackConfigs, kv: bool) -> feedback.FeedbackTransformerLayer:

@@ -17,6 +17,7 @@ One deliberate difference: labml-nn builds 'relative' attention with its default
 `dropout` says; here it uses `dropout`, like 'mha' does. With the default dropout (0.1) the two agree.
 """
 import copy
+from collections.abc import Sequence
 from typing import Literal
 
 from torch import nn
@@ -25,9 +26,15 @@ from lazylab.configs import BaseConfigs, aggregate, calculate, option
 from lazylab.models.feed_forward import FeedForward
 from lazylab.models.mha import MultiHeadAttention
 from lazylab.models.relative_mha import RelativeMultiHeadAttention
-from lazylab.models.transformer import (Decoder, EmbeddingsWithLearnedPositionalEncoding,
-                                        EmbeddingsWithPositionalEncoding, Encoder, EncoderDecoder, Generator,
-                                        TransformerLayer)
+from lazylab.models.transformer import (
+    Decoder,
+    EmbeddingsWithLearnedPositionalEncoding,
+    EmbeddingsWithPositionalEncoding,
+    Encoder,
+    EncoderDecoder,
+    Generator,
+    TransformerLayer,
+)
 
 #: the names `glu_variant` accepts: 'none' (plain FFN) or one of the aggregates below
 GLUVariant = Literal['none', 'GLU', 'Bilinear', 'ReGLU', 'GEGLU', 'SwiGLU']
@@ -138,12 +145,19 @@ for _item in (TransformerConfigs.encoder_attn, TransformerConfigs.decoder_attn, 
     calculate(_item, 'relative', _relative_mha)
 
 
+def feed_forward_configs(parent: BaseConfigs, shared: Sequence[str]) -> FeedForwardConfigs:
+    """The `ffn` sub-config of a model config: a FeedForwardConfigs whose items named in `shared` (e.g. 'd_model',
+    'dropout') default to the parent's items of the same name, read when first needed. So `d_model=256` reaches
+    the FFN, and `ffn.d_model=…` still wins."""
+    conf = FeedForwardConfigs()
+    for name in shared:
+        conf.set_default(getattr(FeedForwardConfigs, name), func=lambda name=name: getattr(parent, name))
+    return conf
+
+
 @option(TransformerConfigs.ffn, 'default')
 def _ffn_configs(c: TransformerConfigs):
-    conf = FeedForwardConfigs()
-    conf.set_default(FeedForwardConfigs.d_model, func=lambda: c.d_model)
-    conf.set_default(FeedForwardConfigs.dropout, func=lambda: c.dropout)
-    return conf
+    return feed_forward_configs(c, ('d_model', 'dropout'))  # d_ff is the FFN's own (2048, as labml-nn)
 
 
 @option(TransformerConfigs.encoder_layer, 'default')
@@ -173,34 +187,26 @@ def _generator(c: TransformerConfigs):
     return Generator(c.n_tgt_vocab, c.d_model)
 
 
-@option(TransformerConfigs.src_embed, 'fixed_pos')
-def _src_embed_fixed_pos(c: TransformerConfigs):
-    return EmbeddingsWithPositionalEncoding(c.d_model, c.n_src_vocab)
+def _no_pos(d_model: int, n_vocab: int) -> nn.Embedding:
+    """A bare token embedding, without positions or scale."""
+    return nn.Embedding(n_vocab, d_model)
 
 
-@option(TransformerConfigs.tgt_embed, 'fixed_pos')
-def _tgt_embed_fixed_pos(c: TransformerConfigs):
-    return EmbeddingsWithPositionalEncoding(c.d_model, c.n_tgt_vocab)
+# embedding option name -> module built from (d_model, n_vocab)
+_EMBEDDINGS = {'fixed_pos': EmbeddingsWithPositionalEncoding,
+               'learned_pos': EmbeddingsWithLearnedPositionalEncoding,
+               'no_pos': _no_pos}
 
 
-@option(TransformerConfigs.src_embed, 'learned_pos')
-def _src_embed_learned_pos(c: TransformerConfigs):
-    return EmbeddingsWithLearnedPositionalEncoding(c.d_model, c.n_src_vocab)
+def _embedding(make, vocab: str):
+    def build(c: TransformerConfigs):
+        return make(c.d_model, getattr(c, vocab))
+    return build
 
 
-@option(TransformerConfigs.tgt_embed, 'learned_pos')
-def _tgt_embed_learned_pos(c: TransformerConfigs):
-    return EmbeddingsWithLearnedPositionalEncoding(c.d_model, c.n_tgt_vocab)
-
-
-@option(TransformerConfigs.src_embed, 'no_pos')
-def _src_embed_no_pos(c: TransformerConfigs):
-    return nn.Embedding(c.n_src_vocab, c.d_model)
-
-
-@option(TransformerConfigs.tgt_embed, 'no_pos')
-def _tgt_embed_no_pos(c: TransformerConfigs):
-    return nn.Embedding(c.n_tgt_vocab, c.d_model)
+for _item, _vocab in ((TransformerConfigs.src_embed, 'n_src_vocab'), (TransformerConfigs.tgt_embed, 'n_tgt_vocab')):
+    for _name, _make in _EMBEDDINGS.items():
+        calculate(_item, _name, _embedding(_make, _vocab))
 
 
 @option(TransformerConfigs.encoder_decoder, 'default')

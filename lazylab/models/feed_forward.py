@@ -13,8 +13,10 @@ SwiGLU. The paper drops all biases in the gated variants; here each bias is a se
 
 State-dict keys match labml-nn 0.5.1's `FeedForward`: `layer1` (W₁, b₁), `layer2` (W₂, b₂), `linear_v` (V, c).
 """
-from torch import nn
+from typing import Optional
+
 import torch
+from torch import nn
 
 
 class FeedForward(nn.Module):
@@ -24,7 +26,7 @@ class FeedForward(nn.Module):
         d_model: width of a token vector (input and output features).
         d_ff: width of the hidden layer (usually about 4 × d_model).
         dropout: dropout probability on the hidden layer, after the activation (and the gate).
-        activation: the module applied to x W₁ + b₁; default `nn.ReLU()`.
+        activation: the module applied to x W₁ + b₁; None (the default) is `nn.ReLU()`.
         is_gated: multiply the activated hidden layer by a linear gate x V + c.
         bias1: learn b₁.
         bias2: learn b₂.
@@ -39,7 +41,7 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int,
                  dropout: float = 0.1,
-                 activation=nn.ReLU(),
+                 activation: Optional[nn.Module] = None,
                  is_gated: bool = False,
                  bias1: bool = True,
                  bias2: bool = True,
@@ -51,7 +53,7 @@ class FeedForward(nn.Module):
         self.layer1 = nn.Linear(d_model, d_ff, bias=bias1)
         self.layer2 = nn.Linear(d_ff, d_model, bias=bias2)
         self.dropout = nn.Dropout(dropout)
-        self.activation = activation
+        self.activation = nn.ReLU() if activation is None else activation
         self.is_gated = is_gated
         if is_gated:
             self.linear_v = nn.Linear(d_model, d_ff, bias=bias_gate)

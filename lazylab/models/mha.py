@@ -28,11 +28,14 @@ lazily from the detached queries and keys on first read (softmax of the masked, 
 so inference pays nothing unless someone looks.
 """
 import math
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from lazylab.models.utils import check_heads
 
 
 def subsequent_mask(seq_len: int, device: Optional[torch.device] = None) -> torch.Tensor:
@@ -47,13 +50,6 @@ def subsequent_mask(seq_len: int, device: Optional[torch.device] = None) -> torc
     if seq_len < 0:
         raise ValueError(f"subsequent_mask needs seq_len >= 0, got {seq_len}")
     return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril().unsqueeze(-1)
-
-
-def _check_heads(d_model: int, heads: int, who: str):
-    if heads <= 0 or d_model <= 0:
-        raise ValueError(f"{who} needs positive sizes, got d_model={d_model}, heads={heads}")
-    if d_model % heads != 0:
-        raise ValueError(f"{who}: d_model={d_model} is not divisible by heads={heads}")
 
 
 class PrepareForMultiHeadAttention(nn.Module):
@@ -109,7 +105,7 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, heads: int, d_model: int, dropout_prob: float = 0.1, bias: bool = True, *,
                  use_sdpa: bool = True):
         super().__init__()
-        _check_heads(d_model, heads, type(self).__name__)
+        check_heads(d_model, heads, type(self).__name__)
         self.d_k = d_model // heads
         self.heads = heads
         self.d_model = d_model

@@ -14,7 +14,6 @@
 
 - Encoder / Decoder: n deep copies of a layer and a final LayerNorm. Generator: the output projection to logits.
 """
-import copy
 import math
 from typing import Optional
 
@@ -23,6 +22,7 @@ from torch import nn
 
 from lazylab.models.feed_forward import FeedForward
 from lazylab.models.mha import MultiHeadAttention
+from lazylab.models.utils import check_n_layers, clone_module_list
 
 
 def get_positional_encoding(d_model: int, max_len: int = 5000) -> torch.Tensor:
@@ -161,23 +161,21 @@ class TransformerLayer(nn.Module):
         return x + self.dropout(self.feed_forward(z))
 
 
-def _copies(layer: nn.Module, n_layers: int) -> nn.ModuleList:
-    if n_layers < 0:
-        raise ValueError(f"n_layers must be >= 0, got {n_layers}")
-    return nn.ModuleList(copy.deepcopy(layer) for _ in range(n_layers))
-
-
 class Encoder(nn.Module):
     """`n_layers` independent copies of `layer` (self-attention only) and a final LayerNorm.
 
     Shapes:
         x: [seq_len, batch_size, d_model], mask: [seq_len or 1, seq_len, batch_size or 1] or None
         → [seq_len, batch_size, d_model]
+
+    Raises:
+        ValueError: n_layers < 1.
     """
 
     def __init__(self, layer: TransformerLayer, n_layers: int):
         super().__init__()
-        self.layers = _copies(layer, n_layers)
+        check_n_layers(n_layers, 'Encoder')
+        self.layers = clone_module_list(layer, n_layers)
         self.norm = nn.LayerNorm([layer.size])
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
@@ -193,11 +191,15 @@ class Decoder(nn.Module):
         x: [tgt_len, batch_size, d_model], memory: [src_len, batch_size, d_model],
         src_mask: [tgt_len or 1, src_len, batch_size or 1] or None, tgt_mask: [tgt_len or 1, tgt_len, batch or 1]
         or None → [tgt_len, batch_size, d_model]
+
+    Raises:
+        ValueError: n_layers < 1.
     """
 
     def __init__(self, layer: TransformerLayer, n_layers: int):
         super().__init__()
-        self.layers = _copies(layer, n_layers)
+        check_n_layers(n_layers, 'Decoder')
+        self.layers = clone_module_list(layer, n_layers)
         self.norm = nn.LayerNorm([layer.size])
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, src_mask: Optional[torch.Tensor],

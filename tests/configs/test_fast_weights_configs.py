@@ -22,6 +22,7 @@ def labml_nn_model(seed, nu=1):
     so it is repeated here with labml-nn's classes; the wrapper has the same layout and creation order)."""
     from labml_nn.transformers import fast_weights as ref
     from labml_nn.transformers.feed_forward import FeedForward
+
     from lazylab.models.autoregressive import AutoregressiveModel
     d_model, heads, d_ff, n_layers = SMALL['d_model'], SMALL['heads'], SMALL['d_ff'], SMALL['n_layers']
     torch.manual_seed(seed)
@@ -85,4 +86,4 @@ def test_token_wise_option_builds_the_token_wise_model_with_equal_outputs():
 def test_heads_not_dividing_d_model_is_reported():
     conf = configs(heads=3)
     with pytest.raises(Exception, match=r'd_model=16.*heads=3'):
-        conf.model
+        _ = conf.model

@@ -5,7 +5,8 @@ import itertools
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from labml_nn.transformers import configs as ref_configs
 from torch import nn
 
@@ -216,14 +217,14 @@ def test_unknown_option_is_a_config_error_naming_the_path():
     conf = TransformerConfigs()
     with pytest.raises(ConfigError, match='activation'):
         conf._set_values({'ffn.activation': 'gleu'})
-        conf.ffn.ffn
+        _ = conf.ffn.ffn
 
 
 def test_d_model_not_divisible_by_heads_names_both():
     conf = TransformerConfigs()
     conf._set_values({'d_model': 30, 'n_heads': 4})
     with pytest.raises(ConfigError, match=r'encoder_attn.*d_model=30.*heads=4') as error:
-        conf.encoder_attn
+        _ = conf.encoder_attn
     assert isinstance(error.value.__cause__, ValueError)
 
 

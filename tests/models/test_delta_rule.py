@@ -7,10 +7,15 @@ import itertools
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from lazylab.models.fast_weights.delta_rule import (delta_rule_chunked, delta_rule_loop, delta_rule_step,
-                                                   unit_lower_inverse)
+from lazylab.models.fast_weights.delta_rule import (
+    delta_rule_chunked,
+    delta_rule_loop,
+    delta_rule_step,
+    unit_lower_inverse,
+)
 
 
 def make_inputs(seq_len, batch, heads, d_dot, d_v, *, with_state, dtype=torch.float32, seed=0):
@@ -58,7 +63,7 @@ def assert_rel_close(actual, expected, rel, what):
 GRID = list(itertools.product([1, 7, 64, 100, 257], [16, 32, 64], [16, 32, 48], [1, 3]))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference_case(seq_len, d_dot, batch):
     """Inputs and the loop's results, shared by the chunk sizes (the loop is the slow part)."""
     inputs = make_inputs(seq_len, batch, 2, d_dot, 8, with_state=(seq_len % 2 == 1), seed=seq_len + d_dot + batch)

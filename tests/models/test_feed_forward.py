@@ -1,7 +1,8 @@
 """FeedForward against labml-nn 0.5.1 and the closed forms of Vaswani et al. / Shazeer 2020."""
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from labml_nn.transformers.feed_forward import FeedForward as RefFeedForward
 from torch import nn
 

@@ -2,13 +2,15 @@
 no 512-step limit, a clear error past the relative-position table, and incremental state equal to the full pass."""
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from labml_nn.transformers import feedback as ref
+from labml_nn.transformers.feed_forward import FeedForward as RefFeedForward
 
 from lazylab.models import feedback as ours
 from lazylab.models.autoregressive import AutoregressiveModel
 from lazylab.models.feed_forward import FeedForward
-from labml_nn.transformers import feedback as ref
-from labml_nn.transformers.feed_forward import FeedForward as RefFeedForward
+from lazylab.models.feedback.reference import reference_forward
 
 
 def build(mod, ff_cls, kv, d_model=16, heads=4, d_ff=32, n_layers=3, dropout=0.0, **attn_kwargs):
@@ -97,7 +99,7 @@ def test_runs_past_512_steps_forward_and_backward(kv, seq_len):
     eps = 1e-7
     saved = [p.detach().clone() for p in params]
     with torch.no_grad():
-        torch.testing.assert_close(y, o.forward_reference(x), rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(y, reference_forward(o, x), rtol=1e-10, atol=1e-10)
         losses = []
         for sign in (1, -1):
             for p, p0, v in zip(params, saved, directions):
@@ -107,10 +109,26 @@ def test_runs_past_512_steps_forward_and_backward(kv, seq_len):
     torch.testing.assert_close(analytic, numeric, rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.parametrize('kv', [True, False], ids=['kv', 'original'])
+def test_reference_loop_equals_labml_nn_and_the_fast_path_forward_and_backward(kv):
+    """The plain loop of `feedback.reference` is what the long-sequence tests trust: it equals labml-nn, and the
+    fast path equals it, outputs and every parameter's gradient."""
+    r, o = pair(kv, dtype=torch.float64, seed=5)
+    x = torch.randn(17, 2, 16, dtype=torch.float64)
+    g = torch.randn(17, 2, 16, dtype=torch.float64)
+    y_ref, y_loop, y_fast = r(x), reference_forward(o, x), o(x)
+    torch.testing.assert_close(y_loop, y_ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(y_fast, y_loop, rtol=1e-10, atol=1e-10)
+    names = [n for n, _ in o.named_parameters()]
+    g_loop = grads(o, y_loop, g)
+    assert_grads_close(names, g_loop, grads(r, y_ref, g), 1e-10)
+    assert_grads_close(names, grads(o, y_fast, g), g_loop, 1e-10)
+
+
 def test_labml_nn_kv_stops_at_512_steps():
     """The limit we remove (documents why the test above compares against our plain loop)."""
     _, r = None, build(ref, RefFeedForward, True, d_model=8, heads=2, d_ff=16, n_layers=1)
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 (whatever labml-nn's stack overflow raises)
         r(torch.randn(513, 1, 8))
 
 
@@ -133,7 +151,7 @@ def test_n_positions_other_than_4096_equals_plain_loop(kv):
     torch.manual_seed(3)
     o = randomize(build(ours, FeedForward, kv, n_positions=20)).double()
     x = torch.randn(21, 2, 16, dtype=torch.float64)
-    torch.testing.assert_close(o(x), o.forward_reference(x))
+    torch.testing.assert_close(o(x), reference_forward(o, x))
 
 
 @settings(max_examples=5, deadline=None)
@@ -218,7 +236,7 @@ def test_dropout_trains_and_eval_matches_plain_loop():
     y1.sum().backward()
     assert not torch.allclose(y1, o(x))  # dropout is active in training
     o.eval()
-    torch.testing.assert_close(o(x), o.forward_reference(x))
+    torch.testing.assert_close(o(x), reference_forward(o, x))
 
 
 def test_errors_name_the_culprit():

@@ -1,7 +1,8 @@
 """MultiHeadAttention and PrepareForMultiHeadAttention against labml-nn 0.5.1 (the reference)."""
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from labml_nn.transformers import mha as ref_mha
 from labml_nn.transformers.utils import subsequent_mask as ref_subsequent_mask
 

@@ -1,7 +1,8 @@
 """RelativeMultiHeadAttention (Transformer-XL) against labml-nn 0.5.1 and a hand-worked shift."""
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from labml_nn.transformers.xl import relative_mha as ref_rel
 
 from lazylab.models.mha import subsequent_mask

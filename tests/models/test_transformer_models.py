@@ -4,8 +4,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
-from labml_nn.transformers import feed_forward as ref_ff, mha as ref_mha, models as ref_models
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from labml_nn.transformers import feed_forward as ref_ff
+from labml_nn.transformers import mha as ref_mha
+from labml_nn.transformers import models as ref_models
 from labml_nn.transformers import positional_encoding as ref_pe
 from labml_nn.transformers.xl import relative_mha as ref_rel
 from torch import nn

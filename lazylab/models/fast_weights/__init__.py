@@ -29,81 +29,35 @@ weights can be carried between calls with `forward_with_state(x, state) -> (y, s
 State layout: per layer, W of shape [batch_size, heads, d_k, d_dot] (values × features, labml_nn's 'bhvk'
 order), with d_dot = 2 · d_k · ν for DPFP. The transformer's state is a list with one such tensor per layer.
 
-The token-wise variants (one step per call, as labml_nn's `token_wise.py`) are in
-`lazylab.models.fast_weights.token_wise`.
+The package: this module holds the whole-sequence modules; `feature_maps.py` the feature maps φ' (DPFP);
+`delta_rule.py` the update rule's kernels (step, loop = the reference, chunked = fast); `step.py` the generation
+step functions that `step_function()` returns; `token_wise.py` the token-wise variants (one step per call, as
+labml_nn's `token_wise.py`).
 """
-import copy
-from typing import Callable, List, Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import nn
-from torch.nn.modules import module as _module_hooks  # the global forward hooks
 
-from lazylab.models.fast_weights.delta_rule import (delta_rule_chunked, delta_rule_loop, delta_rule_step,
-                                                      delta_rule_token)
-from lazylab.models.fast_weights.dpfp import dpfp_normalised
+from lazylab.models.fast_weights.delta_rule import delta_rule_chunked, delta_rule_loop, delta_rule_step
+from lazylab.models.fast_weights.feature_maps import DPFP
+from lazylab.models.fast_weights.step import (
+    LayerStepFunction,
+    TransformerStepFunction,
+    layer_step_function,
+    one_token_inference,
+    projector,
+    transformer_step_function,
+)
 from lazylab.models.feed_forward import FeedForward  # re-exported, as labml_nn does (its experiment imports it here)
 from lazylab.models.mha import PrepareForMultiHeadAttention
+from lazylab.models.utils import check_heads, check_n_layers, clone_module_list
 
 __all__ = ['DPFP', 'FastWeightsAttention', 'FastWeightsAttentionTransformerLayer', 'FeedForward',
            'FastWeightsAttentionTransformer', 'KERNELS', 'DEFAULT_CHUNK_SIZE']
 
 KERNELS = ('chunked', 'loop', 'step')
 DEFAULT_CHUNK_SIZE = 16  # fastest on CPU for d_dot = 64 (small batched matmuls); GPUs prefer 64
-
-
-class DPFP(nn.Module):
-    """Deterministic Parameter-Free Projection φ' (Schlag et al. 2021), normalised by its sum.
-
-    With r = ReLU([k, −k]) (size 2·d_key), φ is the concatenation over i = 1..ν of r ⊙ roll(r, i):
-
-        φ_{2·d_key·(i−1) + j}(k) = r_j · r_{(j − i) mod 2·d_key}
-
-    (`torch.roll` by +i: element j of the rolled copy is r_{j−i}). The result has d_dot = 2·d_key·ν features, is
-    sparse and nearly orthogonal for different keys. It is normalised so that its entries sum to one:
-    φ'(k) = φ(k) / (Σⱼ φ(k)ⱼ + eps).
-
-    Args:
-        nu: ν ≥ 1, the number of rolled products (the paper uses ν ∈ {1, 2, 3}).
-        eps: added to the sum to avoid dividing by zero (φ(0) = 0).
-
-    Shapes:
-        k: [..., d_key] → [..., 2 · d_key · ν]
-
-    Raises:
-        ValueError: nu < 1.
-    """
-
-    def __init__(self, nu: int = 1, eps: float = 1e-6):
-        super().__init__()
-        if nu < 1:
-            raise ValueError(f"DPFP needs nu >= 1, got nu={nu}")
-        self.nu = nu
-        self.relu = nn.ReLU()
-        self.eps = eps
-
-    def forward(self, k: torch.Tensor) -> torch.Tensor:
-        # Both paths give the same bits. The fused one saves passes over large tensors and most of the backward;
-        # small inputs without autograd (a generation step) are quicker as the few plain operations.
-        small_inference = k.numel() <= 16384 and not (torch.is_grad_enabled() and k.requires_grad)
-        if self.nu <= k.shape[-1] and k.is_floating_point() and not small_inference:
-            return dpfp_normalised(k, self.nu, self.eps)
-        return self.plain(k)
-
-    def plain(self, k: torch.Tensor) -> torch.Tensor:
-        """φ'(k) by the definition's operations, without `forward`'s choice of path (a generation step function
-        calls this directly): the same bits as `forward`, but no fused backward."""
-        phi = self.dpfp(k)
-        return phi / (phi.sum(dim=-1, keepdim=True) + self.eps)
-
-    def dpfp(self, k: torch.Tensor) -> torch.Tensor:
-        """The un-normalised φ(k): [..., d_key] → [..., 2 · d_key · ν], written as the definition (the reference
-        the fused `forward` is tested against)."""
-        r = torch.cat([k, -k], dim=-1).relu_()  # `self.relu` is kept for labml_nn's module layout
-        if self.nu == 1:  # the common case, without the stack (fewer operations for a generation step)
-            return r * r.roll(shifts=1, dims=-1)
-        rolled = torch.stack([r.roll(shifts=i, dims=-1) for i in range(1, self.nu + 1)], dim=-2)  # [..., ν, 2·d_key]
-        return (r.unsqueeze(-2) * rolled).flatten(-2)  # broadcasting r over the ν copies, no repeat
 
 
 def _check_kernel(kernel: str, chunk_size: int):
@@ -114,7 +68,7 @@ def _check_kernel(kernel: str, chunk_size: int):
 
 
 def run_delta_rule(kernel: str, chunk_size: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   beta: torch.Tensor, state: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+                   beta: torch.Tensor, state: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the delta rule over a sequence with the named kernel (shapes as in `delta_rule`).
 
     A single token always takes the recurrent step: it is the same computation, without the chunking set-up.
@@ -164,8 +118,7 @@ class FastWeightsAttention(nn.Module):
     def __init__(self, heads: int, d_model: int, dropout_prob: float, phi: nn.Module, *,
                  kernel: str = 'chunked', chunk_size: int = DEFAULT_CHUNK_SIZE):
         super().__init__()
-        if heads <= 0 or d_model % heads != 0:
-            raise ValueError(f"FastWeightsAttention: d_model={d_model} must be divisible by heads={heads}")
+        check_heads(d_model, heads, 'FastWeightsAttention')
         _check_kernel(kernel, chunk_size)
         self.d_k = d_model // heads
         self.heads = heads
@@ -192,7 +145,7 @@ class FastWeightsAttention(nn.Module):
         return self.forward_with_state(x)[0]
 
     def forward_with_state(self, x: torch.Tensor, state: Optional[torch.Tensor] = None
-                           ) -> Tuple[torch.Tensor, torch.Tensor]:
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
         """Continue from fast weights `state` ([batch_size, heads, d_k, d_dot], None = zeros).
 
         Returns the output [seq_len, batch_size, d_model] and the fast weights after the last token.
@@ -202,58 +155,12 @@ class FastWeightsAttention(nn.Module):
             raise ValueError(f"FastWeightsAttention expects x of shape [seq_len, batch_size, d_model={d_model}], "
                              f"got {tuple(x.shape)}")
         seq_len, batch_size, _ = x.shape
-        query, key, value, beta = self._project(x)
+        query, key, value, beta = projector(self)(x)  # one matmul for all four with the standard projections
         y, state = run_delta_rule(self.kernel, self.chunk_size, query, key, value, beta, state)
         return self.output(y.reshape(seq_len, batch_size, d_model)), state  # (no -1: seq_len may be 0)
 
-    def _project(self, x: torch.Tensor):
-        """φ'(q), φ'(k): [seq_len, batch_size, heads, d_dot]; v: [..., heads, d_k]; β: [..., heads(, 1)]."""
-        return self._projector()(x)
 
-    def _fusable(self) -> bool:
-        """Whether q, k, v and β are the standard bias-free projections, without forward hooks: then one matmul
-        computes all four (see `_projector`)."""
-        gate = self.interpolation_weight
-        if not (isinstance(gate, nn.Sequential) and len(gate) == 2 and type(gate[1]) is nn.Sigmoid):
-            return False
-        projections = (self.query, self.key, self.value, gate[0])
-        return (all(type(p) is PrepareForMultiHeadAttention and p.linear.bias is None for p in projections) and
-                not _has_forward_hooks([gate, gate[1], *projections, *(p.linear for p in projections)]))
-
-    def _projector(self, step: bool = False) -> Optional[Callable[[torch.Tensor], Tuple[torch.Tensor, ...]]]:
-        """The function x [..., d_model] → (φ'(q), φ'(k), v, β) that `_project` applies.
-
-        With the standard projections (`_fusable`) it is one matmul for all four, and for a DPFP φ' one call for
-        q and k together (DPFP acts on each head's vector alone, so stacking the heads changes nothing): fewer
-        operations, which is what a one-token generation step pays for; the same numbers as calling the
-        submodules. The function holds the four weights stacked as they are now. With `step`, for a generation
-        step function, the DPFP is called as `DPFP.plain` (same bits, fewer checks), and without the standard
-        projections there is no function (None): a step function spells out only the stacked form.
-        """
-        if not self._fusable():
-            if step:
-                return None
-            phi, gate = self.phi, self.interpolation_weight
-            return lambda x: (phi(self.query(x)), phi(self.key(x)), self.value(x), gate(x))
-        phi, h, d_k = self.phi, self.heads, self.d_k
-        stack_phi = type(phi) is DPFP  # another φ' may hold per-head parameters: it gets q and k separately
-        if step and stack_phi:
-            phi = phi.plain
-        # [3·h·d_k + h, d_model]; in the graph when autograd is on, so that each weight gets its gradient
-        weight = torch.cat([self.query.linear.weight, self.key.linear.weight, self.value.linear.weight,
-                            self.interpolation_weight[0].linear.weight])
-        sizes = [2 * h * d_k, h * d_k, h]
-
-        # (the C-level split_with_sizes, chunk and view: Tensor.split and unflatten add Python-level wrappers)
-        def project(x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-            qk, value, beta = nn.functional.linear(x, weight).split_with_sizes(sizes, dim=-1)
-            qk = qk.view(*qk.shape[:-1], 2 * h, d_k)
-            query, key = phi(qk).chunk(2, dim=-2) if stack_phi else map(phi, qk.chunk(2, dim=-2))
-            return query, key, value.view(*value.shape[:-1], h, d_k), torch.sigmoid(beta)
-        return project
-
-
-def per_layer_state(state: Optional[List[Optional[torch.Tensor]]], n_layers: int) -> List[Optional[torch.Tensor]]:
+def per_layer_state(state: Optional[list[Optional[torch.Tensor]]], n_layers: int) -> list[Optional[torch.Tensor]]:
     """The per-layer fast weights a transformer continues from: None → one None (zeros) per layer.
 
     Raises:
@@ -264,26 +171,6 @@ def per_layer_state(state: Optional[List[Optional[torch.Tensor]]], n_layers: int
     if len(state) != n_layers:
         raise ValueError(f"state has {len(state)} entries; expected one per layer (n_layers={n_layers})")
     return list(state)
-
-
-def _has_forward_hooks(modules) -> bool:
-    """Whether a forward (pre-)hook, of one of `modules` or global, would run: code that skips module calls must
-    not be used then."""
-    global_hooks = (getattr(_module_hooks, name, None) for name in ('_global_forward_hooks',
-                                                                    '_global_forward_pre_hooks'))
-    return any(global_hooks) or any(m._forward_hooks or m._forward_pre_hooks for m in modules)
-
-
-def _spelled_out(module: nn.Module) -> bool:
-    """Whether a step function may stand in for `module`'s calls: every submodule in eval mode (no dropout) and
-    no forward hooks."""
-    modules = list(module.modules())
-    return not any(m.training for m in modules) and not _has_forward_hooks(modules)
-
-
-def _one_token_inference(x: torch.Tensor) -> bool:
-    """One token [1, batch_size, d_model] without autograd: the case a step function (`step_function`) computes."""
-    return x.dim() == 3 and x.shape[0] == 1 and not torch.is_grad_enabled()
 
 
 class FastWeightsAttentionTransformerLayer(nn.Module):
@@ -314,10 +201,10 @@ class FastWeightsAttentionTransformerLayer(nn.Module):
         return self._add_attention_and_ffn(x, self.attn(x))
 
     def forward_with_state(self, x: torch.Tensor, state: Optional[torch.Tensor] = None
-                           ) -> Tuple[torch.Tensor, torch.Tensor]:
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` continuing from the fast weights `state`; returns (output, new state). Calls the attention's
         `forward_with_state` directly, so forward hooks of `attn` itself do not run here."""
-        if _one_token_inference(x):
+        if one_token_inference(x):
             step = self.step_function()
             if step is not None:
                 y, state = step(x[0], state)
@@ -329,8 +216,7 @@ class FastWeightsAttentionTransformerLayer(nn.Module):
         x = x + self.dropout(attn)
         return x + self.dropout(self.feed_forward(self.norm_ff(x)))
 
-    def step_function(self) -> Optional[Callable[[torch.Tensor, Optional[torch.Tensor]],
-                                                 Tuple[torch.Tensor, torch.Tensor]]]:
+    def step_function(self) -> Optional[LayerStepFunction]:
         """This layer's `forward_with_state` for one token in eval mode, as a function
         (x [batch_size, d_model], state) → (x', state') that runs the same operations in the same order (so the
         same result, bit for bit) without the module calls, shape checks and identity dropouts that otherwise
@@ -339,29 +225,7 @@ class FastWeightsAttentionTransformerLayer(nn.Module):
         (FastWeightsAttention with the standard projections and the 'chunked' or 'step' kernel, LayerNorm,
         FeedForward with ReLU, not gated), every submodule is in eval mode and none has forward hooks.
         """
-        attn, ff, norm = self.attn, self.feed_forward, self.norm_ff
-        if not (type(ff) is FeedForward and not ff.is_gated and type(ff.activation) is nn.ReLU and
-                type(norm) is nn.LayerNorm and type(attn) is FastWeightsAttention and attn.kernel != 'loop' and
-                type(attn.output) is nn.Linear and _spelled_out(self)):
-            return None
-        project, linear = attn._projector(step=True), nn.functional.linear
-        if project is None:
-            return None
-        heads, d_k = attn.heads, attn.d_k
-        out_w, out_b = attn.output.weight, attn.output.bias
-        norm_args = (norm.normalized_shape, norm.weight, norm.bias, norm.eps)
-        w1, b1, w2, b2 = ff.layer1.weight, ff.layer1.bias, ff.layer2.weight, ff.layer2.bias
-
-        def step(x: torch.Tensor, state: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-            query, key, value, beta = project(x)
-            if state is not None and state.shape != (x.shape[0], heads, d_k, key.shape[-1]):
-                raise ValueError(f"fast-weights state must be [batch_size, heads, d_k, d_dot] = "
-                                 f"{(x.shape[0], heads, d_k, key.shape[-1])}; got {tuple(state.shape)}")
-            y, state = delta_rule_token(query, key, value, beta.unsqueeze(-1), state)
-            x = x + linear(y.reshape(x.shape), out_w, out_b)
-            hidden = linear(torch.layer_norm(x, *norm_args), w1, b1).relu_()
-            return x + linear(hidden, w2, b2), state
-        return step
+        return layer_step_function(self)
 
 
 class FastWeightsAttentionTransformer(nn.Module):
@@ -381,9 +245,8 @@ class FastWeightsAttentionTransformer(nn.Module):
 
     def __init__(self, layer: FastWeightsAttentionTransformerLayer, n_layers: int):
         super().__init__()
-        if n_layers < 1:
-            raise ValueError(f"FastWeightsAttentionTransformer needs n_layers >= 1, got n_layers={n_layers}")
-        self.layers = nn.ModuleList([copy.deepcopy(layer) for _ in range(n_layers)])
+        check_n_layers(n_layers, 'FastWeightsAttentionTransformer')
+        self.layers = clone_module_list(layer, n_layers)
         self.norm = nn.LayerNorm([layer.size])
 
     def set_kernel(self, kernel: str, chunk_size: Optional[int] = None):
@@ -396,8 +259,8 @@ class FastWeightsAttentionTransformer(nn.Module):
             x = layer(x)
         return self.norm(x)
 
-    def forward_with_state(self, x: torch.Tensor, state: Optional[List[torch.Tensor]] = None
-                           ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+    def forward_with_state(self, x: torch.Tensor, state: Optional[list[torch.Tensor]] = None
+                           ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Continue from the per-layer fast weights `state`; returns (output, new per-layer fast weights).
 
         Calling this on consecutive chunks of a sequence, carrying the state, gives the outputs of one call on
@@ -406,7 +269,7 @@ class FastWeightsAttentionTransformer(nn.Module):
         backpropagation at the segment boundary. The layers' `forward_with_state` are called directly, so their
         own forward hooks do not run here (those of their parts do).
         """
-        if _one_token_inference(x):
+        if one_token_inference(x):
             step = self.step_function()
             if step is not None:
                 return step(x, state)
@@ -417,8 +280,7 @@ class FastWeightsAttentionTransformer(nn.Module):
             new_state.append(layer_state)
         return self.norm(x), new_state
 
-    def step_function(self) -> Optional[Callable[[torch.Tensor, Optional[List[torch.Tensor]]],
-                                                 Tuple[torch.Tensor, List[torch.Tensor]]]]:
+    def step_function(self) -> Optional[TransformerStepFunction]:
         """For generation: `forward_with_state` on one token in eval mode without autograd, as a function
         (x [1, batch_size, d_model], state) → (y, new_state) with every check and set-up done here, once
         (each layer's `step_function`). Bit for bit the module path's result. Use it while the modules and
@@ -429,21 +291,4 @@ class FastWeightsAttentionTransformer(nn.Module):
         The function raises ValueError for x that is not one token [1, batch_size, d_model], or a state list of
         the wrong length or shapes.
         """
-        steps = [layer.step_function() for layer in self.layers]
-        if None in steps or type(self.norm) is not nn.LayerNorm or not _spelled_out(self.norm):
-            return None
-        norm = self.norm
-        norm_args = (norm.normalized_shape, norm.weight, norm.bias, norm.eps)
-        d_model = self.layers[0].size
-
-        def step(x: torch.Tensor, state: Optional[List[torch.Tensor]]) -> Tuple[torch.Tensor, List[torch.Tensor]]:
-            if x.dim() != 3 or x.shape[0] != 1 or x.shape[2] != d_model:
-                raise ValueError(f"a step function takes one token, x [1, batch_size, d_model={d_model}]; "
-                                 f"got {tuple(x.shape)}")
-            state = per_layer_state(state, len(steps))
-            x, new_state = x[0], []
-            for layer_step, layer_state in zip(steps, state):
-                x, layer_state = layer_step(x, layer_state)
-                new_state.append(layer_state)
-            return torch.layer_norm(x, *norm_args).unsqueeze(0), new_state
-        return step
+        return transformer_step_function(self)

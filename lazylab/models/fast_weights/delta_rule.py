@@ -11,8 +11,8 @@ values of size d_v and a write strength βᵢ ∈ (0, 1):
 The fast weights W have shape [d_v, d_dot] per head, i.e. `[batch, heads, d_v, d_dot]` for a batch; this is
 labml_nn's layout ('bhvk') and the state layout used throughout `lazylab.models.fast_weights`.
 
-* `delta_rule_step`    one token; what generation uses (O(1) work per token); `delta_rule_token` is the
-  same without the shape checks.
+* `delta_rule_step`    one token; what generation uses (O(1) work per token); `delta_rule_step_unchecked` is
+  the same without the shape checks.
 * `delta_rule_loop`    the equations above, token by token: the slow, obviously-correct reference.
 * `delta_rule_chunked` the chunkwise-parallel form (Yang, Wang, Zhang, Shen & Kim 2024, "Parallelizing Linear
   Transformers with the Delta Rule over Sequence Length"): within a chunk the product of the
@@ -24,11 +24,12 @@ All three take sequence-first tensors (the project's layout):
     (a trailing singleton, [seq_len, batch, heads, 1], is accepted too);  state: [batch, heads, d_v, d_dot] or None.
 They return `(y, state)` with y: [seq_len, batch, heads, d_v] and the fast weights after the last token.
 """
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 
-__all__ = ['delta_rule_step', 'delta_rule_token', 'delta_rule_loop', 'delta_rule_chunked', 'unit_lower_inverse']
+__all__ = ['delta_rule_step', 'delta_rule_step_unchecked', 'delta_rule_loop', 'delta_rule_chunked',
+           'unit_lower_inverse']
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, state: Optional[torch.Tensor],
@@ -53,7 +54,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor
 
 
 def delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
-                    state: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                    state: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One token of the delta rule, in the "Householder" form W⁽ⁱ⁾ = W⁽ⁱ⁻¹⁾ (I − βᵢ kᵢ kᵢᵀ) + βᵢ vᵢ kᵢᵀ.
 
     Args:
@@ -68,11 +69,11 @@ def delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     Raises:
         ValueError: if the shapes do not fit together.
     """
-    return delta_rule_token(q, k, v, _check(q, k, v, beta, state, token=True).unsqueeze(-1), state)
+    return delta_rule_step_unchecked(q, k, v, _check(q, k, v, beta, state, token=True).unsqueeze(-1), state)
 
 
-def delta_rule_token(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
-                     state: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+def delta_rule_step_unchecked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                              state: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """`delta_rule_step` without its shape checks, with beta as [batch, heads, 1]: for a generation step function,
     which checks the state once per layer and token and needs nothing else checked (its q, k, v, β come from
     its own projection). Mismatched shapes broadcast or fail inside PyTorch here."""
@@ -88,7 +89,7 @@ def delta_rule_token(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: to
 
 
 def delta_rule_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
-                    state: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                    state: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The delta rule token by token, written as the paper's equations (the reference the fast form is tested
     against). O(seq_len) sequential steps.
 
@@ -210,7 +211,7 @@ class _ChunkedDeltaRule(torch.autograd.Function):
 
 
 def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
-                       state: Optional[torch.Tensor] = None, chunk_size: int = 64) -> Tuple[torch.Tensor, torch.Tensor]:
+                       state: Optional[torch.Tensor] = None, chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """The delta rule, chunkwise-parallel (Yang et al. 2024; WY/UT representation).
 
     Work with the transposed state S = Wᵀ ([d_dot, d_v]); one token is S ← (I − β k kᵀ) S + β k vᵀ. For a chunk of

@@ -10,16 +10,17 @@ is `interpolation_weight` in the whole-sequence module).
 
 State layout: W is [batch_size, heads, d_k, d_dot] per layer, the same as the whole-sequence module's.
 """
-import copy
-from typing import List, Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import nn
 
-from lazylab.models.fast_weights import DPFP, per_layer_state
+from lazylab.models.fast_weights import per_layer_state
 from lazylab.models.fast_weights.delta_rule import delta_rule_step
+from lazylab.models.fast_weights.feature_maps import DPFP  # re-exported, as labml_nn does
 from lazylab.models.feed_forward import FeedForward  # re-exported, as labml_nn does
 from lazylab.models.mha import PrepareForMultiHeadAttention
+from lazylab.models.utils import check_heads, check_n_layers, clone_module_list
 
 __all__ = ['DPFP', 'FeedForward', 'FastWeightsAttention', 'FastWeightsAttentionTransformerLayer',
            'FastWeightsAttentionTransformer']
@@ -43,8 +44,7 @@ class FastWeightsAttention(nn.Module):
 
     def __init__(self, heads: int, d_model: int, dropout_prob: float, phi: nn.Module):
         super().__init__()
-        if heads <= 0 or d_model % heads != 0:
-            raise ValueError(f"FastWeightsAttention: d_model={d_model} must be divisible by heads={heads}")
+        check_heads(d_model, heads, 'FastWeightsAttention')
         self.d_k = d_model // heads
         self.heads = heads
         self.query = PrepareForMultiHeadAttention(d_model, heads, self.d_k, bias=False)
@@ -55,7 +55,7 @@ class FastWeightsAttention(nn.Module):
         self.output = nn.Linear(d_model, d_model)
         self.dropout = nn.Dropout(dropout_prob)
 
-    def forward(self, x: torch.Tensor, weights: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, weights: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         if x.dim() != 2:
             raise ValueError(f"token-wise FastWeightsAttention expects one step [batch_size, d_model], "
                              f"got {tuple(x.shape)}")
@@ -83,7 +83,7 @@ class FastWeightsAttentionTransformerLayer(nn.Module):
         self.norm_self_attn = nn.LayerNorm([d_model])
         self.norm_ff = nn.LayerNorm([d_model])
 
-    def forward(self, x: torch.Tensor, weights: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, weights: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         attn, weights = self.attn(x, weights)
         x = x + self.dropout(attn)
         x = x + self.dropout(self.feed_forward(self.norm_ff(x)))
@@ -103,16 +103,15 @@ class FastWeightsAttentionTransformer(nn.Module):
 
     def __init__(self, layer: FastWeightsAttentionTransformerLayer, n_layers: int):
         super().__init__()
-        if n_layers < 1:
-            raise ValueError(f"FastWeightsAttentionTransformer needs n_layers >= 1, got n_layers={n_layers}")
-        self.layers = nn.ModuleList([copy.deepcopy(layer) for _ in range(n_layers)])
+        check_n_layers(n_layers, 'FastWeightsAttentionTransformer')
+        self.layers = clone_module_list(layer, n_layers)
         self.norm = nn.LayerNorm([layer.size])
 
     def forward(self, x_seq: torch.Tensor) -> torch.Tensor:
         return self.forward_with_state(x_seq)[0]
 
-    def forward_with_state(self, x_seq: torch.Tensor, state: Optional[List[Optional[torch.Tensor]]] = None
-                           ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+    def forward_with_state(self, x_seq: torch.Tensor, state: Optional[list[Optional[torch.Tensor]]] = None
+                           ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Run the tokens of x_seq in order, continuing from per-layer fast weights `state`."""
         weights = per_layer_state(state, len(self.layers))
         outputs = []

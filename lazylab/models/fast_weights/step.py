@@ -1,0 +1,156 @@
+"""Generation step functions of the fast-weights modules, and the checks that say when one may stand in for them.
+
+A one-token generation step does little arithmetic (a few small matmuls per layer), so what it costs is mostly
+Python: module calls, shape checks and identity dropouts. A *step function* is a layer's or a transformer's
+`forward_with_state` for one token in eval mode without autograd, written as a plain function over the weights,
+with every check made once when it is made: the same operations in the same order, so the same result bit for bit.
+It is made only where that holds:
+
+- `spelled_out`: every submodule in eval mode and no forward hooks (`has_forward_hooks`), since the function skips
+  the module calls that would run dropout and hooks;
+- the parts are the standard ones (checked in `layer_step_function`), and the projections can be stacked
+  (`projector`).
+
+`projector` also serves the modules' own forward: one matmul for q, k, v and β instead of four.
+
+The modules' `step_function()` methods (`FastWeightsAttentionTransformerLayer`, `FastWeightsAttentionTransformer`)
+call the functions here.
+"""
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from lazylab.models._torch_compat import global_forward_hooks_registered
+from lazylab.models.fast_weights.delta_rule import delta_rule_step_unchecked
+from lazylab.models.fast_weights.feature_maps import DPFP
+from lazylab.models.feed_forward import FeedForward
+from lazylab.models.mha import PrepareForMultiHeadAttention
+
+__all__ = ['has_forward_hooks', 'spelled_out', 'one_token_inference', 'projector', 'layer_step_function',
+           'transformer_step_function']
+
+LayerStepFunction = Callable[[torch.Tensor, Optional[torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
+TransformerStepFunction = Callable[[torch.Tensor, Optional[list[torch.Tensor]]],
+                                   tuple[torch.Tensor, list[torch.Tensor]]]
+Projector = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
+
+
+def has_forward_hooks(modules) -> bool:
+    """Whether a forward (pre-)hook, of one of `modules` or global, would run: code that skips module calls must
+    not be used then."""
+    return global_forward_hooks_registered() or any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+
+
+def spelled_out(module: nn.Module) -> bool:
+    """Whether a step function may stand in for `module`'s calls: every submodule in eval mode (no dropout) and
+    no forward hooks."""
+    modules = list(module.modules())
+    return not any(m.training for m in modules) and not has_forward_hooks(modules)
+
+
+def one_token_inference(x: torch.Tensor) -> bool:
+    """One token [1, batch_size, d_model] without autograd: the case a step function computes."""
+    return x.dim() == 3 and x.shape[0] == 1 and not torch.is_grad_enabled()
+
+
+def _stackable(attn: nn.Module) -> bool:
+    """Whether q, k, v and β of a `FastWeightsAttention` are the standard bias-free projections, without forward
+    hooks: then one matmul computes all four (see `projector`)."""
+    gate = attn.interpolation_weight
+    if not (isinstance(gate, nn.Sequential) and len(gate) == 2 and type(gate[1]) is nn.Sigmoid):
+        return False
+    projections = (attn.query, attn.key, attn.value, gate[0])
+    return (all(type(p) is PrepareForMultiHeadAttention and p.linear.bias is None for p in projections) and
+            not has_forward_hooks([gate, gate[1], *projections, *(p.linear for p in projections)]))
+
+
+def projector(attn: nn.Module, step: bool = False) -> Optional[Projector]:
+    """The function x [..., d_model] → (φ'(q), φ'(k), v, β) that a `FastWeightsAttention` applies.
+
+    Shapes of the results: φ'(q), φ'(k) [..., heads, d_dot]; v [..., heads, d_k]; β [..., heads] (stacked) or
+    [..., heads, 1] (the gate module's).
+
+    With the standard projections it is one matmul for all four, and for a DPFP φ' one call for q and k together
+    (DPFP acts on each head's vector alone, so stacking the heads changes nothing): fewer operations, which is
+    what a one-token generation step pays for; the same numbers as calling the submodules. The function holds the
+    four weights stacked as they are now. With `step`, for a generation step function, the DPFP is called as
+    `DPFP.plain` (same bits, fewer checks), and without the standard projections there is no function (None): a
+    step function spells out only the stacked form. Without `step`, other projections are called as modules.
+    """
+    if not _stackable(attn):
+        if step:
+            return None
+        phi, gate = attn.phi, attn.interpolation_weight
+        return lambda x: (phi(attn.query(x)), phi(attn.key(x)), attn.value(x), gate(x))
+    phi, h, d_k = attn.phi, attn.heads, attn.d_k
+    stack_phi = type(phi) is DPFP  # another φ' may hold per-head parameters: it gets q and k separately
+    if step and stack_phi:
+        phi = phi.plain
+    # [3·h·d_k + h, d_model]; in the graph when autograd is on, so that each weight gets its gradient
+    weight = torch.cat([attn.query.linear.weight, attn.key.linear.weight, attn.value.linear.weight,
+                        attn.interpolation_weight[0].linear.weight])
+    sizes = [2 * h * d_k, h * d_k, h]
+
+    # (the C-level split_with_sizes, chunk and view: Tensor.split and unflatten add Python-level wrappers)
+    def project(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        qk, value, beta = nn.functional.linear(x, weight).split_with_sizes(sizes, dim=-1)
+        qk = qk.view(*qk.shape[:-1], 2 * h, d_k)
+        query, key = phi(qk).chunk(2, dim=-2) if stack_phi else map(phi, qk.chunk(2, dim=-2))
+        return query, key, value.view(*value.shape[:-1], h, d_k), torch.sigmoid(beta)
+    return project
+
+
+def layer_step_function(layer: nn.Module) -> Optional[LayerStepFunction]:
+    """The step function of a `FastWeightsAttentionTransformerLayer` (see its `step_function`): (x [batch_size,
+    d_model], state [batch_size, heads, d_k, d_dot] or None) → (x', state'), or None where it would not be the
+    module path bit for bit."""
+    from lazylab.models.fast_weights import FastWeightsAttention  # (the package imports this module)
+    attn, ff, norm = layer.attn, layer.feed_forward, layer.norm_ff
+    if not (type(ff) is FeedForward and not ff.is_gated and type(ff.activation) is nn.ReLU and
+            type(norm) is nn.LayerNorm and type(attn) is FastWeightsAttention and attn.kernel != 'loop' and
+            type(attn.output) is nn.Linear and spelled_out(layer)):
+        return None
+    project, linear = projector(attn, step=True), nn.functional.linear
+    if project is None:
+        return None
+    heads, d_k = attn.heads, attn.d_k
+    out_w, out_b = attn.output.weight, attn.output.bias
+    norm_args = (norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+    w1, b1, w2, b2 = ff.layer1.weight, ff.layer1.bias, ff.layer2.weight, ff.layer2.bias
+
+    def step(x: torch.Tensor, state: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        query, key, value, beta = project(x)
+        if state is not None and state.shape != (x.shape[0], heads, d_k, key.shape[-1]):
+            raise ValueError(f"fast-weights state must be [batch_size, heads, d_k, d_dot] = "
+                             f"{(x.shape[0], heads, d_k, key.shape[-1])}; got {tuple(state.shape)}")
+        y, state = delta_rule_step_unchecked(query, key, value, beta.unsqueeze(-1), state)
+        x = x + linear(y.reshape(x.shape), out_w, out_b)
+        hidden = linear(torch.layer_norm(x, *norm_args), w1, b1).relu_()
+        return x + linear(hidden, w2, b2), state
+    return step
+
+
+def transformer_step_function(model: nn.Module) -> Optional[TransformerStepFunction]:
+    """The step function of a `FastWeightsAttentionTransformer` (see its `step_function`): (x [1, batch_size,
+    d_model], per-layer state or None) → (y [1, batch_size, d_model], new per-layer state), or None where a layer
+    has none or the final norm is not a LayerNorm in eval mode without forward hooks."""
+    from lazylab.models.fast_weights import per_layer_state  # (the package imports this module)
+    steps = [layer.step_function() for layer in model.layers]
+    if None in steps or type(model.norm) is not nn.LayerNorm or not spelled_out(model.norm):
+        return None
+    norm = model.norm
+    norm_args = (norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+    d_model = model.layers[0].size
+
+    def step(x: torch.Tensor, state: Optional[list[torch.Tensor]]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        if x.dim() != 3 or x.shape[0] != 1 or x.shape[2] != d_model:
+            raise ValueError(f"a step function takes one token, x [1, batch_size, d_model={d_model}]; "
+                             f"got {tuple(x.shape)}")
+        state = per_layer_state(state, len(steps))
+        x, new_state = x[0], []
+        for layer_step, layer_state in zip(steps, state):
+            x, layer_state = layer_step(x, layer_state)
+            new_state.append(layer_state)
+        return torch.layer_norm(x, *norm_args).unsqueeze(0), new_state
+    return step
