@@ -268,13 +268,14 @@ assert abs(mix.sum().item() - 1) < 1e-5
 
 # %% [markdown]
 # The memory never changes once written, so lazylab computes the keys and values of each memory vector once and
-# writes them into a growing buffer; `forward_reference` is the plain loop of the reference implementation, which
+# writes them into a growing buffer; `reference_forward` is the plain loop of the reference implementation, which
 # re-stacks the memory at every step. Both give the same outputs on a validation batch; the buffer is faster.
 
 # %%
 import statistics
 
 from lazylab.data import SequentialLoader
+from lazylab.models.feedback.reference import reference_forward
 
 x, _ = next(iter(SequentialLoader(conf.dataset.valid, seq_len=conf.seq_len, batch_size=conf.batch_size,
                                   max_batches=1)))
@@ -298,7 +299,7 @@ def median_seconds(fn, repeats=3):
 with torch.no_grad():
     embedded = model.src_embed(x)  # [seq_len, batch_size, d_model]
     t_fast, fast = median_seconds(lambda: core(embedded))
-    t_ref, reference = median_seconds(lambda: core.forward_reference(embedded))
+    t_ref, reference = median_seconds(lambda: reference_forward(core, embedded))
 print(f'max |buffered memory − reference loop| over a {tuple(x.shape)} batch: '
       f'{(fast - reference).abs().max().item():.1e}')
 torch.testing.assert_close(fast, reference, rtol=1e-3, atol=1e-3)  # float32 rounding
