@@ -79,8 +79,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == 'dashboard':  # the dashboard's own parser and optional dependencies, loaded only when asked
-        from lazylab.dashboard import main as dashboard_main
-        return dashboard_main(rest)
+        from lazylab.dashboard import run as dashboard_run
+        return run_cli(dashboard_run, rest)
     if command not in COMMANDS:
         import difflib
         close = difflib.get_close_matches(command, list(COMMANDS) + ['dashboard'], n=1)

@@ -58,7 +58,7 @@ CASES = [
      r'validation split of .*short.txt has 100 characters, fewer than seq_len \+ 1 = 129'),
     (['train', 'transformer', 'text={tmp}/tiny.txt', 'seq_len=18'],
      r'training split of .*tiny.txt has 18 characters, fewer than seq_len \+ 1 = 19'),
-    (['train', 'transformer', 'batch_size=0'], r'batch_size must be ≥ 1, got 0'),
+    (['train', 'transformer', 'batch_size=0'], r'bad value for batch_size: must be ≥ 1, got 0'),
     (['train', 'transformer', 'device=cuda:7' if not torch.cuda.is_available() else 'device=tpu'], r'device'),
     (['train', 'transformer', 'heads=3'], r'model|heads'),
     (['train', 'transformer', 'prompt=¿Qué?'], r"character '¿' \(position 0\) is not in the vocabulary"),
@@ -116,7 +116,7 @@ def test_nan_loss_stops_with_exit_2_naming_the_step(tmp_path, capsys):
     runs = tmp_path / 'runs'
     # an infinite learning rate makes the parameters inf/NaN in the first update, so step 2's loss is NaN
     text = _error(capsys, ['train', 'transformer', *TINY, 'max_steps=5', 'valid_interval=2',
-                           'optimizer.learning_rate=inf', f'runs_dir={runs}'])
+                           'optimizer.learning_rate=1e30', f'runs_dir={runs}'])
     assert text.startswith('training loss is nan at step 2; no checkpoint was written'), text
 
 

@@ -6,7 +6,7 @@ from lazylab import cli
 
 @pytest.mark.parametrize('name, own', [('feedback', "model: Module = 'feedback_transformer_kv'  options: "
                                                    "feedback_transformer, feedback_transformer_kv"),
-                                       ('fast_weights', 'fast_weights.kernel: str'),
+                                       ('fast_weights', "fast_weights.kernel: chunked | loop | step = 'chunked'"),
                                        ('transformer', 'transformer.ffn.glu_variant: none | GLU | Bilinear')])
 def test_options_lists_every_key_with_type_default_options_and_help(capsys, name, own):
     assert cli.main(['options', name]) == 0
@@ -18,7 +18,7 @@ def test_options_lists_every_key_with_type_default_options_and_help(capsys, name
         assert line in out, line
     # each key is followed by its help line
     lines = out.splitlines()
-    assert lines[lines.index('seq_len: int = 64') + 1].strip() == 'characters per sequence'
+    assert lines[lines.index('seq_len: int = 64  (≥ 1)') + 1].strip() == 'characters per sequence'
 
 
 def test_train_help_prints_the_options(capsys):

@@ -13,25 +13,28 @@ results are equal whichever is chosen) and a `'token_wise'` option for `transfor
 The FFN is a `FeedForwardConfigs` whose d_model, d_ff and dropout default to this config's; each layer gets its
 own copy (the transformer deep-copies the layer).
 """
+from typing import Literal
+
 from torch import nn
 
 from lazylab.configs import BaseConfigs, option
 from lazylab.configs.transformer import FeedForwardConfigs, feed_forward_configs
+from lazylab.configs.types import PositiveInt, Probability
 from lazylab.models import fast_weights
 from lazylab.models.autoregressive import AutoregressiveModel
 
 
 class FastWeightsConfigs(BaseConfigs):
     """Fast Weights Transformer (Schlag, Irie & Schmidhuber 2021) language model and its parts."""
-    n_tokens: int  # vocabulary size (the experiment sets it from the dataset)
-    d_model: int = 512  # model width
-    heads: int = 8  # attention heads; d_model must be divisible by it
-    d_ff: int = 2048  # FFN hidden width
-    n_layers: int = 6  # transformer layers
-    dropout: float = 0.0  # on attention and FFN outputs (and the FFN hidden layer)
-    nu: int = 1  # ν of the DPFP feature map: d_dot = 2 · (d_model / heads) · ν
-    kernel: str = 'chunked'  # delta rule as 'chunked' (fast), 'loop' (reference) or 'step'
-    chunk_size: int = fast_weights.DEFAULT_CHUNK_SIZE  # tokens per chunk for 'chunked'
+    n_tokens: PositiveInt  # vocabulary size (the experiment sets it from the dataset)
+    d_model: PositiveInt = 512  # model width
+    heads: PositiveInt = 8  # attention heads; d_model must be divisible by it
+    d_ff: PositiveInt = 2048  # FFN hidden width
+    n_layers: PositiveInt = 6  # transformer layers
+    dropout: Probability = 0.0  # on attention and FFN outputs (and the FFN hidden layer)
+    nu: PositiveInt = 1  # ν of the DPFP feature map: d_dot = 2 · (d_model / heads) · ν
+    kernel: Literal['chunked', 'loop', 'step'] = 'chunked'  # delta rule: chunked (fast), loop (reference)
+    chunk_size: PositiveInt = fast_weights.DEFAULT_CHUNK_SIZE  # tokens per chunk for 'chunked'
 
     ffn: FeedForwardConfigs
     transformer: nn.Module = 'default'  # 'default' (whole sequence) or 'token_wise' (labml_nn's token-wise)

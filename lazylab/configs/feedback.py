@@ -15,19 +15,20 @@ own copy (the transformer deep-copies the layer).
 """
 from lazylab.configs import BaseConfigs, option
 from lazylab.configs.transformer import FeedForwardConfigs, feed_forward_configs
+from lazylab.configs.types import PositiveInt, Probability
 from lazylab.models import feedback
 from lazylab.models.autoregressive import AutoregressiveModel
 
 
 class FeedbackConfigs(BaseConfigs):
     """Feedback Transformer (Fan et al. 2020) language model and its parts."""
-    n_tokens: int  # vocabulary size (the experiment sets it from the dataset)
-    d_model: int = 512  # model width
-    heads: int = 8  # attention heads; d_model must be divisible by it
-    d_ff: int = 2048  # FFN hidden width
-    n_layers: int = 6  # transformer layers
-    dropout: float = 0.0  # on attention weights, attention and FFN outputs, and the FFN hidden layer
-    n_positions: int = feedback.DEFAULT_N_POSITIONS  # relative positions per layer: longest memory a step sees
+    n_tokens: PositiveInt  # vocabulary size (the experiment sets it from the dataset)
+    d_model: PositiveInt = 512  # model width
+    heads: PositiveInt = 8  # attention heads; d_model must be divisible by it
+    d_ff: PositiveInt = 2048  # FFN hidden width
+    n_layers: PositiveInt = 6  # transformer layers
+    dropout: Probability = 0.0  # on attention weights, attention and FFN outputs, and the FFN hidden layer
+    n_positions: PositiveInt = feedback.DEFAULT_N_POSITIONS  # relative positions per layer: longest memory a step sees
 
     ffn: FeedForwardConfigs
     model: AutoregressiveModel = 'feedback_transformer_kv'  # or 'feedback_transformer' (the original)

@@ -23,6 +23,7 @@ from typing import Literal
 from torch import nn
 
 from lazylab.configs import BaseConfigs, aggregate, calculate, option
+from lazylab.configs.types import PositiveInt, Probability
 from lazylab.models.feed_forward import FeedForward
 from lazylab.models.mha import MultiHeadAttention
 from lazylab.models.relative_mha import RelativeMultiHeadAttention
@@ -48,9 +49,9 @@ class FeedForwardConfigs(BaseConfigs):
     explicitly win over the preset.
     """
     ffn: FeedForward  # the module
-    d_model: int  # token width (TransformerConfigs sets it to its own d_model)
-    d_ff: int = 2048  # hidden width
-    dropout: float = 0.1  # on the hidden layer
+    d_model: PositiveInt  # token width (TransformerConfigs sets it to its own d_model)
+    d_ff: PositiveInt = 2048  # hidden width
+    dropout: Probability = 0.1  # on the hidden layer
     activation: nn.Module = 'ReLU'  # 'ReLU', 'GELU' or 'SiLU'
     is_gated: bool = False
     bias1: bool = True  # bias of the first layer
@@ -107,12 +108,12 @@ class TransformerConfigs(BaseConfigs):
     or 'no_pos', a bare nn.Embedding): `src_embed`, `tgt_embed`. `ffn` is a FeedForwardConfigs whose d_model
     and dropout default to this config's; each layer gets its own copy of the FFN.
     """
-    n_heads: int = 8
-    d_model: int = 512
-    n_layers: int = 6
-    dropout: float = 0.1
-    n_src_vocab: int
-    n_tgt_vocab: int
+    n_heads: PositiveInt = 8
+    d_model: PositiveInt = 512
+    n_layers: PositiveInt = 6
+    dropout: Probability = 0.1
+    n_src_vocab: PositiveInt
+    n_tgt_vocab: PositiveInt
 
     encoder_attn: MultiHeadAttention = 'mha'
     decoder_attn: MultiHeadAttention = 'mha'

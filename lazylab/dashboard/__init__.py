@@ -12,8 +12,12 @@ streams to one.
 """
 
 
-class DashboardError(ValueError):
-    """A user mistake with the dashboard (bad URL or flag, port in use, missing extra); a one-line message."""
+from lazylab.errors import UsageError
+
+
+class DashboardError(UsageError, ValueError):
+    """A user mistake with the dashboard (bad URL or flag, port in use, missing extra); a one-line message that the
+    CLI prints as ``lazylab: error: …`` (exit 2). Also a ValueError, as the URL checks raised before."""
 
 
 # The submodules raise DashboardError, imported from here: it is defined above their import.

@@ -163,13 +163,10 @@ def run(argv: Optional[list[str]] = None) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """:func:`run`, returning the exit code: 0, or 2 after printing a DashboardError as `lazylab: error: …`."""
-    try:
-        run(argv)
-    except DashboardError as e:
-        print(f'lazylab: error: {e}', file=sys.stderr)
-        return 2
-    return 0
+    """:func:`run`, returning the exit code: 0, or 2 after printing a DashboardError as `lazylab: error: …`
+    (through the CLI's one error path, `lazylab.errors.run_cli`)."""
+    from lazylab.errors import run_cli
+    return run_cli(run, argv)
 
 
 def _port_is_free(host: str, port: int) -> bool:

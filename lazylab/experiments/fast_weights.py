@@ -12,6 +12,7 @@ from torch import nn
 
 from lazylab.configs import option
 from lazylab.configs.fast_weights import FastWeightsConfigs
+from lazylab.configs.types import PositiveInt, Probability
 from lazylab.experiments.nlp_autoregression import LABML_NN_PRESET, NLPAutoRegressionConfigs, device_of
 
 
@@ -19,11 +20,11 @@ class Configs(NLPAutoRegressionConfigs):
     """Fast-weights language model; `model=fast_weights_transformer`."""
     model: nn.Module = 'fast_weights_transformer'
     fast_weights: FastWeightsConfigs  # the model's parts: kernel, chunk_size, transformer, ffn
-    heads: int = 4                    # attention heads
-    d_ff: int = 512                   # feed-forward hidden width
-    n_layers: int = 4                 # layers
-    dropout: float = 0.0              # dropout probability
-    nu: int = 1                       # ν of the DPFP feature map
+    heads: PositiveInt = 4            # attention heads
+    d_ff: PositiveInt = 512           # feed-forward hidden width
+    n_layers: PositiveInt = 4         # layers
+    dropout: Probability = 0.0        # dropout probability
+    nu: PositiveInt = 1               # ν of the DPFP feature map
 
 
 @option(Configs.fast_weights, 'FastWeightsConfigs')

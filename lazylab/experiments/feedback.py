@@ -13,6 +13,7 @@ from torch import nn
 
 from lazylab.configs import option
 from lazylab.configs.feedback import FeedbackConfigs
+from lazylab.configs.types import NonNegativeInt, PositiveInt, Probability
 from lazylab.experiments.nlp_autoregression import LABML_NN_PRESET, NLPAutoRegressionConfigs, device_of
 
 
@@ -21,14 +22,14 @@ class Configs(NLPAutoRegressionConfigs):
     (d_model, heads, d_ff, n_layers, dropout) are the defaults of `feedback` (a FeedbackConfigs), whose own items
     select the rest, e.g. `feedback.ffn.glu_variant=SwiGLU`, `feedback.n_positions=1024`."""
     model: nn.Module = 'feedback_transformer_kv'
-    feedback: FeedbackConfigs    # the model's parts
-    batch_size: int = 64         # a wide batch: the memory makes each step sequential over seq_len
-    threads: int = 1             # one CPU thread: the per-token steps are too small to share, and two threads
-                                 # stall badly when anything else runs on the machine
-    heads: int = 4               # attention heads
-    d_ff: int = 512              # feed-forward hidden width
-    n_layers: int = 4            # layers
-    dropout: float = 0.0         # dropout probability
+    feedback: FeedbackConfigs     # the model's parts
+    batch_size: PositiveInt = 64  # a wide batch: the memory makes each step sequential over seq_len
+    # one CPU thread: the per-token steps are too small to share, and two stall when anything else runs
+    threads: NonNegativeInt = 1
+    heads: PositiveInt = 4        # attention heads
+    d_ff: PositiveInt = 512       # feed-forward hidden width
+    n_layers: PositiveInt = 4     # layers
+    dropout: Probability = 0.0    # dropout probability
 
 
 @option(Configs.feedback, 'FeedbackConfigs')

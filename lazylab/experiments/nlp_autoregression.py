@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from lazylab.configs import option
+from lazylab.configs.types import NonEmptyStr, NonNegativeFloat, NonNegativeInt, PositiveInt
 from lazylab.data import TINY_SHAKESPEARE, SequentialLoader, ShuffledLoader, TextDataset
 from lazylab.experiments import distributed
 from lazylab.experiments.optimizers import OptimizerConfigs
@@ -33,22 +34,22 @@ class NLPAutoRegressionConfigs(TrainerConfigs):
     The defaults are a 10-minute run on a 2-core CPU: the time budget (`max_minutes`) fixes the step count after
     timing the first steps, and the learning rate warms up, then follows a cosine to a tenth of its peak.
     """
-    max_minutes: float = 10.0         # training time budget in minutes (0: epochs / max_steps decide)
-    epochs: int = 100                 # an upper bound; the time budget ends the default run first
-    seq_len: int = 64                 # characters per sequence
-    batch_size: int = 32              # sequences per step (per process)
-    valid_interval: int = 250         # steps between validations (and checkpoints)
-    text: str = TINY_SHAKESPEARE      # tiny_shakespeare (bundled) or the path of a UTF-8 text file
+    max_minutes: NonNegativeFloat = 10.0  # training time budget in minutes (0: epochs / max_steps decide)
+    epochs: PositiveInt = 100         # an upper bound; the time budget ends the default run first
+    seq_len: PositiveInt = 64         # characters per sequence
+    batch_size: PositiveInt = 32      # sequences per step (per process)
+    valid_interval: NonNegativeInt = 250  # steps between validations (and checkpoints)
+    text: NonEmptyStr = TINY_SHAKESPEARE  # tiny_shakespeare (bundled) or the path of a UTF-8 text file
     dataset: TextDataset              # the tokenized 90% / 10% split of `text`
     task: Task                        # what the trainer trains on: batches, loss, validation, samples
-    n_tokens: int                     # vocabulary size (from the dataset)
+    n_tokens: PositiveInt             # vocabulary size (from the dataset)
     model: nn.Module                  # the autoregressive model (options per experiment)
-    d_model: int = 128                # model width
+    d_model: PositiveInt = 128        # model width
     optimizer: OptimizerConfigs       # optimizer.optimizer, optimizer.learning_rate, …
-    total_steps: int                  # optimizer steps this run takes (from epochs and max_steps)
-    prompt: str = 'It is'             # start of the text sampled at each validation
-    sample_tokens: int = 200          # characters sampled at each validation
-    sample_temperature: float = 0.8   # temperature of that sampling (0: greedy)
+    total_steps: PositiveInt          # optimizer steps this run takes (from epochs and max_steps)
+    prompt: NonEmptyStr = 'It is'     # start of the text sampled at each validation
+    sample_tokens: NonNegativeInt = 200  # characters sampled at each validation
+    sample_temperature: NonNegativeFloat = 0.8  # temperature of that sampling (0: greedy)
 
 
 def device_of(c: TrainerConfigs) -> torch.device:

@@ -11,10 +11,16 @@ stepped once per optimizer step; the learning rate of step t (t = 1, 2, …) is 
                                        ("Attention Is All You Need", eq. 3; labml_nn's Noam, lr 1.0 there)
 """
 import math
+from typing import Annotated, Literal
 
 import torch
+from annotated_types import Interval
 
 from lazylab.configs import BaseConfigs, meta_config, option
+from lazylab.configs.types import Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+
+#: Adam's β₁, β₂: 0 ≤ β < 1
+AdamBeta = Annotated[float, Interval(ge=0, lt=1)]
 
 
 class Noam(torch.optim.Adam):
@@ -24,19 +30,19 @@ class Noam(torch.optim.Adam):
 
 class OptimizerConfigs(BaseConfigs):
     """The optimizer (`optimizer.optimizer`) and its learning-rate schedule (`optimizer.scheduler`)."""
-    optimizer: torch.optim.Optimizer = 'AdamW'  # Adam, AdamW, SGD or Noam
+    optimizer: torch.optim.Optimizer = 'AdamW'          # Adam, AdamW, SGD or Noam
     scheduler: torch.optim.lr_scheduler.LambdaLR
-    parameters: object                         # the parameters to optimize (set by the experiment)
-    learning_rate: float = 3e-3                # peak learning rate (Noam: the scale, 1.0 in labml_nn)
-    weight_decay: float = 0.0                  # L2 for Adam/SGD, decoupled for AdamW
-    warmup: int = 100                          # linear warm-up steps (Noam: its w)
-    schedule: str = 'cosine'                   # constant or cosine (after warm-up; ignored by Noam)
-    min_lr_ratio: float = 0.1                  # cosine ends at learning_rate · min_lr_ratio
-    beta1: float = 0.9                         # Adam's β₁
-    beta2: float = 0.999                       # Adam's β₂
-    momentum: float = 0.9                      # SGD momentum
-    d_model: int = 512                         # model width for Noam's d_model^(−½) (set by the experiment)
-    total_steps: int = 1                       # steps the cosine schedule spans (set by the experiment)
+    parameters: object                                  # the parameters to optimize (set by the experiment)
+    learning_rate: PositiveFloat = 3e-3                 # peak learning rate (Noam: the scale, 1.0 in labml_nn)
+    weight_decay: NonNegativeFloat = 0.0                # L2 for Adam/SGD, decoupled for AdamW
+    warmup: NonNegativeInt = 100                        # linear warm-up steps (Noam: its w)
+    schedule: Literal['constant', 'cosine'] = 'cosine'  # after warm-up; ignored by Noam
+    min_lr_ratio: Fraction = 0.1                        # cosine ends at learning_rate · min_lr_ratio
+    beta1: AdamBeta = 0.9                               # Adam's β₁
+    beta2: AdamBeta = 0.999                             # Adam's β₂
+    momentum: NonNegativeFloat = 0.9                    # SGD momentum
+    d_model: PositiveInt = 512                          # model width for Noam's d_model^(−½) (set by the experiment)
+    total_steps: PositiveInt = 1                        # steps the cosine schedule spans (set by the experiment)
 
 
 meta_config(OptimizerConfigs.parameters)

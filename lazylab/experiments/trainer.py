@@ -32,11 +32,12 @@ so a run killed at any point and resumed logs, on the CPU, bitwise the same loss
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Literal, Optional
 
 import torch
 
 from lazylab.configs import BaseConfigs
+from lazylab.configs.types import NonEmptyStr, NonNegativeFloat, NonNegativeInt, PositiveInt
 from lazylab.errors import CheckpointError, NonFiniteLossError, TrainingError
 from lazylab.experiments import distributed
 from lazylab.experiments.budget import CALIBRATION_STEPS, TimeBudget
@@ -53,24 +54,24 @@ __all__ = ['TrainerConfigs', 'resolve_device', 'autocast_for', 'train', 'validat
 
 class TrainerConfigs(BaseConfigs):
     """How to train: length, batch shape, validation, device and precision (labml's TrainValidConfigs idea)."""
-    seed: int = 0                 # seeds parameters, dropout and the data order
-    device: str = 'auto'          # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
-    threads: int = 0              # CPU threads for torch (0: torch's default); 1 is fastest on a busy machine
-    dtype: str = 'float32'        # float32, or bfloat16 (autocast for the forward pass)
-    compile: bool = False         # torch.compile the model for training
-    epochs: int = 1               # passes over the training split ...
-    max_steps: int = 0            # ... or stop after this many optimizer steps (0: epochs decide)
-    max_minutes: float = 0.0      # also stop after this much training time (0: no time limit)
-    inner_iterations: int = 10    # validations (and checkpoints) per epoch ...
-    valid_interval: int = 0       # ... or every this many steps (0: inner_iterations decides)
-    batch_size: int = 16          # sequences per step (per process)
-    seq_len: int = 128            # characters per sequence
-    grad_norm_clip: float = 1.0   # clip the global gradient norm to this (0: no clipping)
-    log_interval: int = 10        # steps between metric records
-    valid_batches: int = 16       # batches in each interleaved validation
-    final_valid_batches: int = 0  # batches in the final validation (0: the whole validation split)
-    runs_dir: str = 'runs'        # runs go to RUNS_DIR/NAME/RUN_ID/
-    dashboard: str = ''           # labml app URL for the live dashboard ('' → .labml.yaml's app_url, if any)
+    seed: NonNegativeInt = 0                           # seeds parameters, dropout and the data order
+    device: str = 'auto'                               # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
+    threads: NonNegativeInt = 0                        # CPU threads for torch (0: torch's default)
+    dtype: Literal['float32', 'bfloat16'] = 'float32'  # bfloat16: autocast for the forward pass
+    compile: bool = False                              # torch.compile the model for training
+    epochs: PositiveInt = 1                            # passes over the training split ...
+    max_steps: NonNegativeInt = 0                      # ... or stop after this many optimizer steps (0: epochs decide)
+    max_minutes: NonNegativeFloat = 0.0                # also stop after this much training time (0: no time limit)
+    inner_iterations: PositiveInt = 10                 # validations (and checkpoints) per epoch ...
+    valid_interval: NonNegativeInt = 0                 # ... or every this many steps (0: inner_iterations decides)
+    batch_size: PositiveInt = 16                       # sequences per step (per process)
+    seq_len: PositiveInt = 128                         # characters per sequence
+    grad_norm_clip: NonNegativeFloat = 1.0             # clip the global gradient norm to this (0: no clipping)
+    log_interval: PositiveInt = 10                     # steps between metric records
+    valid_batches: PositiveInt = 16                    # batches in each interleaved validation
+    final_valid_batches: NonNegativeInt = 0            # batches in the final validation (0: the whole validation split)
+    runs_dir: NonEmptyStr = 'runs'                     # runs go to RUNS_DIR/NAME/RUN_ID/
+    dashboard: str = ''                                # labml app URL ('' → .labml.yaml's app_url, if any)
 
 
 def resolve_device(name: str) -> torch.device:

@@ -11,6 +11,7 @@ from torch import nn
 
 from lazylab.configs import option
 from lazylab.configs.transformer import TransformerConfigs
+from lazylab.configs.types import PositiveInt, Probability
 from lazylab.experiments.nlp_autoregression import LABML_NN_PRESET, NLPAutoRegressionConfigs, device_of
 from lazylab.models.autoregressive import AutoregressiveTransformer, TokenAndPositionEmbeddings
 
@@ -24,11 +25,11 @@ class Configs(NLPAutoRegressionConfigs):
     preset does). The model is `lazylab.models.autoregressive.AutoregressiveTransformer`.
     """
     model: nn.Module = 'transformer'
-    transformer: TransformerConfigs   # the parts: attention, FFN variant, embeddings
-    heads: int = 4                    # attention heads
-    d_ff: int = 512                   # feed-forward hidden width
-    n_layers: int = 4                 # transformer layers
-    dropout: float = 0.0              # dropout probability
+    transformer: TransformerConfigs  # the parts: attention, FFN variant, embeddings
+    heads: PositiveInt = 4           # attention heads
+    d_ff: PositiveInt = 512          # feed-forward hidden width
+    n_layers: PositiveInt = 4        # transformer layers
+    dropout: Probability = 0.0       # dropout probability
 
 
 @option(Configs.transformer, 'TransformerConfigs')

@@ -419,8 +419,8 @@ def test_load_rejects_bad_yaml():
 
 def test_describe_rows_with_comments_and_flags():
     rows = {r['name']: r for r in lc.describe(Experiment)}
-    assert rows['seq_len'] == {'name': 'seq_len', 'type': 'int', 'default': 16, 'options': [], 'help': '',
-                               'is_hyperparam': True, 'is_meta': False}
+    assert rows['seq_len'] == {'name': 'seq_len', 'type': 'int', 'base_type': 'int', 'rule': '', 'plain': True,
+                               'default': 16, 'options': [], 'help': '', 'is_hyperparam': True, 'is_meta': False}
     assert rows['device']['is_meta'] is True
     assert rows['ffn.d_model']['help'] == 'Number of features in the embedding'
     assert rows['ffn.d_ff']['help'] == 'hidden width'

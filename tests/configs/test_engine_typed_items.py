@@ -317,7 +317,10 @@ def test_describe_shows_the_inner_type_and_its_constraints(annotation, shown):
     cls = type('Configs', (BaseConfigs,), {'__annotations__': {'x': annotation}})
     row = lc.describe(cls)[0]
     assert row['type'] == shown
-    assert lc.format_description([row]).splitlines()[0] == f'x: {shown}'
+    # the listing puts the constraints after the type (and the default): `x: int  (≥ 1)`
+    listed = f"x: {row['base_type']}  ({row['rule']})" if row['rule'] else f'x: {shown}'
+    assert f"{row['base_type']} {row['rule']}".strip() == shown
+    assert lc.format_description([row]).splitlines()[0] == listed
 
 
 def test_labml_api_still_reports_the_declared_annotation():

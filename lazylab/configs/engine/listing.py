@@ -14,9 +14,10 @@ from .state import state_of
 
 
 def describe(configs_or_class: Any) -> list[dict[str, Any]]:
-    """One row per item: ``name`` (dotted path), ``type`` (see :func:`type_text`), ``default`` (class default, or
-    the first option, or ``None``), ``options``, ``help`` (comment above the declaration), ``is_hyperparam``,
-    ``is_meta``; for a config object also ``value`` (its computed value, or ``None``) and ``computed``.
+    """One row per item: ``name`` (dotted path), ``type`` (see :func:`type_text`; ``base_type`` and ``rule`` are its
+    two parts, e.g. ``'int'`` and ``'≥ 1'``), ``plain`` (whether the value is
+    plain data: a number, string or flag, or a Literal/Optional of those), ``default`` (class default, or the first
+    option, or ``None``), ``options``, ``help`` (comment above the declaration), ``is_hyperparam``, ``is_meta``; for a config object also ``value`` (its computed value, or ``None``) and ``computed``.
 
     Items of sub-configs appear under dotted names: for a class, those whose annotation is a config class; for an
     object, the sub-configs created so far (or annotated ones not created yet).
@@ -47,6 +48,9 @@ def _row(cls: type, key: str, prefix: str, help_text: dict[str, str]) -> dict[st
     return {
         'name': prefix + key,
         'type': type_text(spec, key),
+        'base_type': _choices_or_name(spec.types[key]),
+        'rule': spec.rules[key].describe() if key in spec.rules else '',
+        'plain': is_plain(spec.types[key]),
         'default': default,
         'options': options,
         'help': help_text.get(key, ''),
@@ -61,6 +65,19 @@ def type_text(spec: Any, key: str) -> str:
     text = _choices_or_name(spec.types[key])
     rule = spec.rules.get(key)
     return f'{text} {rule.describe()}' if rule is not None else text
+
+
+_PLAIN = (int, float, str, bool, type(None))
+
+
+def is_plain(annotation: Any) -> bool:
+    """Whether values of ``annotation`` are plain data: int, float, str, bool, or a Literal/Union of those."""
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return all(isinstance(c, _PLAIN) for c in get_args(annotation))
+    if origin in UNION_ORIGINS:
+        return all(is_plain(m) for m in get_args(annotation))
+    return annotation in _PLAIN
 
 
 def _choices_or_name(annotation: Any) -> str:
@@ -119,15 +136,17 @@ def _describe_object(configs: Any, prefix: str, rows: list[dict[str, Any]], seen
 def format_description(rows: list[dict[str, Any]]) -> str:
     """Text listing of :func:`describe` rows, one item a line plus an indented help line::
 
-        d_model: int = 512  [hyperparam]
+        d_model: int = 512  (≥ 1)  [hyperparam]
             Number of features in the embedding
         activation: Module = 'ReLU'  options: ReLU, GELU
     """
     lines = []
     for row in rows:
-        line = f'{row["name"]}: {row["type"]}'
+        line = f'{row["name"]}: {row["base_type"]}'
         if row['default'] is not None:
             line += f' = {row["default"]!r}'
+        if row['rule']:
+            line += f'  ({row["rule"]})'
         if row['options']:
             line += f'  options: {", ".join(map(str, row["options"]))}'
         flags = [f for f, on in (('hyperparam', row['is_hyperparam']), ('meta', row['is_meta'])) if on]

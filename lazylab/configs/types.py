@@ -1,0 +1,33 @@
+"""Value types for config items: the constraints this project's items share, under the field's names.
+
+Each is a ``typing.Annotated`` type with constraints from the annotated-types package, so the engine checks every
+value an item is given (override, ``--config`` file, assignment, class default, computed value) and
+``lazylab options`` shows the rule (``int ≥ 1``)::
+
+    class Configs(BaseConfigs):
+        batch_size: PositiveInt = 16
+        dropout: Probability = 0.1
+
+A bad value is one line naming the key: ``bad value for batch_size: must be ≥ 1, got 0``. Torch-free.
+"""
+from typing import Annotated
+
+from annotated_types import Ge, Gt, Interval, IsFinite, MinLen
+
+__all__ = ['PositiveInt', 'NonNegativeInt', 'PositiveFloat', 'NonNegativeFloat', 'Probability', 'Fraction',
+           'NonEmptyStr']
+
+#: a count or size: ≥ 1 (layers, heads, widths, batch sizes, sequence lengths)
+PositiveInt = Annotated[int, Ge(1)]
+#: a count where 0 means "none" or "off": ≥ 0
+NonNegativeInt = Annotated[int, Ge(0)]
+#: a finite number > 0 (a learning rate)
+PositiveFloat = Annotated[IsFinite[float], Gt(0)]
+#: a finite number ≥ 0 (minutes, a norm bound, a temperature, weight decay)
+NonNegativeFloat = Annotated[IsFinite[float], Ge(0)]
+#: a dropout probability: 0 ≤ p < 1
+Probability = Annotated[float, Interval(ge=0, lt=1)]
+#: a ratio in [0, 1]
+Fraction = Annotated[float, Interval(ge=0, le=1)]
+#: text that must not be empty (a path, a prompt)
+NonEmptyStr = Annotated[str, MinLen(1)]
