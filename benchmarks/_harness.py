@@ -5,7 +5,7 @@ import argparse
 import statistics
 import sys
 import time
-from typing import Callable, Dict
+from typing import Callable
 
 import torch
 from torch import nn
@@ -37,7 +37,7 @@ def conditions(reps: int) -> str:
     return f"(CPU, {torch.get_num_threads()} threads, median of {reps}{cpu_time})"
 
 
-def median_rates(fns: Dict[str, Callable[[], object]], reps: int, work: float) -> Dict[str, float]:
+def median_rates(fns: dict[str, Callable[[], object]], reps: int, work: float) -> dict[str, float]:
     """{name: work / median seconds}, timing the callables round-robin (so load hits them alike) after one
     warm-up call each."""
     times = {name: [] for name in fns}
@@ -69,7 +69,7 @@ def train_step(model: nn.Module, seq_len: int, batch: int, n_vocab: int) -> Call
     return step
 
 
-def report(title: str, rates: Dict[str, float], unit: str):
+def report(title: str, rates: dict[str, float], unit: str):
     """The title, then one row per entry: its ratio to the first entry and its rate."""
     print(title)
     base = next(iter(rates.values()))

@@ -20,10 +20,11 @@ import io
 import statistics
 import sys
 import time
-from typing import Callable, List, Tuple
+from typing import Callable
 
 import labml.configs
 import labml.internal.configs.base as labml_base
+
 import lazylab.configs
 
 
@@ -171,9 +172,9 @@ def labml_logging_stubbed():
         labml_base.monit.section = original
 
 
-def timed(run: Callable[[], object], iterations: int, repeats: int, stub: bool = False) -> Tuple[float, object]:
+def timed(run: Callable[[], object], iterations: int, repeats: int, stub: bool = False) -> tuple[float, object]:
     """Median seconds per run over ``repeats`` batches of ``iterations`` runs (stdout discarded)."""
-    times: List[float] = []
+    times: list[float] = []
     result = None
     context = labml_logging_stubbed() if stub else contextlib.nullcontext()
     with context, contextlib.redirect_stdout(io.StringIO()):

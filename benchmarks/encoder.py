@@ -12,11 +12,13 @@ import statistics
 import time
 
 import torch
-import _reference  # noqa: F401  (lets labml_nn run on labml 0.5.3)
-
-from labml_nn.transformers import feed_forward as ref_ff, mha as ref_mha, models as ref_models  # noqa: E402
+from labml_nn.transformers import feed_forward as ref_ff  # noqa: E402
+from labml_nn.transformers import mha as ref_mha
+from labml_nn.transformers import models as ref_models
 
 from lazylab.models import feed_forward, mha, transformer  # noqa: E402
+
+import _reference  # noqa: F401  (lets labml_nn run on labml 0.5.3)
 
 
 def build(lib_mha, lib_ff, lib_models, args, dropout, seed=0, **mha_kwargs):

@@ -29,9 +29,10 @@ from lazylab.models.transformer import TransformerLayer
 from _harness import add_common_options, conditions, configure, median_rates, report, train_step
 
 try:
-    import _reference  # noqa: F401  (lets labml_nn run on labml 0.5.3)
     from labml_nn.transformers import fast_weights as ref
     from labml_nn.transformers.feed_forward import FeedForward as RefFeedForward
+
+    import _reference  # noqa: F401  (lets labml_nn run on labml 0.5.3)
 except ImportError:  # pragma: no cover - the reference is a test/benchmark dependency
     ref = None
 
@@ -78,7 +79,7 @@ def bench_attention(seq_lens, batch, d_model, heads, nu, chunk_size, reps, ref_m
             fns['lazylab loop'] = loop
         fns[f'lazylab chunked ({chunk_size})'] = chunked
 
-        def fwd_bwd(module):
+        def fwd_bwd(module, x=x):
             def run():
                 module(x).sum().backward()
             return run

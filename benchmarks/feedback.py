@@ -22,9 +22,10 @@ from lazylab.models.feed_forward import FeedForward
 from _harness import add_common_options, conditions, configure, median_rates, report, train_step
 
 try:
-    import _reference  # noqa: F401  (lets labml_nn run on labml 0.5.3)
     from labml_nn.transformers import feedback as ref
     from labml_nn.transformers.feed_forward import FeedForward as RefFeedForward
+
+    import _reference  # noqa: F401  (lets labml_nn run on labml 0.5.3)
 except ImportError:  # pragma: no cover - the reference is a test/benchmark dependency
     ref = None
 

@@ -92,9 +92,9 @@ def main(argv=None):
         err_o = ((o_fla.float() - o_ours).abs().max() / o_ours.abs().max()).item()
         err_s = ((s_fla.float() - s_ours).abs().max() / s_ours.abs().max()).item()
 
-        def run(fn):
+        def run(fn, inputs=(q, k, v, beta)):
             def go():
-                xs = [t.detach().clone().requires_grad_() for t in (q, k, v, beta)]
+                xs = [t.detach().clone().requires_grad_() for t in inputs]
                 o, _ = fn(*xs)
                 o.float().sum().backward()
             return go

@@ -14,10 +14,11 @@ from .state import state_of
 
 
 def describe(configs_or_class: Any) -> list[dict[str, Any]]:
-    """One row per item: ``name`` (dotted path), ``type`` (see :func:`type_text`; ``base_type`` and ``rule`` are its
-    two parts, e.g. ``'int'`` and ``'≥ 1'``), ``plain`` (whether the value is
-    plain data: a number, string or flag, or a Literal/Optional of those), ``default`` (class default, or the first
-    option, or ``None``), ``options``, ``help`` (comment above the declaration), ``is_hyperparam``, ``is_meta``; for a config object also ``value`` (its computed value, or ``None``) and ``computed``.
+    """One row per item: ``name`` (dotted path), ``type`` (see :func:`type_text`; ``base_type`` and ``rule`` are
+    its two parts, e.g. ``'int'`` and ``'≥ 1'``), ``plain`` (whether values are plain data: numbers, strings, flags
+    or a Literal/Optional of those), ``default`` (class default, or the first option, or ``None``), ``options``,
+    ``help`` (comment above the declaration), ``is_hyperparam``, ``is_meta``; for a config object also ``value``
+    (its computed value, or ``None``) and ``computed``.
 
     Items of sub-configs appear under dotted names: for a class, those whose annotation is a config class; for an
     object, the sub-configs created so far (or annotated ones not created yet).
