@@ -29,10 +29,9 @@ lost machine) fails with an error instead of hanging forever.
 import contextlib
 import datetime
 import hashlib
-import itertools
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Optional, TypeVar
 
@@ -44,8 +43,7 @@ from lazylab.errors import DistributedError
 
 __all__ = ['DistEnv', 'DistributedError', 'ReplicaMismatchError', 'environment', 'setup', 'teardown',
            'process_group', 'is_distributed', 'get_rank', 'get_world_size', 'is_main_process', 'wrap',
-           'all_reduce_sum', 'all_reduce_mean', 'broadcast_object', 'all_gather_object', 'shard', 'batch_share',
-           'any_process',
+           'all_reduce_sum', 'broadcast_object', 'all_gather_object', 'batch_share',
            'parameter_digest', 'check_replicas_in_sync', 'DEFAULT_TIMEOUT_S']
 
 #: seconds a collective waits for the other processes before failing (env LAZYLAB_DIST_TIMEOUT overrides)
@@ -240,12 +238,6 @@ def all_reduce_sum(*values: float) -> tuple[float, ...]:
     return tuple(t.tolist())
 
 
-def all_reduce_mean(*values: float) -> tuple[float, ...]:
-    """Average each number over all processes (identity in a single process)."""
-    n = get_world_size()
-    return tuple(v / n for v in all_reduce_sum(*values))
-
-
 def broadcast_object(obj: T, src: int = 0) -> T:
     """Rank `src`'s `obj` (any picklable value) on every process."""
     if not is_distributed():
@@ -264,18 +256,6 @@ def all_gather_object(obj: Any) -> list[Any]:
     return out
 
 
-def shard(batches: Iterable[T], rank: Optional[int] = None, world_size: Optional[int] = None) -> Iterable[T]:
-    """Every world_size-th item of `batches`, starting at `rank` (all of them in a single process): the
-    processes can evaluate disjoint batches whose sums `all_reduce_sum` then combines. (The text task's validation
-    shares each batch's columns instead, `batch_share`, so that every process takes part in every batch.)
-    """
-    rank = get_rank() if rank is None else rank
-    world_size = get_world_size() if world_size is None else world_size
-    if world_size == 1:
-        return batches
-    return itertools.islice(batches, rank, None, world_size)
-
-
 def batch_share(batch: torch.Tensor) -> torch.Tensor:
     """This process's columns of a sequence-first batch [seq_len, batch_size]: rank, rank+N, … (all of them in a
     single process). Used for validation: the N processes evaluate disjoint parts of the same batches, and
@@ -286,19 +266,6 @@ def batch_share(batch: torch.Tensor) -> torch.Tensor:
     """
     world_size = get_world_size()
     return batch if world_size == 1 else batch[:, get_rank()::world_size]
-
-
-def any_process(flag: bool) -> bool:
-    """True on every process if `flag` is true on any (the flag itself in a single process).
-
-    For decisions every process must take together. (The trainer sends its out-of-time flag with the step's other
-    sums, in its one all-reduce per step, rather than in a call of its own.)
-    """
-    if not is_distributed():
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=_comm_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
 
 
 def parameter_digest(model: nn.Module) -> str:

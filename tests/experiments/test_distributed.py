@@ -3,7 +3,7 @@
 The multi-process checks run real `torchrun --standalone --nproc_per_node=2` jobs as subprocesses:
 - this file run as a torchrun script (`python -m torch.distributed.run … test_distributed.py MODE OUT`), for the
   model-level checks: DDP gradients of every model equal the single-process gradient of the combined batch, the
-  all-reduce / broadcast / shard helpers, the replica check, and an exception on one rank;
+  all-reduce / broadcast / batch-share helpers, the replica check, and an exception on one rank;
 - `-m lazylab.experiments.transformer …` end to end: two processes equal one process on the combined batches,
   a killed rank ends the job, and the killed run resumes exactly.
 Every subprocess runs in its own session and is killed (with torchrun's workers, which start sessions of their
@@ -121,9 +121,9 @@ def test_environment_single_process_without_torchrun_variables(monkeypatch):
     assert (env.rank, env.world_size, env.local_rank, env.is_main, env.enabled) == (0, 1, 0, True, False)
     assert D.setup(torch.device('cpu')) == env and not torch.distributed.is_initialized()
     assert D.wrap(model := torch.nn.Linear(2, 2), torch.device('cpu')) is model
-    assert D.all_reduce_sum(1.5, 2.0) == (1.5, 2.0) and D.all_reduce_mean(3.0) == (3.0,)
+    assert D.all_reduce_sum(1.5, 2.0) == (1.5, 2.0)
     assert D.broadcast_object({'a': 1}) == {'a': 1} and D.all_gather_object(7) == [7]
-    assert list(D.shard(range(5))) == [0, 1, 2, 3, 4] and D.is_main_process()
+    assert D.is_main_process()
 
 
 def test_environment_reads_torchrun_variables(monkeypatch):
@@ -160,10 +160,6 @@ def test_setup_refuses_mps_and_a_foreign_gpu_index():
         D.setup(torch.device('mps'), env)
     with pytest.raises(D.DistributedError, match='cuda:LOCAL_RANK'):
         D.setup(torch.device('cuda', 0), env)
-
-
-def test_shard_takes_every_world_size_th_item():
-    assert [list(D.shard(range(7), r, 3)) for r in range(3)] == [[0, 3, 6], [1, 4], [2, 5]]
 
 
 def test_parameter_digest_sees_a_one_ulp_change():
@@ -288,17 +284,13 @@ def _check_models(out: Path) -> None:
             results[f'{name}/{seq_len}'] = {'unused': unused, 'digest': D.parameter_digest(model),
                                             'names': [n for n, _ in model.named_parameters()]}
 
-    # helpers: sums, means, broadcast, gather, and a sharded "validation" that adds up to the whole
+    # helpers: sums, broadcast, gather, and a column-shared "validation" that adds up to the whole
     assert D.all_reduce_sum(float(rank + 1), 0.5) == (float(sum(range(1, world + 1))), 0.5 * world)
-    assert D.all_reduce_mean(float(rank)) == ((world - 1) / 2,)
     assert D.broadcast_object({'rank': rank}) == {'rank': 0}
     assert D.all_gather_object(rank * 10) == [r * 10 for r in range(world)]
-    items = list(range(11))
-    assert D.all_reduce_sum(float(sum(D.shard(items)))) == (float(sum(items)),)
     batch = torch.arange(3 * 5).view(3, 5)  # [seq_len, batch]: the processes split the columns
     assert D.batch_share(batch).shape == (3, [3, 2][rank])
     assert D.all_reduce_sum(float(D.batch_share(batch).sum())) == (float(batch.sum()),)
-    assert D.any_process(rank == 1) is True and D.any_process(False) is False
 
     # the replica check fails on every rank, naming rank 1, once rank 1's weights differ
     torch.manual_seed(0)
