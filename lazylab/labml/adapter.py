@@ -119,6 +119,8 @@ def configs(*args: Any) -> None:
         ConfigError: an unknown key, a bad value or an unknown option (one line; nothing is applied).
     """
     if not args or not is_lazylab_configs(args[0]):
+        if SESSION is not None and args:
+            SESSION.check_not_lazylab(args[0])
         return _ORIGINAL[(_experiment_module(), 'configs')](*args)
     from labml.internal.experiment import experiment_singleton, global_params_singleton
     conf, overrides = args[0], {}

@@ -113,8 +113,9 @@ class Session:
         by labml's default) with labml's 'file' writer, and 'app' only when a dashboard is reachable."""
         self.configure_lab(fresh=False)
         wanted = set(writers) if writers is not None else {'screen', 'app'}
+        script_wants_app = 'app' in wanted
         wanted = (wanted - {'app'}) | {'file'}
-        if not self.options_only and (self.dashboard or 'app' in (writers or {'app'})):
+        if not self.options_only and (self.dashboard or script_wants_app):
             from lazylab.dashboard import configure_app_writer
             if configure_app_writer(self.dashboard or None, search_from=Path.cwd()):
                 import labml.internal.app.logs  # noqa: F401  (labml sends the console to the app once imported)
@@ -122,6 +123,13 @@ class Session:
         return wanted
 
     # experiment.configs
+    def check_not_lazylab(self, conf: Any) -> None:
+        """``experiment.configs`` got a dict or a labml config first (a later dict updates the config object, as in
+        labml): the command line's settings have no declared types to follow."""
+        if self.conf is None and (self.overrides or self.file_values):
+            raise UsageError(f'{self.module} passes a {type(conf).__name__} to experiment.configs; key=value and '
+                             f'--config need a config class (labml.configs.BaseConfigs under lazylab labml)')
+
     def apply_configs(self, conf: Any, script_values: dict[str, Any]) -> None:
         """The script's dict, then --config FILE, then key=value; the command line is checked before anything is
         applied, so a mistake there leaves the config untouched."""

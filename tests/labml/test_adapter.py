@@ -284,3 +284,23 @@ def test_save_checkpoint_writes_each_added_model(tmp_path):
     path = adapter.experiment_run().run_path / 'checkpoints' / '12' / 'model.pth'
     state = torch.load(path, weights_only=True)
     assert set(state) == {'weight', 'bias'} and torch.equal(state['weight'], model.weight.detach())
+
+
+def test_lazylab_script_on_labml_experiment_api_saves_configs_in_labml_run(tmp_path):
+    """Issue item 1: a script that imports lazylab.configs directly runs on labml's experiment API: configs with a
+    dict, add_pytorch_models(get_modules(conf)), start(); labml's configs.yaml holds the lazylab items with the
+    dict's keys marked as explicitly specified."""
+    import yaml
+    lazylab.labml.install(engine=False)
+    adapter.configure_lab(tmp_path / 'logs', tmp_path / 'data')
+    labml.experiment.create(name='ported', writers={'file'})
+    conf = Tiny()
+    labml.experiment.configs(conf, {'width': 5})
+    labml.experiment.add_pytorch_models(get_modules(conf))
+    assert adapter.MODELS['net'] is conf.net and conf.net.in_features == 5
+    with labml.experiment.start():
+        assert conf.a == 1
+    saved = yaml.safe_load((adapter.experiment_run().run_path / 'configs.yaml').read_text())
+    assert saved['width']['value'] == 5 and saved['width']['is_explicitly_specified'] is True
+    assert saved['a']['computed'] == 1 and saved['a']['is_explicitly_specified'] is False
+    assert saved['net']['computed'].startswith('Linear(in_features=5')

@@ -33,7 +33,9 @@ TINY_HELPERS = {'d_model': 24}
 
 
 def _env():
-    return dict(os.environ, LABML_DISABLE_GIT='1', PYTHONUNBUFFERED='1',
+    # one torch thread: these models are tiny, and on a shared 2-core machine a second thread mostly waits (the
+    # feedback reference run takes about half the time with one)
+    return dict(os.environ, LABML_DISABLE_GIT='1', PYTHONUNBUFFERED='1', OMP_NUM_THREADS='1',
                 PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get('PYTHONPATH', '')]))
 
 
@@ -242,6 +244,44 @@ def test_options_lists_keys_and_the_scripts_dict(tmp_path):
     assert 'device.use_cuda: bool = True' in lines  # a sub-config given as a class default
     assert "  optimizer.optimizer='Noam'" in lines and '  batch_size=16' in lines
     assert list(tmp_path.iterdir()) == []
+
+
+NOTEBOOK = """
+import lazylab.labml
+lazylab.labml.install()
+from labml import experiment
+from labml_nn.transformers.feedback.experiment import Configs
+from labml_nn.helpers.device import DeviceConfigs
+from lazylab.configs import BaseConfigs, UnknownItemError, explain
+print('LAZYLAB', issubclass(Configs, BaseConfigs), issubclass(DeviceConfigs, BaseConfigs))
+experiment.create(name='notebook', writers=set())
+conf = Configs()
+try:
+    experiment.configs(conf, {'d_model': 16, 'optimizr.learning_rate': 1e-3})
+except UnknownItemError as e:
+    print('ERROR', e)
+experiment.configs(conf, {'d_model': 16, 'heads': 2})
+print('VALUES', conf.d_model, conf.heads, conf.n_layers, explain(conf)['d_model']['source'])
+"""
+
+
+def test_engine_switch_is_one_library_call(tmp_path):
+    """Issue item 3: the switch for notebooks. labml_nn's classes imported after it are lazylab configs, and labml's
+    experiment API takes them; imported before it, they stay labml's, with one warning."""
+    res = subprocess.run([sys.executable, '-c', NOTEBOOK], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = res.stdout.splitlines()
+    assert 'LAZYLAB True True' in out
+    assert "ERROR Configs has no config item 'optimizr.learning_rate'; did you mean 'optimizer'?" in out
+    assert 'VALUES 16 2 6 override' in out
+    late = subprocess.run([sys.executable, '-c', 'import labml_nn.helpers.device, lazylab.labml\n'
+                           'lazylab.labml.install()\nimport labml_nn.helpers.device as d, labml.configs as c\n'
+                           'print(issubclass(d.DeviceConfigs, c.BaseConfigs))'],
+                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert late.returncode == 0, late.stderr[-3000:]
+    assert late.stdout.split() == ['False']
+    assert late.stderr.count('lazylab: warning:') == 1 and 'labml_nn' in late.stderr
 
 
 # ---- the dashboard ---------------------------------------------------------------------------------------------
