@@ -28,8 +28,9 @@ What :func:`install` does (all of it in :mod:`lazylab.labml.adapter`, the one mo
 - Where torchvision cannot be imported, a placeholder stands in (:mod:`lazylab.labml.placeholders`), so labml_nn's
   text experiments import; using anything from it raises MissingPackageError naming the package.
 - labml 0.5.3's gaps for older labml code are filled: ``experiment.add_pytorch_models`` / ``save_checkpoint``,
-  ``tracker.set_text`` and text values, ``tracker.debug``; ``tracker.add(name, nn.Module)`` is skipped with one
-  notice instead of ``ValueError: Unknown type``.
+  ``tracker.set_text`` and text values, ``tracker.set_queue``, ``tracker.set_image`` (images dropped),
+  ``tracker.debug``; ``tracker.add(name, nn.Module)`` is skipped with one notice instead of
+  ``ValueError: Unknown type``.
 
 :func:`uninstall` puts labml's functions and module back.
 """

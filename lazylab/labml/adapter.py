@@ -29,10 +29,12 @@ in ``tests/labml/test_adapter.py`` (run it after upgrading labml):
 Gaps filled (labml 0.5.3 lacks what the older code calls; each only when missing): ``experiment.add_pytorch_models``
 and ``experiment.save_checkpoint`` (labml_nn's scripts and labml-helpers' training loop), ``tracker.debug``
 (labml_nn's ``MultiHeadAttention``), ``tracker.set_text`` and text values (labml_nn's ``NLPAutoRegressionConfigs``
-samples). ``tracker.add(name, nn.Module)`` (labml-helpers' parameter logging) raises ``ValueError: Unknown type``
+samples), ``tracker.set_queue`` (a moving mean) and ``tracker.set_image`` (images are dropped: labml 0.5 records
+none). ``tracker.add(name, nn.Module)`` (labml-helpers' parameter logging) raises ``ValueError: Unknown type``
 in labml 0.5.3; such values are skipped with one notice.
 """
 import contextlib
+import functools
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,6 +70,7 @@ def switch_configs_module() -> None:
 
 # ---- A1, A2, A3: experiment.configs ------------------------------------------------------------------------------
 
+@functools.cache
 def _labml_processor_class():
     from labml.internal.configs.processor import ConfigProcessor
 
@@ -281,7 +284,7 @@ def metrics_writer(metrics_path: Path, samples_path: Path) -> Any:
                     continue
                 if isinstance(ind, NumericIndicator):
                     record[name] = ind.get_mean()
-                elif isinstance(ind, TextIndicator()):
+                elif isinstance(ind, text_indicator_class()):
                     with open(self.samples_path, 'a', encoding='utf-8') as f:
                         f.write(f'--- step {global_step} {name}\n' + '\n'.join(ind.values) + '\n')
             if record:
@@ -301,13 +304,9 @@ def metrics_writer(metrics_path: Path, samples_path: Path) -> Any:
 
 # ---- gaps between labml 0.5.3 and older labml code ---------------------------------------------------------------
 
-_TEXT_CLASS: list[type] = []
-
-
-def TextIndicator() -> type:  # noqa: N802 (a class, built once labml is imported)
+@functools.cache
+def text_indicator_class() -> type:
     """labml 0.4's text indicator (labml 0.5 dropped it): collects strings, which numeric writers skip (A5)."""
-    if _TEXT_CLASS:
-        return _TEXT_CLASS[0]
     from labml.internal.tracker.indicators import Indicator
 
     class Text(Indicator):
@@ -327,14 +326,65 @@ def TextIndicator() -> type:  # noqa: N802 (a class, built once labml is importe
         def copy(self, key: str):
             return Text(key, self.is_print)
 
-    _TEXT_CLASS.append(Text)
     return Text
 
 
 def set_text(name: str, is_print: bool = False) -> None:
     """labml 0.4's ``tracker.set_text``: values tracked under ``name`` are text (samples)."""
     from labml.internal.tracker import tracker_singleton
-    tracker_singleton().add_indicator(TextIndicator()(name, is_print))
+    tracker_singleton().add_indicator(text_indicator_class()(name, is_print))
+
+
+@functools.cache
+def queue_indicator_class() -> type:
+    """labml 0.4's queue indicator: the mean of the last ``queue_size`` values, kept across saves."""
+    from labml.internal.tracker.indicators.numeric import Scalar
+
+    class Queue(Scalar):
+        def __init__(self, name: str, queue_size: int = 10, is_print: bool = False, options=None):
+            super().__init__(name, is_print, options)
+            self.queue_size = queue_size
+
+        def collect_value(self, value):
+            super().collect_value(value)
+            self._values = [self._merge()[-self.queue_size:]]
+
+        def clear(self):
+            pass  # a queue keeps its last values from one save to the next
+
+        def copy(self, key: str):
+            return Queue(key, self.queue_size, self.is_print, self.options)
+
+    return Queue
+
+
+def set_queue(name: str, queue_size: int = 10, is_print: bool = False) -> None:
+    """labml 0.4's ``tracker.set_queue`` (labml_nn's MNIST optimizer and RL experiments)."""
+    from labml.internal.tracker import tracker_singleton
+    tracker_singleton().add_indicator(queue_indicator_class()(name, queue_size, is_print))
+
+
+def set_image(name: str, is_print: bool = False, density: Optional[float] = None) -> None:
+    """labml 0.4's ``tracker.set_image``: labml 0.5.3 records no images, so values tracked under ``name`` are
+    dropped (a text indicator no writer reads), with one notice."""
+    if 'image' not in _NOTICED:
+        _NOTICED.add('image')
+        print(f'lazylab: notice: labml {_labml_version()} records no images; {name!r} is not recorded',
+              file=sys.stderr, flush=True)
+    from labml.internal.tracker import tracker_singleton
+    tracker_singleton().add_indicator(_dropped_indicator_class()(name, False))
+
+
+@functools.cache
+def _dropped_indicator_class() -> type:
+    class Dropped(text_indicator_class()):
+        def collect_value(self, value):
+            pass
+
+        def copy(self, key: str):
+            return Dropped(key, self.is_print)
+
+    return Dropped
 
 
 _NOTICED: set[str] = set()
@@ -424,6 +474,8 @@ def patch_labml() -> None:
     _replace(experiment, 'save_checkpoint', save_checkpoint, only_if_missing=True)
     _replace(tracker, 'add', _tracker_add)
     _replace(tracker, 'set_text', set_text, only_if_missing=True)
+    _replace(tracker, 'set_queue', set_queue, only_if_missing=True)
+    _replace(tracker, 'set_image', set_image, only_if_missing=True)
     _replace(tracker, 'debug', lambda *args, **kwargs: None, only_if_missing=True)
 
 

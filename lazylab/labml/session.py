@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -229,9 +228,9 @@ class Session:
                 record = json.loads(line)
                 if 'loss.train' in record:
                     losses.append(record['loss.train'])
-        steps = f'{self._limit.count} optimizer steps' if self._limit is not None else 'the script\'s own length'
+        steps = f' after {self._limit.count} optimizer steps' if self._limit is not None else ''
         loss = f'; loss.train {losses[0]:.4f} → {losses[-1]:.4f}' if losses else ''
-        return f'lazylab labml: {self.status or "ended"} after {steps}{loss}; run dir {self.run_dir}'
+        return f'lazylab labml: {self.status or "ended"}{steps}{loss}; run dir {self.run_dir}'
 
 
 def without_class_defaults(conf: Any, values: dict[str, Any]) -> dict[str, Any]:
@@ -257,6 +256,3 @@ def build_addressed_subconfigs(conf: Any) -> None:
     for child in list(st.children.values()):
         build_addressed_subconfigs(child)
 
-
-def stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)

@@ -44,6 +44,9 @@ def labml_state(tmp_path, monkeypatch):
     """labml's experiment, lab and tracker singletons as they were; labml's functions unpatched afterwards."""
     monkeypatch.chdir(tmp_path)
     saved = (labml_experiment._internal, labml_experiment._global_params, labml_lab._internal, labml_tracker._internal)
+    # a fresh lab and tracker: labml's Tracker() consumes the lab's indicator settings (it deletes their
+    # 'class_name'), so a second tracker over a lab an earlier test used would fail
+    adapter.configure_lab(tmp_path / 'logs', tmp_path / 'data')
     labml_tracker._internal = None
     yield
     lazylab.labml.uninstall()
@@ -155,6 +158,25 @@ def test_metrics_writer_gets_every_save_and_start_resets_writers(tmp_path):
     exp = _evaluate_experiment(tmp_path)
     exp.start()
     assert writer not in tracker._Tracker__writers
+
+
+def test_queue_keeps_a_moving_mean_and_images_are_dropped(tmp_path, capsys):
+    """labml 0.4's set_queue / set_image, which labml_nn's MNIST, RL, GAN and diffusion experiments call."""
+    assert not hasattr(labml.tracker, 'set_queue') and not hasattr(labml.tracker, 'set_image')  # labml 0.5.3
+    lazylab.labml.install(engine=False)
+    tracker = labml_tracker.tracker_singleton()
+    writer = adapter.metrics_writer(tmp_path / 'metrics.jsonl', tmp_path / 'samples.txt')
+    tracker.add_writer(writer)
+    labml.tracker.set_queue('reward', 3, True)
+    labml.tracker.set_image('generated', True)
+    for step, reward in enumerate([1.0, 2.0, 3.0, 10.0], 1):
+        labml.tracker.add({'reward': reward, 'generated': torch.zeros(2, 2)})
+        labml.tracker.save(step)
+    writer.close()
+    means = [r['reward'] for r in map(json.loads, (tmp_path / 'metrics.jsonl').read_text().splitlines())]
+    assert means == [1.0, 1.5, 2.0, 5.0]  # the last 3 values: (2 + 3 + 10) / 3
+    assert not (tmp_path / 'samples.txt').exists()
+    assert capsys.readouterr().err.count("records no images; 'generated' is not recorded") == 1
 
 
 def test_text_values_fail_on_plain_labml():
