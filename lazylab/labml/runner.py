@@ -20,6 +20,17 @@ from lazylab.errors import UsageError
 USAGE = ('usage: lazylab labml MODULE [key=value …] [--config FILE] [--options] [--steps N] [--runs-dir DIR] '
          '[--dashboard URL]')
 
+HELP = """Runs a labml experiment module's main() with labml.configs served by lazylab's engine.
+
+  MODULE           a dotted module name (labml_nn.transformers.feedback.experiment) or a .py file
+  key=value        set on top of the script's experiment.configs(conf, {...}); typed and checked first
+  --config FILE    a YAML mapping of settings, or a run's configs.yaml (replays it)
+  --options        list the keys of the script's config class, and what its dict sets
+  --steps N        end training after N optimizer updates
+  --runs-dir DIR   the run directory is DIR/MODULE/RUN_ID (default runs/labml); labml's data is in DIR/data
+  --dashboard URL  stream the run to a labml dashboard (lazylab dashboard)
+"""
+
 # Import names whose pip package is named differently, for the hint of a missing-package error.
 _PIP_NAMES = {'PIL': 'pillow', 'sklearn': 'scikit-learn', 'cv2': 'opencv-python', 'yaml': 'PyYAML'}
 
@@ -140,7 +151,7 @@ def labml_main(argv: Sequence[str]) -> None:
     if args['help'] or args['module'] is None:
         if args['module'] is None and not args['help']:
             raise UsageError(USAGE)
-        print(USAGE + '\n\n' + __doc__.split('\n\n', 1)[1])
+        print(USAGE + '\n\n' + HELP)
         return
     from lazylab.configs import parse_overrides
     overrides = parse_overrides(args['tokens'])  # syntax only; typed against the script's class later

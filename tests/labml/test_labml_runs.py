@@ -234,6 +234,16 @@ def test_unknown_module_names_the_nearest(tmp_path):
                                     "did you mean 'labml_nn.transformers.feedback'?")
 
 
+def test_help_and_usage(capsys):
+    from lazylab.cli import main
+    assert main(['labml', '--help']) == 0
+    out = capsys.readouterr().out
+    assert out.startswith('usage: lazylab labml MODULE [key=value …] [--config FILE] [--options] [--steps N]')
+    assert '--steps N        end training after N optimizer updates' in out
+    assert main(['labml']) == 2
+    assert capsys.readouterr().err.startswith('lazylab: error: usage: lazylab labml MODULE')
+
+
 def test_options_lists_keys_and_the_scripts_dict(tmp_path):
     res = lazylab_labml(tmp_path, NN_MODULES[1], '--options')
     assert res.returncode == 0, res.stderr[-3000:]
