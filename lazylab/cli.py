@@ -5,6 +5,8 @@
     lazylab resume RUN_DIR                                    continue a run from its checkpoint
     lazylab generate RUN_DIR --prompt TEXT --tokens N [--temperature T] [--top-k K] [--seed S]
     lazylab plot RUN_DIR [RUN_DIR …] -o FILE.png              loss against tokens seen, for one or several runs
+    lazylab labml MODULE [key=value …] [--config FILE] [--options] [--steps N] [--runs-dir DIR] [--dashboard URL]
+                                                              run a labml experiment module on lazylab's engine
     lazylab dashboard [--port 5005] [--store DIR] [--host H]  serve the labml dashboard (optional extra)
 
 A mistake the user can fix (unknown key or option, bad value, missing or non-UTF-8 text, damaged checkpoint, a
@@ -69,7 +71,13 @@ def _plot(argv: list[str]) -> None:
     print(f'wrote {plot_runs(a.run_dirs, a.output)}')
 
 
-COMMANDS = {'train': _train, 'options': _options, 'resume': _resume, 'generate': _generate, 'plot': _plot}
+def _labml(argv: list[str]) -> None:
+    from lazylab.labml.runner import labml_main
+    labml_main(argv)
+
+
+COMMANDS = {'train': _train, 'options': _options, 'resume': _resume, 'generate': _generate, 'plot': _plot,
+            'labml': _labml}
 
 
 def main(argv: Optional[list[str]] = None) -> int:

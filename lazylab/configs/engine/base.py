@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import Any, Callable, Optional
 
 from . import overrides
-from .declarations import ItemRef, declare_class
+from .declarations import RESERVED, ItemRef, declare_class
 from .errors import unknown_item
 from .resolver import ACTIVE, compute, reset_explicit
 from .state import State, state_of
@@ -146,6 +146,9 @@ class BaseConfigs:
         state_of(self).update_callback = update_callback
 
     def _get_type(self, item: str) -> Any:
+        # dir() lists set_default beside the items; labml.utils.pytorch.get_modules asks the type of every name in it
+        if item in RESERVED:
+            return None
         return state_of(self).spec.annotations[item]
 
     def _get_computed(self, key: str) -> Any:

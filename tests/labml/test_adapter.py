@@ -1,0 +1,328 @@
+"""Pins each assumption lazylab/labml/adapter.py makes about labml's internals (A1–A8 in its docstring) and each
+labml 0.5.3 gap it fills, in this process: labml's singletons are saved and put back around every test, and
+`lazylab.labml.uninstall()` undoes the patches.
+
+If one of these fails after a labml upgrade, the adapter's matching assumption no longer holds.
+"""
+import importlib.util
+import inspect
+import json
+import sys
+import types
+
+import labml
+import labml.experiment
+import labml.internal.experiment as labml_experiment
+import labml.internal.lab as labml_lab
+import labml.internal.tracker as labml_tracker
+import labml.tracker
+import pytest
+import torch
+from labml.internal.configs.processor import ConfigProcessor, ConfigsSaver
+from labml.internal.experiment.watcher import ExperimentWatcher
+from labml.utils.pytorch import get_modules
+
+import lazylab.labml
+from lazylab.configs import BaseConfigs, UnknownItemError, option
+from lazylab.labml import adapter, placeholders
+
+
+class Tiny(BaseConfigs):
+    a: int = 1
+    b: int = 2
+    net: torch.nn.Linear
+    width: int = 3
+
+
+@option(Tiny.net)
+def _linear(c: Tiny):
+    return torch.nn.Linear(c.width, 1)
+
+
+@pytest.fixture(autouse=True)
+def labml_state(tmp_path, monkeypatch):
+    """labml's experiment, lab and tracker singletons as they were; labml's functions unpatched afterwards."""
+    monkeypatch.chdir(tmp_path)
+    saved = (labml_experiment._internal, labml_experiment._global_params, labml_lab._internal, labml_tracker._internal)
+    # a fresh lab and tracker: labml's Tracker() consumes the lab's indicator settings (it deletes their
+    # 'class_name'), so a second tracker over a lab an earlier test used would fail
+    adapter.configure_lab(tmp_path / 'logs', tmp_path / 'data')
+    labml_tracker._internal = None
+    yield
+    lazylab.labml.uninstall()
+    adapter.SESSION = None
+    adapter.MODELS.clear()
+    labml_experiment._internal, labml_experiment._global_params, labml_lab._internal, labml_tracker._internal = saved
+
+
+def _evaluate_experiment(tmp_path):
+    """A labml experiment that records nothing (labml's `evaluate`), with the lab pointed at tmp_path."""
+    adapter.configure_lab(tmp_path / 'logs', tmp_path / 'data')
+    labml.experiment.evaluate()
+    return labml_experiment.experiment_singleton()
+
+
+class _Collect(ConfigsSaver):
+    def __init__(self):
+        self.saved = []
+
+    def save(self, configs):
+        self.saved.append(json.loads(json.dumps(configs)))
+
+
+def test_labml_alone_refuses_lazylab_configs():
+    """The reason for the adapter: labml.experiment.configs type-checks against labml's own BaseConfigs (A1)."""
+    with pytest.raises(RuntimeError, match='Invalid call to calculate configs'):
+        labml.experiment.configs(Tiny())
+
+
+def test_configs_builds_labml_processor_over_lazylab_config(tmp_path):
+    """A1, A2: the processor labml keeps is a ConfigProcessor whose savers get lazylab's _to_json; computing an
+    item sends the configs again (the update callback); labml's own methods work on it."""
+    lazylab.labml.install(engine=False)
+    exp = _evaluate_experiment(tmp_path)
+    conf = Tiny()
+    labml.experiment.configs(conf, {'a': 5})
+    processor = exp.configs_processor
+    assert isinstance(processor, ConfigProcessor)
+    saver = _Collect()
+    processor.add_saver(saver)  # what Experiment.start() does with labml's file saver and the app's
+    assert saver.saved[-1] == json.loads(json.dumps(conf._to_json()))
+    assert saver.saved[-1]['a']['value'] == 5 and saver.saved[-1]['a']['is_explicitly_specified'] is True
+    assert saver.saved[-1]['b']['is_explicitly_specified'] is False
+    assert conf.b == 2
+    assert saver.saved[-1]['b']['computed'] == 2  # sent again once b was computed
+    assert processor.get_hyperparams() == {'a': 5}  # labml's method: explicitly specified items
+    processor.update_configs({'width': 4})  # labml's second `experiment.configs(dict)` goes here
+    assert conf.width == 4 and processor.get_value('width') == 4
+    assert set(get_modules(conf)) == {'net'} and conf.net.in_features == 4
+
+
+def test_configs_keeps_labml_rules_for_arguments(tmp_path):
+    lazylab.labml.install(engine=False)
+    _evaluate_experiment(tmp_path)
+    with pytest.raises(RuntimeError, match='Invalid call'):
+        labml.experiment.configs(Tiny(), {'a': 1}, 'extra')
+    labml.experiment.configs(Tiny())
+    with pytest.raises(RuntimeError, match='one config object'):
+        labml.experiment.configs(Tiny())
+
+
+def test_unknown_key_is_a_lazylab_error_and_nothing_is_applied(tmp_path):
+    lazylab.labml.install(engine=False)
+    _evaluate_experiment(tmp_path)
+    conf = Tiny()
+    with pytest.raises(UnknownItemError, match="did you mean 'width'"):
+        labml.experiment.configs(conf, {'a': 7, 'widht': 2})
+    assert conf.a == 1
+
+
+def test_global_params_override_the_scripts_dict(tmp_path):
+    """A3: labml's own command-line overrides are merged over the script's dict."""
+    lazylab.labml.install(engine=False)
+    _evaluate_experiment(tmp_path)
+    labml_experiment.global_params_singleton().configs = {'b': 9}
+    conf = Tiny()
+    labml.experiment.configs(conf, {'a': 5, 'b': 3})
+    assert (conf.a, conf.b) == (5, 9)
+    assert conf._to_json()['b']['is_explicitly_specified'] is True
+
+
+def test_lab_settings_survive_set_path_and_absolute_paths_are_kept(tmp_path):
+    """A4."""
+    adapter.configure_lab(tmp_path / 'runs' / 'labml', tmp_path / 'data')
+    labml_lab.lab_singleton().set_path(__file__)  # what experiment.create does with the script's file
+    lab = labml_lab.lab_singleton()
+    assert lab.experiments == (tmp_path / 'runs' / 'labml').resolve()
+    assert lab.data_path == (tmp_path / 'data').resolve()
+    assert lab.path == tmp_path.resolve()
+
+
+def test_metrics_writer_gets_every_save_and_start_resets_writers(tmp_path):
+    """A5: a Writer subclass gets each tracker.save() (means of the numeric indicators, text kept apart);
+    Experiment.start() drops writers added before it."""
+    lazylab.labml.install(engine=False)
+    tracker = labml_tracker.tracker_singleton()
+    writer = adapter.metrics_writer(tmp_path / 'metrics.jsonl', tmp_path / 'samples.txt')
+    tracker.add_writer(writer)
+    labml.tracker.add('loss.train', torch.tensor(2.0))
+    labml.tracker.add('loss.train', 4.0)
+    labml.tracker.add('sampled', 'It is')  # a text value: labml 0.5.3 alone raises `Unknown type`
+    labml.tracker.save(7)
+    labml.tracker.save(8)  # nothing new: no record
+    writer.close()
+    assert [json.loads(line) for line in (tmp_path / 'metrics.jsonl').read_text().splitlines()] == \
+        [{'step': 7, 'loss.train': 3.0}]
+    assert (tmp_path / 'samples.txt').read_text() == '--- step 7 sampled\nIt is\n'
+    tracker.add_writer(writer)
+    exp = _evaluate_experiment(tmp_path)
+    exp.start()
+    assert writer not in tracker._Tracker__writers
+
+
+def test_queue_keeps_a_moving_mean_and_images_are_dropped(tmp_path, capsys):
+    """labml 0.4's set_queue / set_image, which labml_nn's MNIST, RL, GAN and diffusion experiments call."""
+    assert not hasattr(labml.tracker, 'set_queue') and not hasattr(labml.tracker, 'set_image')  # labml 0.5.3
+    lazylab.labml.install(engine=False)
+    tracker = labml_tracker.tracker_singleton()
+    writer = adapter.metrics_writer(tmp_path / 'metrics.jsonl', tmp_path / 'samples.txt')
+    tracker.add_writer(writer)
+    labml.tracker.set_queue('reward', 3, True)
+    labml.tracker.set_image('generated', True)
+    for step, reward in enumerate([1.0, 2.0, 3.0, 10.0], 1):
+        labml.tracker.add({'reward': reward, 'generated': torch.zeros(2, 2)})
+        labml.tracker.save(step)
+    writer.close()
+    means = [r['reward'] for r in map(json.loads, (tmp_path / 'metrics.jsonl').read_text().splitlines())]
+    assert means == [1.0, 1.5, 2.0, 5.0]  # the last 3 values: (2 + 3 + 10) / 3
+    assert not (tmp_path / 'samples.txt').exists()
+    assert capsys.readouterr().err.count("records no images; 'generated' is not recorded") == 1
+
+
+def test_text_values_fail_on_plain_labml():
+    """The gap: labml 0.5.3 has no text indicators (labml_nn's NLP sampling tracks a string)."""
+    assert not hasattr(labml.tracker, 'set_text')
+    with pytest.raises(ValueError, match='Unknown type'):
+        labml_tracker.tracker_singleton().store('sampled', 'text')
+
+
+def test_create_names_the_calling_script(tmp_path):
+    """A6: with the adapter's file in ignore_callers, labml records the file that called experiment.create."""
+    lazylab.labml.install(engine=False)
+    adapter.configure_lab(tmp_path / 'logs', tmp_path / 'data')
+    labml.experiment.create(name='pinned', writers=set())
+    run = adapter.experiment_run()
+    assert run.python_file == __file__
+    assert run.name == 'pinned'
+    assert not (tmp_path / 'logs').exists()  # create writes nothing; start does
+
+
+def test_watcher_statuses_and_step_limit_completes():
+    """A7: labml's watcher finishes with completed / interrupted / crashed; the adapter's watcher turns the step
+    limit into 'completed' and swallows it."""
+    finished = []
+    exp = types.SimpleNamespace(finish=lambda status, details=None: finished.append(status))
+    for exc in (None, KeyboardInterrupt, ValueError):
+        ExperimentWatcher(exp).__exit__(exc, exc() if exc else None, None)
+    assert finished == ['completed', 'interrupted', 'crashed']
+    seen = []
+    watcher = adapter._Watcher(ExperimentWatcher(exp), seen.append)
+    assert watcher.__exit__(adapter.StepLimitReached, adapter.StepLimitReached(3), None) is True
+    assert finished[-1] == 'completed' and seen == [adapter.StepLimitReached]
+    assert not watcher.__exit__(ValueError, ValueError('x'), None)
+    assert finished[-1] == 'crashed'
+
+
+def test_quiet_notices_drop_only_labml_yaml_and_git(capsys):
+    """A8: the notices go through these module globals."""
+    assert 'labml_notice' in inspect.getsource(labml_lab.Lab)
+    assert 'labml_notice' in inspect.getsource(labml_experiment.Experiment.__init__)
+    with adapter.quiet_labml_notices():
+        labml_lab.labml_notice(['.labml.yaml', ' config file could not be found'])
+        labml_experiment.labml_notice(['Not a valid git repository: ', ('/x', None)])
+        labml_lab.labml_notice('something else')
+    out = capsys.readouterr().out
+    assert 'something else' in out and '.labml.yaml' not in out and 'git' not in out
+
+
+def test_gaps_are_filled_only_where_missing(monkeypatch):
+    before = {name: hasattr(labml.experiment, name) for name in ('add_pytorch_models', 'save_checkpoint')}
+    assert before == {'add_pytorch_models': False, 'save_checkpoint': False}  # labml 0.5.3
+    monkeypatch.delattr(labml.tracker, 'debug')  # tests/conftest.py gives labml 0.5.3 one; the adapter must too
+    lazylab.labml.install(engine=False)
+    labml.experiment.add_pytorch_models({'model': torch.nn.Linear(2, 1)})
+    assert list(adapter.MODELS) == ['model']
+    assert labml.tracker.debug('attn', torch.zeros(1)) is None
+    lazylab.labml.uninstall()
+    assert not hasattr(labml.experiment, 'add_pytorch_models') and not hasattr(labml.tracker, 'set_text')
+    assert not hasattr(labml.tracker, 'debug')
+    own = labml.tracker.debug = lambda *a, **k: 'own'
+    lazylab.labml.install(engine=False)
+    assert labml.tracker.debug is own  # an existing function is left alone
+
+
+def test_module_indicator_is_skipped_with_one_notice(capsys):
+    with pytest.raises(ValueError, match='Unknown type'):  # labml 0.5.3 itself
+        labml_tracker.tracker_singleton().store('model', torch.nn.Linear(2, 1))
+    lazylab.labml.install(engine=False)
+    labml.tracker.add('model', torch.nn.Linear(2, 1))
+    labml.tracker.add({'model': torch.nn.Linear(2, 1), 'loss.x': 1.0})
+    err = capsys.readouterr().err
+    assert err.count('lazylab: notice:') == 1 and "tracker.add('model', <Linear>)" in err
+    assert 'loss.x' in labml_tracker.tracker_singleton().indicators
+    assert 'model' not in labml_tracker.tracker_singleton().indicators
+
+
+def test_switch_serves_labml_configs_from_lazylab_and_uninstall_restores():
+    """Code importing labml.configs under the switch declares lazylab configs, labml's class methods included."""
+    import labml.configs as labml_configs_before
+    lazylab.labml.install()
+    assert lazylab.labml.is_installed() and labml.configs is sys.modules['labml.configs']
+    source = ('from labml.configs import BaseConfigs, option, aggregate, ConfigsError\n'
+              'class C(BaseConfigs):\n    x: int = 1\n    y: int\n    mode: str = "plain"\n'
+              '@C.calc(C.y)\ndef _y(c): return c.x + 1\n'
+              'C.aggregate(C.mode, "big", (C.x, 10))\n')
+    scope: dict = {}
+    exec(compile(source, '<switched>', 'exec'), scope)
+    conf = scope['C']()
+    conf._set_values({'mode': 'big'})
+    assert getattr(type(conf), '_lazylab_is_configs', False) and (conf.x, conf.y) == (10, 11)
+    assert scope['ConfigsError'] is labml_configs_before.ConfigsError  # other names: labml's own
+    with pytest.raises(UnknownItemError):
+        conf._set_values({'z': 1})
+    lazylab.labml.uninstall()
+    assert sys.modules['labml.configs'] is labml_configs_before and labml.configs is labml_configs_before
+
+
+def test_placeholder_imports_and_fails_on_use():
+    # `make install` has no torchvision (the registry's wheels need a CUDA torch), the case the placeholder is for
+    assert importlib.util.find_spec('torchvision') is None, 'torchvision is installed here; this test expects none'
+    assert placeholders.install_placeholder('torchvision')
+    from torchvision import datasets, transforms
+    assert isinstance(transforms.Compose, type) and repr(datasets.MNIST).startswith('<placeholder')
+    import torchvision.transforms.functional as tf  # submodules at any depth import too (labml_nn.unet)
+    with pytest.raises(placeholders.MissingPackageError, match='torchvision.transforms.Compose needs torchvision'):
+        transforms.Compose([])
+    with pytest.raises(placeholders.MissingPackageError, match='^torchvision.transforms.functional.center_crop '):
+        tf.center_crop(torch.zeros(1), [1])
+    placeholders.remove_placeholders()
+    assert not any(name.split('.')[0] == 'torchvision' for name in sys.modules)
+    with pytest.raises(ModuleNotFoundError):
+        import torchvision  # noqa: F401
+
+
+def test_save_checkpoint_writes_each_added_model(tmp_path):
+    """labml 0.4's checkpoint layout in labml's run folder: checkpoints/GLOBAL_STEP/NAME.pth."""
+    lazylab.labml.install(engine=False)
+    adapter.configure_lab(tmp_path / 'logs', tmp_path / 'data')
+    labml.experiment.create(name='ckpt', writers=set())
+    model = torch.nn.Linear(3, 2)
+    labml.experiment.add_pytorch_models(model=model)
+    labml.experiment.save_checkpoint()  # not started: nothing to write into
+    assert not (tmp_path / 'logs').exists()
+    with labml.experiment.start():
+        labml.tracker.set_global_step(12)
+        labml.experiment.save_checkpoint()
+    path = adapter.experiment_run().run_path / 'checkpoints' / '12' / 'model.pth'
+    state = torch.load(path, weights_only=True)
+    assert set(state) == {'weight', 'bias'} and torch.equal(state['weight'], model.weight.detach())
+
+
+def test_lazylab_script_on_labml_experiment_api_saves_configs_in_labml_run(tmp_path):
+    """Issue item 1: a script that imports lazylab.configs directly runs on labml's experiment API: configs with a
+    dict, add_pytorch_models(get_modules(conf)), start(); labml's configs.yaml holds the lazylab items with the
+    dict's keys marked as explicitly specified."""
+    import yaml
+    lazylab.labml.install(engine=False)
+    adapter.configure_lab(tmp_path / 'logs', tmp_path / 'data')
+    labml.experiment.create(name='ported', writers={'file'})
+    conf = Tiny()
+    labml.experiment.configs(conf, {'width': 5})
+    labml.experiment.add_pytorch_models(get_modules(conf))
+    assert adapter.MODELS['net'] is conf.net and conf.net.in_features == 5
+    with labml.experiment.start():
+        assert conf.a == 1
+    saved = yaml.safe_load((adapter.experiment_run().run_path / 'configs.yaml').read_text())
+    assert saved['width']['value'] == 5 and saved['width']['is_explicitly_specified'] is True
+    assert saved['a']['computed'] == 1 and saved['a']['is_explicitly_specified'] is False
+    assert saved['net']['computed'].startswith('Linear(in_features=5')
