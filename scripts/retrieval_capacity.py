@@ -10,7 +10,8 @@ evaluation loss of 0.001 or after `--max-steps`; its final `loss.valid` (from me
     python scripts/retrieval_capacity.py --quick               # a tiny smoke run (S = 4; 30 steps)
     python scripts/retrieval_capacity.py --variants 'ν=1'      # only the variants whose label has 'ν=1'
 
-It prints one row per run and the wall time, and writes the numbers beside the PNG (retrieval_capacity.json).
+It prints one row per run and the wall time, and writes the numbers beside the PNG (retrieval_capacity.json,
+after every run): started again with the same --max-steps, it runs only what that file lacks.
 """
 import argparse
 import json
@@ -86,24 +87,33 @@ def main(argv=None):
             for n in args.s1 if args.variants in label]
     plan += [('setting 2: 2S pairs with replacement', label, keys, n) for label, keys in SETTING_2.items()
              for n in args.s2 if args.variants in label]
-    results: dict = {}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    numbers = out.with_suffix('.json')
+    # runs already in the numbers file (same max_steps) are kept, not run again: an interrupted sweep goes on
+    done = json.loads(numbers.read_text()) if numbers.is_file() else {}
+    results: dict = done.get('results', {}) if done.get('max_steps') == args.max_steps else {}
+    seconds = done.get('run_seconds', 0.0) if results else 0.0
+    plan = [p for p in plan if str(p[3]) not in results.get(p[0], {}).get(p[1], {})]
     with tempfile.TemporaryDirectory() as runs_dir, ThreadPoolExecutor(args.jobs) as pool:
         futures = [(setting, label, n, pool.submit(run_one, keys, n, args.max_steps, runs_dir))
                    for setting, label, keys, n in plan]
         for setting, label, n, future in futures:
             r = future.result()
             results.setdefault(setting, {}).setdefault(label, {})[str(n)] = r
+            seconds += r['seconds']
+            numbers.write_text(json.dumps({'max_steps': args.max_steps, 'run_seconds': seconds,
+                                           'results': results}, indent=1) + '\n')
             print(f"{setting[:9]}  {label:<28} S={n:<4} loss {r['loss']:.4f}  accuracy {r['accuracy']:.3f}  "
                   f"steps {r['step']:<5} {r['seconds']:.0f} s", flush=True)
     minutes = (time.time() - started) / 60
     note = (f'lazylab retrieval capacity sweep: hidden 64, batch 32, Adam 1e-3, stop at 0.001 or {args.max_steps} '
-            f'steps; {minutes:.0f} min on {args.jobs} CPU processes')
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+            f'steps; runs took {seconds / 60:.0f} CPU-process minutes ({minutes:.0f} min wall now, {args.jobs} '
+            f'at a time)')
     plot(results, out, note)
-    out.with_suffix('.json').write_text(json.dumps({'note': note, 'max_steps': args.max_steps, 'results': results},
-                                                   indent=1) + '\n')
-    print(f'{note}\nwrote {out} and {out.with_suffix(".json")}')
+    numbers.write_text(json.dumps({'note': note, 'max_steps': args.max_steps, 'run_seconds': seconds,
+                                   'results': results}, indent=1) + '\n')
+    print(f'{note}\nwrote {out} and {numbers}')
 
 
 if __name__ == '__main__':

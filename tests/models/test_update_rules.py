@@ -3,7 +3,8 @@
 gradcheck, carries its state over segments, and generates one step per token; the sum rule's kernels against
 each other and a hand-worked case; and the kernels in bfloat16 autocast against float64 at seq_len 4096.
 
-Tolerances are relative: max |ours − reference| ≤ tol · max |reference|.
+Tolerances are relative: max |ours − reference| ≤ tol · max |reference| (for float32 gradients, at least 1 % of the
+run's largest gradient stands in for a smaller max |reference|).
 """
 import copy
 import functools
@@ -72,8 +73,8 @@ def run(module, x, state):
     return y.detach(), new_state.detach(), grads
 
 
-def assert_rel_close(actual, expected, tol, what):
-    scale = expected.abs().max().clamp_min(1e-30)
+def assert_rel_close(actual, expected, tol, what, floor=1e-30):
+    scale = expected.abs().max().clamp_min(floor)
     err = (actual - expected).abs().max()
     assert err <= tol * scale, f"{what}: max error {err:.3g} > {tol} × {scale:.3g}"
 
@@ -113,8 +114,11 @@ def test_chunked_and_step_kernels_equal_the_loop_forward_and_backward(combo, seq
         assert_rel_close(y, y_ref, TOL[dtype], f'{what} y')
         assert_rel_close(s, s_ref, TOL[dtype], f'{what} state')
         assert set(g) == set(g_ref)
+        # a gradient that is small by cancellation carries the rounding of the large terms that cancel: in float32
+        # each is measured against at least 1 % of the largest gradient of the run
+        floor = 0.01 * max(float(t.abs().max()) for t in g_ref.values()) if dtype == torch.float32 else 1e-30
         for name in g_ref:
-            assert_rel_close(g[name], g_ref[name], TOL[dtype], f'{what} grad {name}')
+            assert_rel_close(g[name], g_ref[name], TOL[dtype], f'{what} grad {name}', floor)
 
 
 @pytest.mark.parametrize('kernel', ['chunked', 'step'])

@@ -10,7 +10,9 @@ rule, as the authors' code offers it.
 
 The normaliser z is carried with the fast weights: a module that normalises keeps the state as one tensor
 [batch, heads, d_v + 1, d_dot] whose last row is z (`split_state` / `join_state`), so the transformer's per-layer
-state stays one tensor per layer.
+state stays one tensor per layer. With the sum rule, z is the sum rule itself run with v = 1: the modules append a
+column of ones to v, so that the kernel's state is [W; z] and its last output column zᵢ · qᵢ
+(`divide_by_last_column`); with the delta rule, `normalise_by_attention` sums z beside it.
 
 Precision: z and the denominators are float32 (float64 for float64 inputs), also under autocast.
 """
@@ -20,7 +22,7 @@ import torch
 
 from lazylab.models.fast_weights.delta_rule import exact_dtype
 
-__all__ = ['normalise_by_attention', 'split_state', 'join_state']
+__all__ = ['normalise_by_attention', 'divide_by_last_column', 'split_state', 'join_state']
 
 
 def normalise_by_attention(y: torch.Tensor, q: torch.Tensor, k: torch.Tensor, z: Optional[torch.Tensor],
@@ -44,6 +46,13 @@ def normalise_by_attention(y: torch.Tensor, q: torch.Tensor, k: torch.Tensor, z:
     if k.shape[0] == 0:
         return y, z.to(exact) if z is not None else k.new_zeros(k.shape[1:], dtype=exact)
     return y, sums[-1]
+
+
+def divide_by_last_column(y: torch.Tensor, eps: float) -> torch.Tensor:
+    """[..., d_v + 1] → [..., d_v]: the first d_v columns over (the last one + eps), i.e. yᵢ / (zᵢ · qᵢ + eps) for
+    the output of the sum rule run with v extended by a 1."""
+    exact = exact_dtype(y.dtype)
+    return (y[..., :-1].to(exact) / (y[..., -1:].to(exact) + eps)).to(y.dtype)
 
 
 def split_state(state: Optional[torch.Tensor]) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:

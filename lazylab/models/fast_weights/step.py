@@ -24,7 +24,12 @@ from torch import nn
 from lazylab.models._torch_compat import global_forward_hooks_registered
 from lazylab.models.fast_weights.delta_rule import delta_rule_step_unchecked
 from lazylab.models.fast_weights.feature_maps import DPFP, Favor, LinearElu
-from lazylab.models.fast_weights.normalization import join_state, normalise_by_attention, split_state
+from lazylab.models.fast_weights.normalization import (
+    divide_by_last_column,
+    join_state,
+    normalise_by_attention,
+    split_state,
+)
 from lazylab.models.fast_weights.sum_rule import sum_rule_step_unchecked
 from lazylab.models.feed_forward import FeedForward
 from lazylab.models.mha import PrepareForMultiHeadAttention
@@ -140,15 +145,19 @@ def layer_step_function(layer: nn.Module) -> Optional[LayerStepFunction]:
         if state is not None and state.shape != (x.shape[0], heads, rows, key.shape[-1]):
             raise ValueError(f"fast-weights state must be [batch_size, heads, {'d_k + 1' if normalise else 'd_k'}, "
                              f"d_dot] = {(x.shape[0], heads, rows, key.shape[-1])}; got {tuple(state.shape)}")
-        weights, z = split_state(state) if normalise else (state, None)
-        if delta:
+        if normalise and not delta:  # as the module: z is the sum rule's row for a value of 1
+            value = torch.cat([value, value.new_ones(*value.shape[:-1], 1)], dim=-1)
+            y, state = sum_rule_step_unchecked(query, key, value, state)
+            y = divide_by_last_column(y, eps)
+        elif delta:
+            weights, z = split_state(state) if normalise else (state, None)
             y, weights = delta_rule_step_unchecked(query, key, value, beta.unsqueeze(-1), weights)
+            if normalise:  # the module path's normaliser on a sequence of one token: the same operations
+                y, z = normalise_by_attention(y.unsqueeze(0), query.unsqueeze(0), key.unsqueeze(0), z, eps)
+                y, weights = y[0], join_state(weights, z)
+            state = weights
         else:
-            y, weights = sum_rule_step_unchecked(query, key, value, weights)
-        if normalise:  # the module path's normaliser on a sequence of one token: the same operations
-            y, z = normalise_by_attention(y.unsqueeze(0), query.unsqueeze(0), key.unsqueeze(0), z, eps)
-            y, weights = y[0], join_state(weights, z)
-        state = weights
+            y, state = sum_rule_step_unchecked(query, key, value, state)
         x = x + linear(y.reshape(x.shape), out_w, out_b)
         hidden = linear(torch.layer_norm(x, *norm_args), w1, b1).relu_()
         return x + linear(hidden, w2, b2), state
