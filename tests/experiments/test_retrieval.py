@@ -211,3 +211,29 @@ def test_fast_weights_experiment_trains_in_bfloat16(tmp_path):
     valid = [r['loss.valid'] for r in read_metrics(next((runs / 'fast_weights').iterdir()) / 'metrics.jsonl')
              if 'loss.valid' in r]
     assert len(valid) == 3 and valid[-1] < valid[0] < 4.3
+
+
+def test_readme_fast_weights_variant_command_trains(tmp_path):
+    # README: lazylab train fast_weights fast_weights.phi=favor fast_weights.update_rule=sum (tiny sizes)
+    runs = tmp_path / 'runs'
+    tiny = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_size=4', 'max_steps=20',
+            'valid_interval=10', 'valid_batches=2', 'final_valid_batches=2', 'sample_tokens=8', 'device=cpu',
+            'threads=1', 'optimizer.learning_rate=0.01', 'optimizer.warmup=5']
+    threads = torch.get_num_threads()
+    try:
+        with redirect_stdout(io.StringIO()):
+            assert cli.main(['train', 'fast_weights', 'fast_weights.phi=favor', 'fast_weights.update_rule=sum',
+                             *tiny, f'runs_dir={runs}']) == 0
+    finally:
+        torch.set_num_threads(threads)
+    valid = [r['loss.valid'] for r in read_metrics(next((runs / 'fast_weights').iterdir()) / 'metrics.jsonl')
+             if 'loss.valid' in r]
+    assert len(valid) == 2 and valid[1] < valid[0]
+
+
+def test_options_lists_the_retrieval_keys(capsys):
+    assert cli.main(['options', 'retrieval']) == 0
+    out = capsys.readouterr().out
+    for key in ('n_keys', 'replace', 'phi', 'nu', 'favor_features', 'update_rule', 'hidden_size', 'stop_loss',
+                'max_steps'):
+        assert f'\n{key}' in out or out.startswith(key) or f' {key} ' in out, key
