@@ -117,25 +117,28 @@ def bench_rules(seq_len, batch, d_model, heads, chunk_size, reps):
                    f"{heads} heads {conditions(reps)}", rates, 'tok/s')
 
 
-def bench_training(seq_lens, batch, sizes, nu, chunk_size, reps, ref_max_len):
+def bench_training(seq_lens, batch, sizes, nu, chunk_sizes, reps, ref_max_len):
     d_model, heads, d_ff, n_layers = sizes
     for seq_len in seq_lens:
         torch.manual_seed(0)
         theirs = build_fast_weights(ref, RefFeedForward, *sizes, nu)
-        mine = build_fast_weights(ours, FeedForward, *sizes, nu, chunk_size=chunk_size)
-        mine.load_state_dict(theirs.state_dict())
-        softmax = AutoregressiveModel(N_VOCAB, d_model, CausalSoftmaxTransformer(*sizes))
         models = {}
         if seq_len <= ref_max_len:
             models['labml_nn fast weights'] = theirs
-        models[f'lazylab fast weights, chunked ({chunk_size})'] = mine
-        models['softmax transformer (lazylab)'] = softmax
+        for chunk_size in chunk_sizes:
+            mine = build_fast_weights(ours, FeedForward, *sizes, nu, chunk_size=chunk_size)
+            mine.load_state_dict(theirs.state_dict())
+            models[f'lazylab fast weights, chunked ({chunk_size})'] = mine
+        softmax_model = AutoregressiveModel(N_VOCAB, d_model, CausalSoftmaxTransformer(*sizes))
+        models['softmax transformer (lazylab)'] = softmax_model
         rates = median_rates({n: train_step(m, seq_len, batch, N_VOCAB) for n, m in models.items()}, reps,
                              seq_len * batch)
         report(f"fast weights training (forward+loss+backward+Adam), seq_len {seq_len}, batch {batch}, d_model "
                f"{d_model}, {heads} heads, d_ff {d_ff}, {n_layers} layers, nu {nu} {conditions(reps)}", rates, 'tok/s')
-        names = list(rates)
-        print(f"  -> lazylab fast weights / softmax transformer: {rates[names[-2]] / rates[names[-1]]:.2f}x")
+        softmax = rates['softmax transformer (lazylab)']
+        for name, rate in rates.items():
+            if name.startswith('lazylab'):
+                print(f"  -> {name} / softmax transformer: {rate / softmax:.2f}x")
 
 
 def bench_generation(prompt_len, new_tokens, sizes, nu, reps):
@@ -171,6 +174,8 @@ def main(argv=None):
     add_common_options(parser)
     parser.add_argument('--seq-lens', type=int, nargs='+', default=[128, 256, 512, 1024])
     parser.add_argument('--chunk-size', type=int, default=ours.DEFAULT_CHUNK_SIZE)
+    parser.add_argument('--training-chunk-sizes', type=int, nargs='+', default=None,
+                        help='chunk sizes of the training comparison (default: --chunk-size)')
     parser.add_argument('--ref-max-len', type=int, default=1024,
                         help='skip the (slow) labml_nn token loop above this seq_len')
     parser.add_argument('--skip', nargs='*', default=[], choices=['attention', 'training', 'generation', 'rules'])
@@ -184,7 +189,8 @@ def main(argv=None):
     if 'attention' not in args.skip:
         bench_attention(seq_lens, batch, sizes[0], sizes[1], nu, args.chunk_size, reps, args.ref_max_len)
     if 'training' not in args.skip:
-        bench_training(seq_lens, batch, sizes, nu, args.chunk_size, reps, args.ref_max_len)
+        bench_training(seq_lens, batch, sizes, nu, args.training_chunk_sizes or [args.chunk_size], reps,
+                       args.ref_max_len)
     if 'generation' not in args.skip:
         bench_generation(*gen, sizes, nu, reps)
     if 'rules' not in args.skip:

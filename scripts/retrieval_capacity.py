@@ -28,6 +28,9 @@ SETTING_1 = {  # label → keys (the sum rule, the authors' normalisations: atte
     'DPFP ν=2, d_dot 256': ['phi=dpfp', 'nu=2'],
     'DPFP ν=3, d_dot 384': ['phi=dpfp', 'nu=3'],
     'FAVOR+ m=64, d_dot 128': ['phi=favor', 'favor_features=64'],
+    # the raw FAVOR+ features exp(−‖x‖²/2 ± ωᵀx) / √2m underflow in float32 for the key sizes this model starts
+    # with (its ½‖x‖² is ~70): sum-normalised, they are a softmax over ±ωᵀx and cannot underflow
+    'FAVOR+ m=64 sum-normalised': ['phi=favor', 'favor_features=64', 'sum_normalization=true'],
 }
 SETTING_2 = {  # setting 2: 2S pairs with replacement
     'sum rule, DPFP ν=1': ['replace=true', 'phi=dpfp', 'nu=1', 'update_rule=sum'],
