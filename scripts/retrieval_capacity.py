@@ -111,12 +111,11 @@ def main(argv=None):
                   f"steps {r['step']:<5} {r['seconds']:.0f} s", flush=True)
     minutes = (time.time() - started) / 60
     note = (f'lazylab retrieval capacity sweep: hidden 64, batch 32, Adam 1e-3, stop at 0.001 or {args.max_steps} '
-            f'steps; runs took {seconds / 60:.0f} CPU-process minutes ({minutes:.0f} min wall now, {args.jobs} '
-            f'at a time)')
+            f'steps; the runs took {seconds / 60:.0f} process-minutes (1 thread each)')
     plot(results, out, note)
     numbers.write_text(json.dumps({'note': note, 'max_steps': args.max_steps, 'run_seconds': seconds,
                                    'results': results}, indent=1) + '\n')
-    print(f'{note}\nwrote {out} and {numbers}')
+    print(f'{note}; {len(plan)} runs in {minutes:.1f} min wall now\nwrote {out} and {numbers}')
 
 
 if __name__ == '__main__':
