@@ -9,7 +9,10 @@ round-robin so that load on the machine hits them alike):
    (65 tokens) around: labml_nn's `FastWeightsAttentionTransformer`, ours (chunked), and a softmax transformer
    of the same size (lazylab's pre-norm `TransformerLayer`s with causal `MultiHeadAttention`);
 3. generation: 128 new tokens after a 16-token prompt, batch 1, greedy: labml_nn's re-run-the-whole-prefix
-   sampling vs ours with the fast weights carried (`generate`: one `step_function` call per token).
+   sampling vs ours with the fast weights carried (`generate`: one `step_function` call per token);
+4. `rules`: every feature map × update rule (DPFP ν=1, ELU + 1, FAVOR+ m=32 × delta, sum with attention
+   normalisation), `FastWeightsAttention` forward + backward: the token loop (`kernel='loop'`) vs the chunked
+   kernel, at seq_len 256 (the first of --seq-lens unless --rules-seq-len).
 
     python benchmarks/fast_weights.py            # d_model 128, 4 heads, d_ff 512, 4 layers, ν 1, batch 16,
                                                  # seq_len 128, 256, 512, 1024
@@ -89,25 +92,53 @@ def bench_attention(seq_lens, batch, d_model, heads, nu, chunk_size, reps, ref_m
                f"{heads} heads, nu {nu} {conditions(reps)}", rates, 'tok/s')
 
 
-def bench_training(seq_lens, batch, sizes, nu, chunk_size, reps, ref_max_len):
+def bench_rules(seq_len, batch, d_model, heads, chunk_size, reps):
+    """Loop vs chunked for every feature map × update rule (no labml_nn: it has only DPFP with the delta rule)."""
+    d_k = d_model // heads
+    for phi_name in ours.FEATURE_MAPS:
+        for rule in ours.UPDATE_RULES:
+            def build(kernel, phi_name=phi_name, rule=rule):
+                torch.manual_seed(0)
+                phi = ours.make_feature_map(phi_name, d_k, nu=1, features=32)
+                return ours.FastWeightsAttention(heads, d_model, 0.0, phi, kernel=kernel, chunk_size=chunk_size,
+                                                 update_rule=rule, attention_normalization=rule == 'sum')
+            loop, chunked = build('loop'), build('chunked')
+            x = torch.randn(seq_len, batch, d_model, requires_grad=True)
+
+            def fwd_bwd(module, x=x):
+                def run():
+                    module(x).sum().backward()
+                return run
+
+            rates = median_rates({'lazylab loop': fwd_bwd(loop), f'lazylab chunked ({chunk_size})': fwd_bwd(chunked)},
+                                 reps, seq_len * batch)
+            report(f"{phi_name} × {rule} rule{' (attention-normalised)' if rule == 'sum' else ''}, "
+                   f"FastWeightsAttention forward+backward, seq_len {seq_len}, batch {batch}, d_model {d_model}, "
+                   f"{heads} heads {conditions(reps)}", rates, 'tok/s')
+
+
+def bench_training(seq_lens, batch, sizes, nu, chunk_sizes, reps, ref_max_len):
     d_model, heads, d_ff, n_layers = sizes
     for seq_len in seq_lens:
         torch.manual_seed(0)
         theirs = build_fast_weights(ref, RefFeedForward, *sizes, nu)
-        mine = build_fast_weights(ours, FeedForward, *sizes, nu, chunk_size=chunk_size)
-        mine.load_state_dict(theirs.state_dict())
-        softmax = AutoregressiveModel(N_VOCAB, d_model, CausalSoftmaxTransformer(*sizes))
         models = {}
         if seq_len <= ref_max_len:
             models['labml_nn fast weights'] = theirs
-        models[f'lazylab fast weights, chunked ({chunk_size})'] = mine
-        models['softmax transformer (lazylab)'] = softmax
+        for chunk_size in chunk_sizes:
+            mine = build_fast_weights(ours, FeedForward, *sizes, nu, chunk_size=chunk_size)
+            mine.load_state_dict(theirs.state_dict())
+            models[f'lazylab fast weights, chunked ({chunk_size})'] = mine
+        softmax_model = AutoregressiveModel(N_VOCAB, d_model, CausalSoftmaxTransformer(*sizes))
+        models['softmax transformer (lazylab)'] = softmax_model
         rates = median_rates({n: train_step(m, seq_len, batch, N_VOCAB) for n, m in models.items()}, reps,
                              seq_len * batch)
         report(f"fast weights training (forward+loss+backward+Adam), seq_len {seq_len}, batch {batch}, d_model "
                f"{d_model}, {heads} heads, d_ff {d_ff}, {n_layers} layers, nu {nu} {conditions(reps)}", rates, 'tok/s')
-        names = list(rates)
-        print(f"  -> lazylab fast weights / softmax transformer: {rates[names[-2]] / rates[names[-1]]:.2f}x")
+        softmax = rates['softmax transformer (lazylab)']
+        for name, rate in rates.items():
+            if name.startswith('lazylab'):
+                print(f"  -> {name} / softmax transformer: {rate / softmax:.2f}x")
 
 
 def bench_generation(prompt_len, new_tokens, sizes, nu, reps):
@@ -143,9 +174,12 @@ def main(argv=None):
     add_common_options(parser)
     parser.add_argument('--seq-lens', type=int, nargs='+', default=[128, 256, 512, 1024])
     parser.add_argument('--chunk-size', type=int, default=ours.DEFAULT_CHUNK_SIZE)
+    parser.add_argument('--training-chunk-sizes', type=int, nargs='+', default=None,
+                        help='chunk sizes of the training comparison (default: --chunk-size)')
     parser.add_argument('--ref-max-len', type=int, default=1024,
                         help='skip the (slow) labml_nn token loop above this seq_len')
-    parser.add_argument('--skip', nargs='*', default=[], choices=['attention', 'training', 'generation'])
+    parser.add_argument('--skip', nargs='*', default=[], choices=['attention', 'training', 'generation', 'rules'])
+    parser.add_argument('--rules-seq-len', type=int, default=256, help='seq_len of the rules comparison')
     args = parser.parse_args(argv)
     configure(args, ref is not None)
     if args.quick:
@@ -155,9 +189,12 @@ def main(argv=None):
     if 'attention' not in args.skip:
         bench_attention(seq_lens, batch, sizes[0], sizes[1], nu, args.chunk_size, reps, args.ref_max_len)
     if 'training' not in args.skip:
-        bench_training(seq_lens, batch, sizes, nu, args.chunk_size, reps, args.ref_max_len)
+        bench_training(seq_lens, batch, sizes, nu, args.training_chunk_sizes or [args.chunk_size], reps,
+                       args.ref_max_len)
     if 'generation' not in args.skip:
         bench_generation(*gen, sizes, nu, reps)
+    if 'rules' not in args.skip:
+        bench_rules(16 if args.quick else args.rules_seq_len, batch, sizes[0], sizes[1], args.chunk_size, reps)
 
 
 if __name__ == '__main__':

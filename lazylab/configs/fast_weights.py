@@ -2,8 +2,15 @@
 
 The defaults are those of labml-nn 0.5.1's fast-weights experiment (d_model 512, 8 heads, d_ff 2048, 6 layers,
 no dropout, ν = 1); `model` builds the same `AutoregressiveModel` as its `'fast_weights_transformer'` option, so
-from the same seed the state dicts are equal. Added: how the delta rule is computed (`kernel`, `chunk_size`;
-results are equal whichever is chosen) and a `'token_wise'` option for `transformer` (labml-nn's token-wise model).
+from the same seed the state dicts are equal. Added: how the update rule is computed (`kernel`, `chunk_size`;
+results are equal whichever is chosen), a `'token_wise'` option for `transformer` (labml-nn's token-wise model),
+and the paper's variants (Schlag, Irie & Schmidhuber 2021, sections 4-5) as options:
+
+    phi                      'dpfp' (with nu; labml_nn's), 'linear' (ELU + 1), 'favor' (FAVOR+, favor_features m)
+                             — an option item: register another with @option(FastWeightsConfigs.phi, 'name')
+    sum_normalization        φ' = φ / (Σφ + eps) (default True, as DPFP has it in labml_nn)
+    update_rule              'delta' (default) or 'sum' (no β)
+    attention_normalization  yᵢ / (zᵢ · φ'(qᵢ)), zᵢ = Σ_{j≤i} φ'(kⱼ) (default False)
 
     conf = FastWeightsConfigs()
     conf._set_values({'n_tokens': 65, 'd_model': 128, 'heads': 4, 'd_ff': 512, 'n_layers': 4, 'nu': 2,
@@ -33,8 +40,13 @@ class FastWeightsConfigs(BaseConfigs):
     n_layers: PositiveInt = 6  # transformer layers
     dropout: Probability = 0.0  # on attention and FFN outputs (and the FFN hidden layer)
     nu: PositiveInt = 1  # ν of the DPFP feature map: d_dot = 2 · (d_model / heads) · ν
-    kernel: Literal['chunked', 'loop', 'step'] = 'chunked'  # delta rule: chunked (fast), loop (reference)
+    kernel: Literal['chunked', 'loop', 'step'] = 'chunked'  # update rule: chunked (fast), loop (reference)
     chunk_size: PositiveInt = fast_weights.DEFAULT_CHUNK_SIZE  # tokens per chunk for 'chunked'
+    phi: nn.Module = 'dpfp'  # feature map φ': dpfp (labml_nn's), linear (ELU + 1) or favor (FAVOR+)
+    favor_features: PositiveInt = 64  # m, random features of FAVOR+ (d_dot = 2m)
+    sum_normalization: bool = True  # φ' = φ / (Σ φ + eps) after the feature map
+    update_rule: Literal['delta', 'sum'] = 'delta'  # delta rule (with β) or the sum rule (linear attention)
+    attention_normalization: bool = False  # divide the read-out by zᵢ · φ'(qᵢ), zᵢ = Σ φ'(kⱼ)
 
     ffn: FeedForwardConfigs
     transformer: nn.Module = 'default'  # 'default' (whole sequence) or 'token_wise' (labml_nn's token-wise)
@@ -46,11 +58,33 @@ def _ffn_configs(c: FastWeightsConfigs):
     return feed_forward_configs(c, ('d_model', 'd_ff', 'dropout'))
 
 
+@option(FastWeightsConfigs.phi, 'dpfp')
+def _dpfp(c: FastWeightsConfigs):
+    """DPFP with ν = nu (Schlag et al. 2021, section 4.2)."""
+    return fast_weights.DPFP(nu=c.nu, sum_normalization=c.sum_normalization)
+
+
+@option(FastWeightsConfigs.phi, 'linear')
+def _linear_elu(c: FastWeightsConfigs):
+    """ELU(x) + 1 (Katharopoulos et al. 2020)."""
+    return fast_weights.LinearElu(sum_normalization=c.sum_normalization)
+
+
+@option(FastWeightsConfigs.phi, 'favor')
+def _favor(c: FastWeightsConfigs):
+    """FAVOR+ with favor_features random features, drawn from torch's generator (the run's seed) when built."""
+    return fast_weights.Favor(c.d_model // c.heads, c.favor_features, sum_normalization=c.sum_normalization)
+
+
+def _rule_kwargs(c: FastWeightsConfigs) -> dict:
+    return {'update_rule': c.update_rule, 'attention_normalization': c.attention_normalization}
+
+
 @option(FastWeightsConfigs.transformer, 'default')
 def _fast_weights_transformer(c: FastWeightsConfigs):
     m = fast_weights
-    attn = m.FastWeightsAttention(c.heads, c.d_model, c.dropout, m.DPFP(nu=c.nu), kernel=c.kernel,
-                                  chunk_size=c.chunk_size)
+    attn = m.FastWeightsAttention(c.heads, c.d_model, c.dropout, c.phi, kernel=c.kernel,
+                                  chunk_size=c.chunk_size, **_rule_kwargs(c))
     layer = m.FastWeightsAttentionTransformerLayer(d_model=c.d_model, attn=attn, feed_forward=c.ffn.ffn,
                                                    dropout_prob=c.dropout)
     return m.FastWeightsAttentionTransformer(layer, c.n_layers)
@@ -59,7 +93,7 @@ def _fast_weights_transformer(c: FastWeightsConfigs):
 @option(FastWeightsConfigs.transformer, 'token_wise')
 def _token_wise_transformer(c: FastWeightsConfigs):
     from lazylab.models.fast_weights import token_wise as m
-    attn = m.FastWeightsAttention(c.heads, c.d_model, c.dropout, m.DPFP(nu=c.nu))
+    attn = m.FastWeightsAttention(c.heads, c.d_model, c.dropout, c.phi, **_rule_kwargs(c))
     layer = m.FastWeightsAttentionTransformerLayer(d_model=c.d_model, attn=attn, feed_forward=c.ffn.ffn,
                                                    dropout_prob=c.dropout)
     return m.FastWeightsAttentionTransformer(layer, c.n_layers)

@@ -4,7 +4,9 @@
 
 The model comes from `FastWeightsConfigs` (sub-config `fast_weights`); the common keys (d_model, heads, d_ff,
 n_layers, dropout, nu) are its defaults, and its own items select the rest, e.g. `fast_weights.kernel=loop`,
-`fast_weights.transformer=token_wise`, `fast_weights.ffn.activation=GELU`.
+`fast_weights.transformer=token_wise`, `fast_weights.ffn.activation=GELU`, and the paper's variants:
+`fast_weights.phi=linear|favor|dpfp`, `fast_weights.favor_features=128`, `fast_weights.update_rule=sum`,
+`fast_weights.sum_normalization=false`, `fast_weights.attention_normalization=true`.
 """
 import sys
 

@@ -84,6 +84,11 @@ class Task:
         """Plain values saved in every checkpoint, for using the model without the data (e.g. its vocabulary)."""
         return {}
 
+    def converged(self, valid: dict[str, float]) -> bool:
+        """Whether training may stop early after the validation that gave `valid` (the same on every process: the
+        validation is all-reduced). Default: never; the retrieval task stops at its target loss."""
+        return False
+
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, batches: Iterable[Batch], device: torch.device,

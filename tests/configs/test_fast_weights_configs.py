@@ -87,3 +87,41 @@ def test_heads_not_dividing_d_model_is_reported():
     conf = configs(heads=3)
     with pytest.raises(Exception, match=r'd_model=16.*heads=3'):
         _ = conf.model
+
+
+@pytest.mark.parametrize('phi,cls', [('dpfp', fw.DPFP), ('linear', fw.LinearElu), ('favor', fw.Favor)])
+@pytest.mark.parametrize('rule', ['delta', 'sum'])
+def test_feature_map_and_update_rule_options_reach_every_layer(phi, cls, rule):
+    conf = configs(phi=phi, nu=2, favor_features=5, sum_normalization=False, update_rule=rule,
+                   attention_normalization=True)
+    model = conf.model
+    for layer in model.transformer.layers:
+        attn = layer.attn
+        assert type(attn.phi) is cls and attn.phi.sum_normalization is False
+        assert (attn.update_rule, attn.attention_normalization) == (rule, True)
+        assert (attn.interpolation_weight is None) == (rule == 'sum')
+    if phi == 'favor':
+        assert model.transformer.layers[0].attn.phi.projection.shape == (5, SMALL['d_model'] // SMALL['heads'])
+    if phi == 'dpfp':
+        assert model.transformer.layers[0].attn.phi.nu == 2
+    tokens = torch.randint(0, SMALL['n_tokens'], (9, 2))
+    logits, state = model.forward_with_state(tokens)
+    assert logits.shape == (9, 2, SMALL['n_tokens'])
+    d_k = SMALL['d_model'] // SMALL['heads']
+    assert state[0].shape[-2] == d_k + 1  # attention normalisation carries z as one more row
+
+
+def test_token_wise_option_takes_the_feature_map_and_rule():
+    conf = configs(transformer='token_wise', phi='linear', update_rule='sum')
+    attn = conf.model.transformer.layers[0].attn
+    assert isinstance(attn, fw_tw.FastWeightsAttention)
+    assert type(attn.phi) is fw.LinearElu and attn.update_rule == 'sum' and attn.gate is None
+
+
+def test_experiment_keys_select_the_variants():
+    from lazylab.experiments.runner import make_configs
+    conf = make_configs('fast_weights', ['fast_weights.phi=favor', 'fast_weights.favor_features=7',
+                                         'fast_weights.update_rule=sum', 'd_model=16', 'heads=2'])
+    conf.n_tokens = 11
+    attn = conf.model.transformer.layers[0].attn
+    assert type(attn.phi) is fw.Favor and attn.phi.features == 7 and attn.update_rule == 'sum'

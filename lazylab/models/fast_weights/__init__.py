@@ -21,18 +21,27 @@ keys, sequence-first layout), including two of its choices worth knowing:
 * `FastWeightsAttention.dropout` exists but is not applied; the layer's dropout on the attention output is the
   only dropout on that path.
 
-What is new: the delta rule can be computed three ways (`kernel=` on `FastWeightsAttention`, see
-`lazylab.models.fast_weights.delta_rule`): `'chunked'` (chunkwise-parallel, the default, fast for training),
-`'loop'` (the token-by-token reference) and `'step'` (the recurrent step that generation uses); and the fast
-weights can be carried between calls with `forward_with_state(x, state) -> (y, state)`.
+What is new:
+
+* the paper's other variants, as arguments: the feature map `phi` (`DPFP`, `LinearElu` = ELU + 1, `Favor` =
+  FAVOR+, each with or without sum normalisation; `feature_maps.py`), the update rule (`update_rule='delta'`, or
+  `'sum'`: W⁽ⁱ⁾ = W⁽ⁱ⁻¹⁾ + vᵢ ⊗ φ'(kᵢ), linear attention as a fast-weight programmer, `sum_rule.py`) and
+  linear attention's normaliser yᵢ / (zᵢ · φ'(qᵢ)) (`attention_normalization=True`, `normalization.py`);
+* each rule computed three ways (`kernel=`): `'chunked'` (chunkwise-parallel, the default, fast for training),
+  `'loop'` (the token-by-token reference) and `'step'` (the recurrent step that generation uses);
+* the fast weights carried between calls with `forward_with_state(x, state) -> (y, state)`, kept in float32 under
+  autocast.
 
 State layout: per layer, W of shape [batch_size, heads, d_k, d_dot] (values × features, labml_nn's 'bhvk'
-order), with d_dot = 2 · d_k · ν for DPFP. The transformer's state is a list with one such tensor per layer.
+order), with d_dot = 2 · d_k · ν for DPFP, d_k for ELU + 1 and 2 · m for FAVOR+ with m features; with attention
+normalisation one more row, z: [batch_size, heads, d_k + 1, d_dot]. The transformer's state is a list with one
+such tensor per layer. Under autocast the state is float32 (the kernels keep it there).
 
-The package: this module holds the whole-sequence modules; `feature_maps.py` the feature maps φ' (DPFP);
-`delta_rule.py` the update rule's kernels (step, loop = the reference, chunked = fast); `step.py` the generation
-step functions that `step_function()` returns; `token_wise.py` the token-wise variants (one step per call, as
-labml_nn's `token_wise.py`).
+The package: this module holds the whole-sequence modules; `feature_maps.py` the feature maps φ'; `delta_rule.py`
+and `sum_rule.py` the update rules' kernels (step, loop = the reference, chunked = fast); `normalization.py` the
+attention normaliser; `step.py` the generation step functions that `step_function()` returns; `token_wise.py` the
+token-wise variants (one step per call, as labml_nn's `token_wise.py`); `retrieval.py` the models of the
+associative-retrieval experiment.
 """
 from typing import Optional
 
@@ -40,7 +49,13 @@ import torch
 from torch import nn
 
 from lazylab.models.fast_weights.delta_rule import delta_rule_chunked, delta_rule_loop, delta_rule_step
-from lazylab.models.fast_weights.feature_maps import DPFP
+from lazylab.models.fast_weights.feature_maps import DPFP, FEATURE_MAPS, Favor, LinearElu, make_feature_map
+from lazylab.models.fast_weights.normalization import (
+    divide_by_last_column,
+    join_state,
+    normalise_by_attention,
+    split_state,
+)
 from lazylab.models.fast_weights.step import (
     LayerStepFunction,
     TransformerStepFunction,
@@ -49,15 +64,21 @@ from lazylab.models.fast_weights.step import (
     projector,
     transformer_step_function,
 )
+from lazylab.models.fast_weights.sum_rule import sum_rule_chunked, sum_rule_loop, sum_rule_step
 from lazylab.models.feed_forward import FeedForward  # re-exported, as labml_nn does (its experiment imports it here)
 from lazylab.models.mha import PrepareForMultiHeadAttention
 from lazylab.models.utils import check_heads, check_n_layers, clone_module_list
 
-__all__ = ['DPFP', 'FastWeightsAttention', 'FastWeightsAttentionTransformerLayer', 'FeedForward',
-           'FastWeightsAttentionTransformer', 'KERNELS', 'DEFAULT_CHUNK_SIZE']
+__all__ = ['DPFP', 'LinearElu', 'Favor', 'FEATURE_MAPS', 'make_feature_map', 'FastWeightsAttention',
+           'FastWeightsAttentionTransformerLayer', 'FeedForward', 'FastWeightsAttentionTransformer', 'KERNELS',
+           'UPDATE_RULES', 'DEFAULT_CHUNK_SIZE', 'run_update_rule']
 
 KERNELS = ('chunked', 'loop', 'step')
+UPDATE_RULES = ('delta', 'sum')
 DEFAULT_CHUNK_SIZE = 16  # fastest on CPU for d_dot = 64 (small batched matmuls); GPUs prefer 64
+#: the sum rule's smallest chunk: it has no within-chunk inverse, and longer chunks mean fewer, larger products
+#: (at seq_len 256 on the CPU, chunks of 32-64 run 1.6× faster than 16); results are the same for any chunk size
+SUM_RULE_CHUNK_SIZE = 64
 
 
 def _check_kernel(kernel: str, chunk_size: int):
@@ -67,59 +88,86 @@ def _check_kernel(kernel: str, chunk_size: int):
         raise ValueError(f"chunk_size must be >= 1, got chunk_size={chunk_size}")
 
 
-def run_delta_rule(kernel: str, chunk_size: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   beta: torch.Tensor, state: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the delta rule over a sequence with the named kernel (shapes as in `delta_rule`).
+def check_update_rule(update_rule: str):
+    """Raises ValueError unless update_rule is 'delta' or 'sum'."""
+    if update_rule not in UPDATE_RULES:
+        raise ValueError(f"update_rule must be one of {', '.join(UPDATE_RULES)}; got update_rule={update_rule!r}")
+
+
+def run_update_rule(update_rule: str, kernel: str, chunk_size: int, q: torch.Tensor, k: torch.Tensor,
+                    v: torch.Tensor, beta: Optional[torch.Tensor], state: Optional[torch.Tensor]
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run `update_rule` ('delta' or 'sum'; the sum rule takes no beta) over a sequence with the named kernel
+    (shapes as in `delta_rule` / `sum_rule`). The sum rule runs in chunks of at least SUM_RULE_CHUNK_SIZE.
 
     A single token always takes the recurrent step: it is the same computation, without the chunking set-up.
     """
-    if kernel == 'loop':
-        return delta_rule_loop(q, k, v, beta, state)
-    if q.shape[0] == 1:
-        y, state = delta_rule_step(q[0], k[0], v[0], beta[0], state)
-        return y.unsqueeze(0), state
-    if kernel == 'step':
+    if update_rule == 'delta':
+        step, loop = delta_rule_step, delta_rule_loop
+        chunked = delta_rule_chunked
+        args = (beta,)
+    else:
+        step, loop, chunked, args = sum_rule_step, sum_rule_loop, sum_rule_chunked, ()
+        chunk_size = max(chunk_size, SUM_RULE_CHUNK_SIZE)
+    if kernel == 'loop' or q.shape[0] == 0:
+        return loop(q, k, v, *args, state)
+    if q.shape[0] == 1 or kernel == 'step':
         ys = []
         for i in range(q.shape[0]):
-            y, state = delta_rule_step(q[i], k[i], v[i], beta[i], state)
+            y, state = step(q[i], k[i], v[i], *(a[i] for a in args), state)
             ys.append(y)
-        if not ys:
-            return delta_rule_loop(q, k, v, beta, state)
         return torch.stack(ys), state
-    return delta_rule_chunked(q, k, v, beta, state, chunk_size=chunk_size)
+    return chunked(q, k, v, *args, state, chunk_size=chunk_size)
+
+
+def run_delta_rule(kernel: str, chunk_size: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   beta: torch.Tensor, state: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`run_update_rule('delta', …)` (the name before the sum rule came)."""
+    return run_update_rule('delta', kernel, chunk_size, q, k, v, beta, state)
 
 
 class FastWeightsAttention(nn.Module):
-    """Delta-rule fast-weight attention over a whole sequence (Schlag, Irie & Schmidhuber 2021).
+    """Fast-weight attention over a whole sequence (Schlag, Irie & Schmidhuber 2021): the delta rule by default.
 
-    Per head, with φ' the sum-normalised feature map:
-        v̄ᵢ = W⁽ⁱ⁻¹⁾ φ'(kᵢ),   W⁽ⁱ⁾ = W⁽ⁱ⁻¹⁾ + βᵢ (vᵢ − v̄ᵢ) ⊗ φ'(kᵢ),   yᵢ = W⁽ⁱ⁾ φ'(qᵢ),   βᵢ = σ(W_β xᵢ)
+    Per head, with φ' the feature map (sum-normalised DPFP in labml_nn):
+        delta rule:  v̄ᵢ = W⁽ⁱ⁻¹⁾ φ'(kᵢ),   W⁽ⁱ⁾ = W⁽ⁱ⁻¹⁾ + βᵢ (vᵢ − v̄ᵢ) ⊗ φ'(kᵢ),   βᵢ = σ(W_β xᵢ)
+        sum rule:    W⁽ⁱ⁾ = W⁽ⁱ⁻¹⁾ + vᵢ ⊗ φ'(kᵢ)
+        read-out:    yᵢ = W⁽ⁱ⁾ φ'(qᵢ),  or with attention normalisation yᵢ / (zᵢ · φ'(qᵢ) + eps), zᵢ = Σ_{j≤i} φ'(kⱼ)
     followed by the output projection W_o [y₁; …; y_h] + b_o.
 
     Args:
         heads: number of heads h; d_model must be divisible by it (d_k = d_model / h).
         d_model: model width d.
         dropout_prob: kept for labml_nn compatibility; not applied here (the layer drops the attention output).
-        phi: the feature map φ', e.g. DPFP(nu=1), mapping d_k → d_dot.
+        phi: the feature map φ', e.g. DPFP(nu=1), LinearElu(), Favor(d_k, m), mapping d_k → d_dot.
         kernel: 'chunked' (default; chunkwise-parallel), 'loop' (reference) or 'step' (recurrent step per token).
-        chunk_size: tokens per chunk for 'chunked'; any seq_len works.
+        chunk_size: tokens per chunk for 'chunked'; any seq_len works (the sum rule uses at least
+            SUM_RULE_CHUNK_SIZE = 64: the result is the same, and faster).
+        update_rule: 'delta' (default) or 'sum'.
+        attention_normalization: divide the read-out by zᵢ · φ'(qᵢ) + eps (default False, as labml_nn).
+        eps: that denominator's eps.
 
     Parameters (labml_nn's names): query.linear, key.linear, value.linear (no bias), interpolation_weight.0.linear
-    (W_β, no bias), output (with bias).
+    (W_β, no bias), output (with bias). The sum rule has no β: `interpolation_weight` is None and its weight is not
+    in the state dict (it is still drawn, then dropped, so that from the same seed the other weights equal the
+    delta rule's). A delta-rule state dict loads into a sum-rule module with strict=False (β is left out).
 
     Shapes:
         x: [seq_len, batch_size, d_model] → [seq_len, batch_size, d_model]
-        state (forward_with_state, in and out): [batch_size, heads, d_k, d_dot]
+        state (forward_with_state, in and out): [batch_size, heads, d_k, d_dot], or [batch_size, heads, d_k + 1,
+        d_dot] with attention normalisation (the last row is z); float32 under autocast.
 
     Raises:
-        ValueError: d_model not divisible by heads; unknown kernel; chunk_size < 1.
+        ValueError: d_model not divisible by heads; unknown kernel or update rule; chunk_size < 1.
     """
 
     def __init__(self, heads: int, d_model: int, dropout_prob: float, phi: nn.Module, *,
-                 kernel: str = 'chunked', chunk_size: int = DEFAULT_CHUNK_SIZE):
+                 kernel: str = 'chunked', chunk_size: int = DEFAULT_CHUNK_SIZE, update_rule: str = 'delta',
+                 attention_normalization: bool = False, eps: float = 1e-6):
         super().__init__()
         check_heads(d_model, heads, 'FastWeightsAttention')
         _check_kernel(kernel, chunk_size)
+        check_update_rule(update_rule)
         self.d_k = d_model // heads
         self.heads = heads
         # Creation order as in labml_nn, so the same seed gives the same initial weights.
@@ -133,6 +181,11 @@ class FastWeightsAttention(nn.Module):
         self.dropout = nn.Dropout(dropout_prob)
         self.kernel = kernel
         self.chunk_size = chunk_size
+        self.update_rule = update_rule
+        self.attention_normalization = attention_normalization
+        self.eps = eps
+        if update_rule == 'sum':  # no β (see the class docstring); drawn above only to keep the seed's order
+            self.interpolation_weight = None
 
     def set_kernel(self, kernel: str, chunk_size: Optional[int] = None):
         """Switch how the delta rule is computed (the result is the same up to float rounding)."""
@@ -146,9 +199,11 @@ class FastWeightsAttention(nn.Module):
 
     def forward_with_state(self, x: torch.Tensor, state: Optional[torch.Tensor] = None
                            ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Continue from fast weights `state` ([batch_size, heads, d_k, d_dot], None = zeros).
+        """Continue from fast weights `state` ([batch_size, heads, d_k, d_dot], or d_k + 1 rows with attention
+        normalisation; None = zeros).
 
-        Returns the output [seq_len, batch_size, d_model] and the fast weights after the last token.
+        Returns the output [seq_len, batch_size, d_model] and the fast weights after the last token (float32
+        under autocast).
         """
         d_model = self.heads * self.d_k
         if x.dim() != 3 or x.shape[-1] != d_model:
@@ -156,8 +211,19 @@ class FastWeightsAttention(nn.Module):
                              f"got {tuple(x.shape)}")
         seq_len, batch_size, _ = x.shape
         query, key, value, beta = projector(self)(x)  # one matmul for all four with the standard projections
-        y, state = run_delta_rule(self.kernel, self.chunk_size, query, key, value, beta, state)
-        return self.output(y.reshape(seq_len, batch_size, d_model)), state  # (no -1: seq_len may be 0)
+        if self.attention_normalization and self.update_rule == 'sum':
+            # the normaliser is the sum rule with v = 1: one more value column, whose row of the state is z
+            y, state = run_update_rule('sum', self.kernel, self.chunk_size, query, key,
+                                       torch.cat([value, value.new_ones(*value.shape[:-1], 1)], dim=-1), None, state)
+            y = divide_by_last_column(y, self.eps)
+            return self.output(y.reshape(seq_len, batch_size, d_model)), state
+        weights, z = split_state(state) if self.attention_normalization else (state, None)
+        y, weights = run_update_rule(self.update_rule, self.kernel, self.chunk_size, query, key, value, beta,
+                                     weights)
+        if self.attention_normalization:
+            y, z = normalise_by_attention(y, query, key, z, self.eps)
+            weights = join_state(weights, z)
+        return self.output(y.reshape(seq_len, batch_size, d_model)), weights  # (no -1: seq_len may be 0)
 
 
 def per_layer_state(state: Optional[list[Optional[torch.Tensor]]], n_layers: int) -> list[Optional[torch.Tensor]]:

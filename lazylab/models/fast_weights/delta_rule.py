@@ -23,13 +23,30 @@ All three take sequence-first tensors (the project's layout):
     q, k: [seq_len, batch, heads, d_dot];  v: [seq_len, batch, heads, d_v];  beta: [seq_len, batch, heads]
     (a trailing singleton, [seq_len, batch, heads, 1], is accepted too);  state: [batch, heads, d_v, d_dot] or None.
 They return `(y, state)` with y: [seq_len, batch, heads, d_v] and the fast weights after the last token.
+
+Precision: the state and every product that accumulates into it are float32 whatever the inputs' dtype (float64
+for float64 inputs), also under autocast and in a backward pass started inside an autocast block; y comes back in
+v's dtype, the state stays float32 (so carrying it from segment to segment loses nothing).
 """
+from contextlib import nullcontext
 from typing import Optional
 
 import torch
 
 __all__ = ['delta_rule_step', 'delta_rule_step_unchecked', 'delta_rule_loop', 'delta_rule_chunked',
-           'unit_lower_inverse']
+           'unit_lower_inverse', 'exact_dtype', 'no_autocast']
+
+
+def no_autocast(device_type: str):
+    """A context with autocast off on `device_type`: `torch.autocast(…, enabled=False)` where autocast is on,
+    else a no-op (cheaper, for a one-token step)."""
+    return torch.autocast(device_type, enabled=False) if torch.is_autocast_enabled(device_type) else nullcontext()
+
+
+def exact_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the fast weights and their accumulations are kept in: float32 for float32 and lower (bfloat16,
+    float16: what autocast gives), float64 for float64 (as flash-linear-attention keeps its states)."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, state: Optional[torch.Tensor],
@@ -77,15 +94,21 @@ def delta_rule_step_unchecked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """`delta_rule_step` without its shape checks, with beta as [batch, heads, 1]: for a generation step function,
     which checks the state once per layer and token and needs nothing else checked (its q, k, v, β come from
     its own projection). Mismatched shapes broadcast or fail inside PyTorch here."""
-    # Matrix-vector products as vecdot: for one token, fewer operations than matmul's reshapes around a bmm.
-    k_row = k.unsqueeze(-2)
-    if state is None:
-        # W⁽⁰⁾ = 0, so v̄ = 0 and the update is a plain outer product
-        new_state = (beta * v).unsqueeze(-1) * k_row
-    else:
-        retrieved = torch.linalg.vecdot(state, k_row)  # v̄ᵢ = W kᵢ
-        new_state = torch.addcmul(state, (v - retrieved).mul_(beta).unsqueeze(-1), k_row)
-    return torch.linalg.vecdot(new_state, q.unsqueeze(-2)), new_state
+    # The state and its products in float32 (float64 for float64 inputs) whatever the inputs' dtype (bf16 under
+    # autocast): `.to` is free for inputs already there, and autocast is switched off only where it is on.
+    exact, out_dtype = exact_dtype(v.dtype), v.dtype
+    q, k, v, beta = q.to(exact), k.to(exact), v.to(exact), beta.to(exact)
+    with no_autocast(q.device.type):  # (vecdot may decompose into a matmul, which autocast would take to bf16)
+        # Matrix-vector products as vecdot: for one token, fewer operations than matmul's reshapes around a bmm.
+        k_row = k.unsqueeze(-2)
+        if state is None:
+            # W⁽⁰⁾ = 0, so v̄ = 0 and the update is a plain outer product
+            new_state = (beta * v).unsqueeze(-1) * k_row
+        else:
+            state = state.to(exact)
+            retrieved = torch.linalg.vecdot(state, k_row)  # v̄ᵢ = W kᵢ
+            new_state = torch.addcmul(state, (v - retrieved).mul_(beta).unsqueeze(-1), k_row)
+        return torch.linalg.vecdot(new_state, q.unsqueeze(-2)).to(out_dtype), new_state
 
 
 def delta_rule_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
@@ -97,17 +120,20 @@ def delta_rule_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     """
     beta = _check(q, k, v, beta, state, token=False)
     seq_len, batch, heads, d_dot = q.shape
-    weights = state if state is not None else q.new_zeros(batch, heads, v.shape[-1], d_dot)
-    ys = []
-    for i in range(seq_len):
-        k_i, q_i, beta_i = k[i].unsqueeze(-1), q[i].unsqueeze(-1), beta[i, ..., None, None]  # columns
-        v_bar = weights @ k_i  # v̄ᵢ = W⁽ⁱ⁻¹⁾ kᵢ
-        v_new = beta_i * v[i].unsqueeze(-1) + (1 - beta_i) * v_bar  # βᵢ vᵢ + (1 − βᵢ) v̄ᵢ
-        weights = weights + (v_new - v_bar) @ k_i.transpose(-1, -2)  # W⁽ⁱ⁾ = W⁽ⁱ⁻¹⁾ + (v_new − v̄) ⊗ kᵢ
-        ys.append((weights @ q_i).squeeze(-1))  # yᵢ = W⁽ⁱ⁾ qᵢ
+    exact, out_dtype = exact_dtype(v.dtype), v.dtype
+    with torch.autocast(q.device.type, enabled=False):  # the state and its products in float32 (see above)
+        q, k, v, beta = q.to(exact), k.to(exact), v.to(exact), beta.to(exact)
+        weights = state.to(exact) if state is not None else q.new_zeros(batch, heads, v.shape[-1], d_dot)
+        ys = []
+        for i in range(seq_len):
+            k_i, q_i, beta_i = k[i].unsqueeze(-1), q[i].unsqueeze(-1), beta[i, ..., None, None]  # columns
+            v_bar = weights @ k_i  # v̄ᵢ = W⁽ⁱ⁻¹⁾ kᵢ
+            v_new = beta_i * v[i].unsqueeze(-1) + (1 - beta_i) * v_bar  # βᵢ vᵢ + (1 − βᵢ) v̄ᵢ
+            weights = weights + (v_new - v_bar) @ k_i.transpose(-1, -2)  # W⁽ⁱ⁾ = W⁽ⁱ⁻¹⁾ + (v_new − v̄) ⊗ kᵢ
+            ys.append((weights @ q_i).squeeze(-1))  # yᵢ = W⁽ⁱ⁾ qᵢ
     if seq_len == 0:
-        return v.new_zeros(v.shape), weights
-    return torch.stack(ys), weights
+        return v.new_zeros(v.shape, dtype=out_dtype), weights
+    return torch.stack(ys).to(out_dtype), weights
 
 
 def unit_lower_inverse(a: torch.Tensor) -> torch.Tensor:
@@ -174,11 +200,17 @@ class _ChunkedDeltaRule(torch.autograd.Function):
             torch.baddbmm(q_s, p_j, u_j, out=out_j)  # O = Q S + P U
             torch.baddbmm(s, k_t_j, u_j, out=states[j + 1])  # S' = S + Kᵀ U
         ctx.save_for_backward(q, k, beta, kkt, t, t_beta, p, r, u, states)
-        ctx.n, ctx.bh = n, bh
+        ctx.n, ctx.bh, ctx.exact = n, bh, q.dtype
         return out, states[n].clone()
 
     @staticmethod
     def backward(ctx, d_out, d_s_final):
+        # backward() may be called inside an autocast block: its products stay in the forward's float32
+        with torch.autocast(d_out.device.type, enabled=False):
+            return _ChunkedDeltaRule._backward(ctx, d_out.to(ctx.exact), d_s_final.to(ctx.exact))
+
+    @staticmethod
+    def _backward(ctx, d_out, d_s_final):
         q, k, beta, kkt, t, t_beta, p, r, u, states = ctx.saved_tensors
         n, bh = ctx.n, ctx.bh
         d_out = d_out.contiguous()
@@ -232,7 +264,8 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
 
     T is formed by products of A (`unit_lower_inverse`), not a triangular solve: same result, much faster for
     many small chunks on CPU. The backward is hand-written (`_ChunkedDeltaRule`). Everything runs in float32
-    (float64 for float64 inputs), also under autocast; the result is cast back to v's dtype.
+    (float64 for float64 inputs), also under autocast and in a backward pass started inside autocast; y is cast
+    back to v's dtype, the state stays float32.
 
     Args:
         q, k, v, beta, state: see the module docstring.
@@ -249,15 +282,15 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
         raise ValueError(f"delta_rule_chunked: chunk_size must be >= 1, got {chunk_size}")
     seq_len, batch, heads, d_dot = q.shape
     d_v = v.shape[-1]
+    exact = exact_dtype(v.dtype)  # float32, or float64 for float64 inputs
     if seq_len == 0:
-        weights = state if state is not None else q.new_zeros(batch, heads, d_v, d_dot)
+        weights = state.to(exact) if state is not None else q.new_zeros(batch, heads, d_v, d_dot, dtype=exact)
         return v.new_zeros(v.shape), weights
 
     c = min(chunk_size, seq_len)
     n = -(-seq_len // c)
     pad = n * c - seq_len
     bh = batch * heads
-    exact = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 for float64 inputs
 
     def chunks(x):
         # [seq_len, batch, heads, d] -> [n · batch · heads, c, d], chunk-major and contiguous, so that every
@@ -273,7 +306,7 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
         else:
             s_init = state.transpose(-1, -2).to(exact).reshape(bh, d_dot, d_v)
         out, s = _ChunkedDeltaRule.apply(chunks(q), chunks(k), chunks(v), chunks(beta.unsqueeze(-1)), s_init, n, bh)
-    final_state = s.view(batch, heads, d_dot, d_v).transpose(-1, -2).to(v.dtype)
+    final_state = s.view(batch, heads, d_dot, d_v).transpose(-1, -2)  # stays float32: the carried state
     # [n · batch · heads, c, d_v] -> [seq_len, batch, heads, d_v]
     out = out.view(n, batch, heads, c, d_v).permute(0, 3, 1, 2, 4).reshape(n * c, batch, heads, d_v)
     return out[:seq_len].to(v.dtype), final_state

@@ -1,7 +1,19 @@
 """Feature maps φ' of linear / fast-weight attention: keys and queries [..., d_key] → features [..., d_dot].
 
-`DPFP` (Schlag, Irie & Schmidhuber 2021, "Linear Transformers Are Secretly Fast Weight Programmers", section 4.2,
-Deterministic Parameter-Free Projection), with a fused forward and backward (`dpfp_normalised`).
+The three maps the fast-weights paper compares (Schlag, Irie & Schmidhuber 2021, "Linear Transformers Are Secretly
+Fast Weight Programmers", section 4), each followed by the sum normalisation φ'(x) = φ(x) / (Σⱼ φ(x)ⱼ + eps)
+unless `sum_normalization=False`:
+
+* `DPFP(nu)`: Deterministic Parameter-Free Projection (section 4.2), d_dot = 2 · d_key · ν, with a fused forward
+  and backward (`dpfp_normalised`);
+* `LinearElu()`: φ(x) = ELU(x) + 1 (Katharopoulos, Vyas, Pappas & Fleuret 2020, "Transformers are RNNs"),
+  d_dot = d_key;
+* `Favor(d_key, features)`: FAVOR+ positive random features (Choromanski et al. 2021, "Rethinking Attention with
+  Performers"), d_dot = 2 · features.
+
+`make_feature_map(name, d_key, …)` builds one by its option name ('dpfp', 'linear', 'favor'); each map's
+`out_features(d_key)` gives d_dot. Every map acts on the last axis alone (no per-head parameters), so q and k of
+all heads may go through one call.
 
 How the fused DPFP is computed: with r = ReLU([k, −k]) (size 2·d), φ concatenates, for i = 1..ν, the products
 r ⊙ roll(r, i), and φ'(k) = φ(k) / (Σⱼ φ(k)ⱼ + eps). Element j < d of r ⊙ roll(r, i) is ReLU(kⱼ)·ReLU(b⁽ⁱ⁾ⱼ) and
@@ -16,14 +28,26 @@ so that autograd records for the concatenate-roll-multiply form. The products ar
 summed in the same layout, so φ' is bit-for-bit the definition's (and labml-nn's); the gradients agree to
 rounding. Masks are float tensors: bool masks take an unvectorised path in PyTorch's CPU kernels.
 """
+import math
+from typing import Optional
+
 import torch
 from torch import nn
 
-__all__ = ['DPFP', 'dpfp_normalised']
+__all__ = ['DPFP', 'LinearElu', 'Favor', 'FEATURE_MAPS', 'make_feature_map', 'sum_normalise', 'dpfp_normalised',
+           'orthogonal_random_features']
+
+#: the option names of the feature maps (`phi=` of the configs)
+FEATURE_MAPS = ('dpfp', 'linear', 'favor')
+
+
+def sum_normalise(phi: torch.Tensor, eps: float) -> torch.Tensor:
+    """φ' = φ / (Σⱼ φⱼ + eps) over the last axis (the paper's sum normalisation, section 4.1 / eq. 26)."""
+    return phi / (phi.sum(dim=-1, keepdim=True) + eps)
 
 
 class DPFP(nn.Module):
-    """Deterministic Parameter-Free Projection φ' (Schlag et al. 2021), normalised by its sum.
+    """Deterministic Parameter-Free Projection φ' (Schlag et al. 2021), normalised by its sum (labml_nn's `DPFP`).
 
     With r = ReLU([k, −k]) (size 2·d_key), φ is the concatenation over i = 1..ν of r ⊙ roll(r, i):
 
@@ -31,11 +55,12 @@ class DPFP(nn.Module):
 
     (`torch.roll` by +i: element j of the rolled copy is r_{j−i}). The result has d_dot = 2·d_key·ν features, is
     sparse and nearly orthogonal for different keys. It is normalised so that its entries sum to one:
-    φ'(k) = φ(k) / (Σⱼ φ(k)ⱼ + eps).
+    φ'(k) = φ(k) / (Σⱼ φ(k)ⱼ + eps) (bit for bit labml_nn's); with `sum_normalization=False` it is φ itself.
 
     Args:
         nu: ν ≥ 1, the number of rolled products (the paper uses ν ∈ {1, 2, 3}).
         eps: added to the sum to avoid dividing by zero (φ(0) = 0).
+        sum_normalization: divide by the sum (default, as labml_nn) or not.
 
     Shapes:
         k: [..., d_key] → [..., 2 · d_key · ν]
@@ -44,15 +69,22 @@ class DPFP(nn.Module):
         ValueError: nu < 1.
     """
 
-    def __init__(self, nu: int = 1, eps: float = 1e-6):
+    def __init__(self, nu: int = 1, eps: float = 1e-6, *, sum_normalization: bool = True):
         super().__init__()
         if nu < 1:
             raise ValueError(f"DPFP needs nu >= 1, got nu={nu}")
         self.nu = nu
         self.relu = nn.ReLU()
         self.eps = eps
+        self.sum_normalization = sum_normalization
+
+    def out_features(self, d_key: int) -> int:
+        """d_dot = 2 · d_key · ν."""
+        return 2 * d_key * self.nu
 
     def forward(self, k: torch.Tensor) -> torch.Tensor:
+        if not self.sum_normalization:
+            return self.dpfp(k)
         # Both paths give the same bits. The fused one saves passes over large tensors and most of the backward;
         # small inputs without autograd (a generation step) are quicker as the few plain operations.
         small_inference = k.numel() <= 16384 and not (torch.is_grad_enabled() and k.requires_grad)
@@ -64,7 +96,7 @@ class DPFP(nn.Module):
         """φ'(k) by the definition's operations, without `forward`'s choice of path (a generation step function
         calls this directly): the same bits as `forward`, but no fused backward."""
         phi = self.dpfp(k)
-        return phi / (phi.sum(dim=-1, keepdim=True) + self.eps)
+        return phi / (phi.sum(dim=-1, keepdim=True) + self.eps) if self.sum_normalization else phi
 
     def dpfp(self, k: torch.Tensor) -> torch.Tensor:
         """The un-normalised φ(k): [..., d_key] → [..., 2 · d_key · ν], written as the definition (the reference
@@ -74,6 +106,133 @@ class DPFP(nn.Module):
             return r * r.roll(shifts=1, dims=-1)
         rolled = torch.stack([r.roll(shifts=i, dims=-1) for i in range(1, self.nu + 1)], dim=-2)  # [..., ν, 2·d_key]
         return (r.unsqueeze(-2) * rolled).flatten(-2)  # broadcasting r over the ν copies, no repeat
+
+
+class LinearElu(nn.Module):
+    """φ(x) = ELU(x) + 1 (Katharopoulos et al. 2020), positive for every x; d_dot = d_key. Sum-normalised,
+    φ' = φ / (Σ φ + eps), unless `sum_normalization=False`.
+
+    Shapes:
+        k: [..., d_key] → [..., d_key]
+    """
+
+    def __init__(self, eps: float = 1e-6, *, sum_normalization: bool = True):
+        super().__init__()
+        self.eps = eps
+        self.sum_normalization = sum_normalization
+
+    def out_features(self, d_key: int) -> int:
+        """d_dot = d_key."""
+        return d_key
+
+    def forward(self, k: torch.Tensor) -> torch.Tensor:
+        phi = nn.functional.elu(k) + 1
+        return sum_normalise(phi, self.eps) if self.sum_normalization else phi
+
+
+def orthogonal_random_features(d_key: int, features: int, generator: Optional[torch.Generator] = None,
+                               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The random projection Ω [features, d_key] of FAVOR+ (Choromanski et al. 2021, section 2.4): rows ωᵢ in
+    blocks of d_key mutually orthogonal directions (Q of the QR decomposition of a d_key × d_key standard normal
+    matrix, one block per d_key rows, the last block cut), each scaled to the length of an independent standard
+    normal d_key-vector, so that every ωᵢ is marginally N(0, I) as the estimator needs.
+
+    Draws from `generator` (None: torch's global generator, which `lazylab train` seeds with `seed`).
+    """
+    blocks = []
+    for _ in range(-(-features // d_key)):
+        gaussian = torch.randn(d_key, d_key, generator=generator, dtype=torch.float64)
+        q, r = torch.linalg.qr(gaussian)
+        blocks.append((q * torch.sign(torch.diagonal(r))).T)  # signs fixed: Haar-distributed rows
+    directions = torch.cat(blocks)[:features]
+    lengths = torch.randn(features, d_key, generator=generator, dtype=torch.float64).norm(dim=-1, keepdim=True)
+    return (directions * lengths).to(dtype)
+
+
+class Favor(nn.Module):
+    """FAVOR+ positive orthogonal random features (Choromanski et al. 2021, "Rethinking Attention with Performers",
+    eq. 7 with h(x) = exp(−‖x‖²/2) / √2 and f ∈ {exp(u), exp(−u)}):
+
+        φ(x) = exp(−‖x‖²/2) / √(2m) · [exp(ω₁ᵀx), …, exp(ω_mᵀx), exp(−ω₁ᵀx), …, exp(−ω_mᵀx)]
+
+    so that E[φ(x)ᵀφ(y)] = exp(xᵀy), the softmax kernel (unscaled, as in the authors' code: no 1/√d_key). The
+    2·m features are positive; sum-normalised, φ' = φ / (Σ φ + eps), unless `sum_normalization=False`.
+
+    The projection Ω = [ω₁ … ω_m]ᵀ (`orthogonal_random_features`) is drawn once, when the module is made, from
+    `generator` (None: torch's global generator, so from the run's `seed`), and kept as the buffer `projection`
+    (saved in state dicts and checkpoints). It is never redrawn by itself: `redraw()` draws a new one, for whoever
+    wants the Performer's periodic redrawing. All heads share it, and so do layers copied from one layer (as they
+    start from the same weights).
+
+    The features are computed in float32 (float64 for float64 inputs), also under autocast: the exponent would
+    lose too much in bfloat16. Sum-normalised, the largest exponent is taken out first (it cancels), so that
+    large ‖x‖ neither overflows nor divides 0 by 0.
+
+    Args:
+        d_key: the size of x.
+        features: m, the number of random projections (d_dot = 2m).
+        eps: added to the sum in the normalisation.
+        sum_normalization: divide by the sum (default) or not.
+        generator: where Ω is drawn from.
+
+    Shapes:
+        k: [..., d_key] → [..., 2 · features]
+
+    Raises:
+        ValueError: d_key < 1 or features < 1.
+    """
+
+    def __init__(self, d_key: int, features: int, eps: float = 1e-6, *, sum_normalization: bool = True,
+                 generator: Optional[torch.Generator] = None):
+        super().__init__()
+        if d_key < 1 or features < 1:
+            raise ValueError(f"Favor needs d_key >= 1 and features >= 1, got d_key={d_key}, features={features}")
+        self.d_key, self.features, self.eps = d_key, features, eps
+        self.sum_normalization = sum_normalization
+        self.register_buffer('projection', orthogonal_random_features(d_key, features, generator))
+
+    def out_features(self, d_key: int) -> int:
+        """d_dot = 2 · features."""
+        return 2 * self.features
+
+    @torch.no_grad()
+    def redraw(self, generator: Optional[torch.Generator] = None) -> None:
+        """Draw a new projection Ω (in place, on the buffer's device and dtype)."""
+        self.projection.copy_(orthogonal_random_features(self.d_key, self.features, generator))
+
+    def forward(self, k: torch.Tensor) -> torch.Tensor:
+        if k.shape[-1] != self.d_key:
+            raise ValueError(f"Favor(d_key={self.d_key}) got inputs of size {k.shape[-1]}")
+        exact = torch.promote_types(k.dtype, torch.float32)
+        with torch.autocast(k.device.type, enabled=False):
+            k = k.to(exact)
+            u = k @ self.projection.to(exact).T  # ωᵢᵀx: [..., m]
+            # log φ: ±ωᵢᵀx − ‖x‖²/2 − log √(2m)
+            a = torch.cat([u, -u], dim=-1) - (k.square().sum(-1, keepdim=True) / 2 + 0.5 * math.log(2 * self.features))
+            if not self.sum_normalization:
+                return a.exp()
+            # φ / (Σφ + eps) = e^(a−c) / (Σ e^(a−c) + eps·e^(−c)) for any c; c = max a (no gradient: it cancels)
+            c = a.detach().amax(-1, keepdim=True)
+            e = (a - c).exp()
+            scaled_eps = (math.log(self.eps) - c).exp() if self.eps > 0 else 0.0  # eps·e^(−c), no inf·0
+            return e / (e.sum(-1, keepdim=True) + scaled_eps)
+
+
+def make_feature_map(name: str, d_key: int, *, nu: int = 1, features: int = 64, sum_normalization: bool = True,
+                     eps: float = 1e-6) -> nn.Module:
+    """The feature map φ' called `name` ('dpfp' with `nu`, 'linear', 'favor' with `features`) for keys of size
+    d_key (only FAVOR+ needs it).
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if name == 'dpfp':
+        return DPFP(nu=nu, eps=eps, sum_normalization=sum_normalization)
+    if name == 'linear':
+        return LinearElu(eps=eps, sum_normalization=sum_normalization)
+    if name == 'favor':
+        return Favor(d_key, features, eps=eps, sum_normalization=sum_normalization)
+    raise ValueError(f"unknown feature map {name!r}; feature maps: {', '.join(FEATURE_MAPS)}")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -119,6 +278,11 @@ class _DPFPFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
+        with torch.autocast(grad_out.device.type, enabled=False):  # backward() may be called inside autocast
+            return _DPFPFunction._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx, grad_out: torch.Tensor):
         k, partners, m, total, positive = ctx.saved_tensors
         nu, d = ctx.nu, k.shape[-1]
         total = total.unsqueeze(-1)  # [..., 1, 1] against m's [..., ν, d]

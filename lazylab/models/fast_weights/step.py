@@ -23,7 +23,14 @@ from torch import nn
 
 from lazylab.models._torch_compat import global_forward_hooks_registered
 from lazylab.models.fast_weights.delta_rule import delta_rule_step_unchecked
-from lazylab.models.fast_weights.feature_maps import DPFP
+from lazylab.models.fast_weights.feature_maps import DPFP, Favor, LinearElu
+from lazylab.models.fast_weights.normalization import (
+    divide_by_last_column,
+    join_state,
+    normalise_by_attention,
+    split_state,
+)
+from lazylab.models.fast_weights.sum_rule import sum_rule_step_unchecked
 from lazylab.models.feed_forward import FeedForward
 from lazylab.models.mha import PrepareForMultiHeadAttention
 
@@ -54,25 +61,34 @@ def one_token_inference(x: torch.Tensor) -> bool:
     return x.dim() == 3 and x.shape[0] == 1 and not torch.is_grad_enabled()
 
 
+#: feature maps that act on each vector alone, with no per-head parameters: q and k of all heads go through one call
+STACKABLE_FEATURE_MAPS = (DPFP, LinearElu, Favor)
+
+
 def _stackable(attn: nn.Module) -> bool:
-    """Whether q, k, v and β of a `FastWeightsAttention` are the standard bias-free projections, without forward
-    hooks: then one matmul computes all four (see `projector`)."""
+    """Whether q, k, v and β (none for the sum rule) of a `FastWeightsAttention` are the standard bias-free
+    projections, without forward hooks: then one matmul computes all of them (see `projector`)."""
     gate = attn.interpolation_weight
-    if not (isinstance(gate, nn.Sequential) and len(gate) == 2 and type(gate[1]) is nn.Sigmoid):
-        return False
-    projections = (attn.query, attn.key, attn.value, gate[0])
+    projections, wrappers = [attn.query, attn.key, attn.value], []
+    if gate is not None:
+        if not (isinstance(gate, nn.Sequential) and len(gate) == 2 and type(gate[1]) is nn.Sigmoid):
+            return False
+        projections.append(gate[0])
+        wrappers = [gate, gate[1]]
     return (all(type(p) is PrepareForMultiHeadAttention and p.linear.bias is None for p in projections) and
-            not has_forward_hooks([gate, gate[1], *projections, *(p.linear for p in projections)]))
+            not has_forward_hooks([*wrappers, *projections, *(p.linear for p in projections)]))
 
 
 def projector(attn: nn.Module, step: bool = False) -> Optional[Projector]:
-    """The function x [..., d_model] → (φ'(q), φ'(k), v, β) that a `FastWeightsAttention` applies.
+    """The function x [..., d_model] → (φ'(q), φ'(k), v, β) that a `FastWeightsAttention` applies (β None for the
+    sum rule).
 
     Shapes of the results: φ'(q), φ'(k) [..., heads, d_dot]; v [..., heads, d_k]; β [..., heads] (stacked) or
     [..., heads, 1] (the gate module's).
 
-    With the standard projections it is one matmul for all four, and for a DPFP φ' one call for q and k together
-    (DPFP acts on each head's vector alone, so stacking the heads changes nothing): fewer operations, which is
+    With the standard projections it is one matmul for all four, and for DPFP, ELU + 1 and FAVOR+ one call of φ'
+    for q and k together (they act on each head's vector alone, so stacking the heads changes nothing): fewer
+    operations, which is
     what a one-token generation step pays for; the same numbers as calling the submodules. The function holds the
     four weights stacked as they are now. With `step`, for a generation step function, the DPFP is called as
     `DPFP.plain` (same bits, fewer checks), and without the standard projections there is no function (None): a
@@ -82,22 +98,25 @@ def projector(attn: nn.Module, step: bool = False) -> Optional[Projector]:
         if step:
             return None
         phi, gate = attn.phi, attn.interpolation_weight
-        return lambda x: (phi(attn.query(x)), phi(attn.key(x)), attn.value(x), gate(x))
-    phi, h, d_k = attn.phi, attn.heads, attn.d_k
-    stack_phi = type(phi) is DPFP  # another φ' may hold per-head parameters: it gets q and k separately
-    if step and stack_phi:
+        return lambda x: (phi(attn.query(x)), phi(attn.key(x)), attn.value(x), None if gate is None else gate(x))
+    phi, h, d_k, gate = attn.phi, attn.heads, attn.d_k, attn.interpolation_weight
+    stack_phi = type(phi) in STACKABLE_FEATURE_MAPS  # another φ' may hold per-head parameters: q, k separately
+    if step and type(phi) is DPFP:
         phi = phi.plain
-    # [3·h·d_k + h, d_model]; in the graph when autograd is on, so that each weight gets its gradient
-    weight = torch.cat([attn.query.linear.weight, attn.key.linear.weight, attn.value.linear.weight,
-                        attn.interpolation_weight[0].linear.weight])
-    sizes = [2 * h * d_k, h * d_k, h]
+    # [3·h·d_k (+ h), d_model]; in the graph when autograd is on, so that each weight gets its gradient
+    weights = [attn.query.linear.weight, attn.key.linear.weight, attn.value.linear.weight]
+    sizes = [2 * h * d_k, h * d_k]
+    if gate is not None:
+        weights.append(gate[0].linear.weight)
+        sizes.append(h)
+    weight = torch.cat(weights)
 
     # (the C-level split_with_sizes, chunk and view: Tensor.split and unflatten add Python-level wrappers)
     def project(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        qk, value, beta = nn.functional.linear(x, weight).split_with_sizes(sizes, dim=-1)
+        qk, value, *beta = nn.functional.linear(x, weight).split_with_sizes(sizes, dim=-1)
         qk = qk.view(*qk.shape[:-1], 2 * h, d_k)
         query, key = phi(qk).chunk(2, dim=-2) if stack_phi else map(phi, qk.chunk(2, dim=-2))
-        return query, key, value.view(*value.shape[:-1], h, d_k), torch.sigmoid(beta)
+        return query, key, value.view(*value.shape[:-1], h, d_k), torch.sigmoid(beta[0]) if beta else None
     return project
 
 
@@ -115,16 +134,30 @@ def layer_step_function(layer: nn.Module) -> Optional[LayerStepFunction]:
     if project is None:
         return None
     heads, d_k = attn.heads, attn.d_k
+    delta, normalise, eps = attn.update_rule == 'delta', attn.attention_normalization, attn.eps
+    rows = d_k + 1 if normalise else d_k  # (z is the last row of a normalising layer's state)
     out_w, out_b = attn.output.weight, attn.output.bias
     norm_args = (norm.normalized_shape, norm.weight, norm.bias, norm.eps)
     w1, b1, w2, b2 = ff.layer1.weight, ff.layer1.bias, ff.layer2.weight, ff.layer2.bias
 
     def step(x: torch.Tensor, state: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         query, key, value, beta = project(x)
-        if state is not None and state.shape != (x.shape[0], heads, d_k, key.shape[-1]):
-            raise ValueError(f"fast-weights state must be [batch_size, heads, d_k, d_dot] = "
-                             f"{(x.shape[0], heads, d_k, key.shape[-1])}; got {tuple(state.shape)}")
-        y, state = delta_rule_step_unchecked(query, key, value, beta.unsqueeze(-1), state)
+        if state is not None and state.shape != (x.shape[0], heads, rows, key.shape[-1]):
+            raise ValueError(f"fast-weights state must be [batch_size, heads, {'d_k + 1' if normalise else 'd_k'}, "
+                             f"d_dot] = {(x.shape[0], heads, rows, key.shape[-1])}; got {tuple(state.shape)}")
+        if normalise and not delta:  # as the module: z is the sum rule's row for a value of 1
+            value = torch.cat([value, value.new_ones(*value.shape[:-1], 1)], dim=-1)
+            y, state = sum_rule_step_unchecked(query, key, value, state)
+            y = divide_by_last_column(y, eps)
+        elif delta:
+            weights, z = split_state(state) if normalise else (state, None)
+            y, weights = delta_rule_step_unchecked(query, key, value, beta.unsqueeze(-1), weights)
+            if normalise:  # the module path's normaliser on a sequence of one token: the same operations
+                y, z = normalise_by_attention(y.unsqueeze(0), query.unsqueeze(0), key.unsqueeze(0), z, eps)
+                y, weights = y[0], join_state(weights, z)
+            state = weights
+        else:
+            y, state = sum_rule_step_unchecked(query, key, value, state)
         x = x + linear(y.reshape(x.shape), out_w, out_b)
         hidden = linear(torch.layer_norm(x, *norm_args), w1, b1).relu_()
         return x + linear(hidden, w2, b2), state

@@ -15,9 +15,11 @@ from typing import Optional
 import torch
 from torch import nn
 
-from lazylab.models.fast_weights import per_layer_state
+from lazylab.models.fast_weights import check_update_rule, per_layer_state
 from lazylab.models.fast_weights.delta_rule import delta_rule_step
 from lazylab.models.fast_weights.feature_maps import DPFP  # re-exported, as labml_nn does
+from lazylab.models.fast_weights.normalization import join_state, normalise_by_attention, split_state
+from lazylab.models.fast_weights.sum_rule import sum_rule_step
 from lazylab.models.feed_forward import FeedForward  # re-exported, as labml_nn does
 from lazylab.models.mha import PrepareForMultiHeadAttention
 from lazylab.models.utils import check_heads, check_n_layers, clone_module_list
@@ -33,18 +35,22 @@ class FastWeightsAttention(nn.Module):
 
     Args:
         heads, d_model, dropout_prob, phi: as in the whole-sequence module (dropout_prob is kept, not applied).
+        update_rule, attention_normalization, eps: as there ('sum': no β, `gate` is None).
 
     Shapes:
         x: [batch_size, d_model] → [batch_size, d_model]
-        weights (in and out): [batch_size, heads, d_k, d_dot]; None means zeros.
+        weights (in and out): [batch_size, heads, d_k, d_dot] (d_k + 1 rows with attention normalisation); None
+        means zeros.
 
     Raises:
-        ValueError: d_model not divisible by heads.
+        ValueError: d_model not divisible by heads; an unknown update rule.
     """
 
-    def __init__(self, heads: int, d_model: int, dropout_prob: float, phi: nn.Module):
+    def __init__(self, heads: int, d_model: int, dropout_prob: float, phi: nn.Module, *,
+                 update_rule: str = 'delta', attention_normalization: bool = False, eps: float = 1e-6):
         super().__init__()
         check_heads(d_model, heads, 'FastWeightsAttention')
+        check_update_rule(update_rule)
         self.d_k = d_model // heads
         self.heads = heads
         self.query = PrepareForMultiHeadAttention(d_model, heads, self.d_k, bias=False)
@@ -54,6 +60,9 @@ class FastWeightsAttention(nn.Module):
         self.phi = phi
         self.output = nn.Linear(d_model, d_model)
         self.dropout = nn.Dropout(dropout_prob)
+        self.update_rule, self.attention_normalization, self.eps = update_rule, attention_normalization, eps
+        if update_rule == 'sum':  # no β, as in the whole-sequence module
+            self.gate = None
 
     def forward(self, x: torch.Tensor, weights: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         if x.dim() != 2:
@@ -62,7 +71,14 @@ class FastWeightsAttention(nn.Module):
         query = self.phi(self.query(x))  # [batch_size, heads, d_dot]
         key = self.phi(self.key(x))
         value = self.value(x)  # [batch_size, heads, d_k]
-        y, weights = delta_rule_step(query, key, value, self.gate(x), weights)
+        weights, z = split_state(weights) if self.attention_normalization else (weights, None)
+        if self.update_rule == 'delta':
+            y, weights = delta_rule_step(query, key, value, self.gate(x), weights)
+        else:
+            y, weights = sum_rule_step(query, key, value, weights)
+        if self.attention_normalization:
+            y, z = normalise_by_attention(y.unsqueeze(0), query.unsqueeze(0), key.unsqueeze(0), z, self.eps)
+            y, weights = y[0], join_state(weights, z)
         return self.output(y.reshape(x.shape[0], -1)), weights
 
 

@@ -1,0 +1,132 @@
+"""The models of the associative-retrieval experiment (Schlag, Irie & Schmidhuber 2021, section 6.1, "Synthetic
+Settings"): one attention layer reads the value stored under a query key from a sequence of key-value pairs.
+
+As in the authors' `synthetic/` code: keys have a trainable embedding; values are fixed one-hot vectors (never
+trained), so the model can only succeed by storing and retrieving them; a pair is written with a key vector
+computed from the pair's input [one_hot(value); embedding(key)], and the query is the query key's embedding.
+
+    x_j = [one_hot(v_j); E k_j],  φ'(W_k x_j + b_k) as the key,  one_hot(v_j) as the value,  β_j = σ(W_β x_j + b_β)
+    q = φ'(W_q E k_query + b_q),  ŷ = W q  (W the fast weights after the last pair; optionally / (z · q + eps))
+
+`FastWeightsRetrieval` writes with the sum rule (its sum of one-hot writes, `sum_of_writes`) or the delta rule
+(`lazylab.models.fast_weights.delta_rule`, any kernel) after any feature map φ'; `SoftmaxRetrieval` is the
+baseline, ŷ = softmax(K q / √d) V over the pairs.
+
+Shapes (sequence-first, as the rest of the project):
+    pairs: LongTensor [n_pairs, batch, 2] (key id, value id);  queries: LongTensor [n_queries, batch]
+    → ŷ: [n_queries, batch, n_values] (every query reads the same memory: its sequence's pairs)
+"""
+import math
+
+import torch
+from torch import nn
+
+from lazylab.models.fast_weights import run_update_rule
+
+__all__ = ['FastWeightsRetrieval', 'SoftmaxRetrieval', 'sum_of_writes']
+
+
+class _PairInputs(nn.Module):
+    """The shared part: the key embedding E (N(0, 1), trained) and the fixed one-hot values."""
+
+    def __init__(self, n_keys: int, n_values: int, embedding_size: int):
+        super().__init__()
+        self.key_embedding = nn.Embedding(n_keys, embedding_size)
+        self.register_buffer('values', torch.eye(n_values), persistent=False)  # not trained, not saved
+
+    def embed_keys(self, pairs: torch.Tensor) -> torch.Tensor:
+        """E k: [n_pairs, batch, 2] → [n_pairs, batch, embedding_size]."""
+        if pairs.dim() != 3 or pairs.shape[-1] != 2:
+            raise ValueError(f"pairs must be [n_pairs, batch, 2] (key id, value id), got {tuple(pairs.shape)}")
+        return self.key_embedding(pairs[..., 0])
+
+    def project_pairs(self, linear: nn.Linear, pairs: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+        """linear([one_hot(v); E k]) without the one-hot product: the value's column of the weight, looked up,
+        plus the embedding's part (the same sum; O(size) instead of O(n_values · size) per pair)."""
+        n_values = self.values.shape[0]
+        value_part = nn.functional.embedding(pairs[..., 1], linear.weight[:, :n_values].T)
+        return value_part + nn.functional.linear(embedded, linear.weight[:, n_values:], linear.bias)
+
+
+class FastWeightsRetrieval(_PairInputs):
+    """One fast-weight attention layer over the pairs, read once per query (see the module docstring).
+
+    Args:
+        n_keys, n_values: vocabulary sizes (the paper: both S).
+        embedding_size: size of the key embedding (the authors: ⌊1.1 · (n_keys + n_values)⌋).
+        hidden_size: size of keys and queries before φ' (the paper: 64).
+        phi: the feature map φ' (e.g. `DPFP(nu)`, `LinearElu()`, `Favor(hidden_size, m)`).
+        update_rule: 'sum' (no β) or 'delta'.
+        attention_normalization: divide the read-out by z · q + eps, z = Σⱼ φ'(kⱼ) (the authors' sum rule).
+        kernel, chunk_size: how the rule is computed ('chunked', 'loop', 'step'; equal results).
+
+    Initialisation as the authors': W_k, W_q uniform in ±1/√hidden_size, E standard normal; biases PyTorch's.
+    """
+
+    def __init__(self, n_keys: int, n_values: int, embedding_size: int, hidden_size: int, phi: nn.Module, *,
+                 update_rule: str = 'sum', attention_normalization: bool = False, kernel: str = 'chunked',
+                 chunk_size: int = 64, eps: float = 1e-6):
+        super().__init__(n_keys, n_values, embedding_size)
+        self.key = nn.Linear(n_values + embedding_size, hidden_size)
+        self.query = nn.Linear(embedding_size, hidden_size)
+        self.beta = nn.Linear(n_values + embedding_size, 1) if update_rule == 'delta' else None
+        bound = 1 / math.sqrt(hidden_size)
+        nn.init.uniform_(self.key.weight, -bound, bound)
+        nn.init.uniform_(self.query.weight, -bound, bound)
+        self.phi = phi
+        self.update_rule, self.attention_normalization, self.eps = update_rule, attention_normalization, eps
+        self.kernel, self.chunk_size = kernel, chunk_size
+
+    def forward(self, pairs: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+        embedded = self.embed_keys(pairs)
+        keys = self.phi(self.project_pairs(self.key, pairs, embedded)).unsqueeze(2)  # [n_pairs, batch, 1, d_dot]
+        query = self.phi(self.query(self.key_embedding(queries)))  # [n_queries, batch, d_dot]
+        beta = None if self.beta is None else torch.sigmoid(self.project_pairs(self.beta, pairs, embedded))
+        if self.update_rule == 'sum':
+            weights = sum_of_writes(keys[:, :, 0], pairs[..., 1], self.values.shape[0])
+        else:  # only the fast weights after the last pair are read (the keys stand in for the unused queries)
+            values = self.values[pairs[..., 1]].unsqueeze(2)  # [n_pairs, batch, 1, n_values]
+            _, weights = run_update_rule(self.update_rule, self.kernel, self.chunk_size, keys, keys, values, beta,
+                                         None)
+            weights = weights[:, 0]  # [batch, n_values, d_dot]
+        query = query.to(weights.dtype)
+        y = torch.einsum('bvd,qbd->qbv', weights, query)
+        if self.attention_normalization:
+            z = keys[:, :, 0].to(weights.dtype).sum(0)  # Σⱼ φ'(kⱼ): [batch, d_dot]
+            y = y / ((query * z).sum(-1, keepdim=True) + self.eps)
+        return y
+
+
+def sum_of_writes(keys: torch.Tensor, value_ids: torch.Tensor, n_values: int) -> torch.Tensor:
+    """The sum rule's fast weights after the last pair, W = Σⱼ one_hot(vⱼ) ⊗ φ'(kⱼ), as row vⱼ += φ'(kⱼ): the
+    same sum as the sum rule's kernels (`sum_rule.py`) but O(n_pairs · d_dot) instead of O(n_pairs · n_values ·
+    d_dot), since with one-hot values each write touches one row and no per-pair read-out is needed.
+
+    Shapes: keys [n_pairs, batch, d_dot], value_ids [n_pairs, batch] → W [batch, n_values, d_dot] (float32 or
+    float64, like the kernels' states).
+    """
+    n_pairs, batch, d_dot = keys.shape
+    exact = torch.promote_types(keys.dtype, torch.float32)
+    rows = (torch.arange(batch, device=keys.device) * n_values + value_ids).reshape(-1)  # row of W, batch-major
+    weights = keys.new_zeros(batch * n_values, d_dot, dtype=exact)
+    return weights.index_add(0, rows, keys.reshape(-1, d_dot).to(exact)).view(batch, n_values, d_dot)
+
+
+class SoftmaxRetrieval(_PairInputs):
+    """The softmax-attention baseline: ŷ = Σⱼ softmax_j(kⱼ · q / √hidden_size) one_hot(vⱼ) (the authors'
+    `SoftmaxAttentionModel`; W_k, W_q Xavier-uniform)."""
+
+    def __init__(self, n_keys: int, n_values: int, embedding_size: int, hidden_size: int):
+        super().__init__(n_keys, n_values, embedding_size)
+        self.key = nn.Linear(n_values + embedding_size, hidden_size)
+        self.query = nn.Linear(embedding_size, hidden_size)
+        nn.init.xavier_uniform_(self.key.weight)
+        nn.init.xavier_uniform_(self.query.weight)
+        self.hidden_size = hidden_size
+
+    def forward(self, pairs: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+        embedded, values = self.embed_keys(pairs), self.values[pairs[..., 1]]
+        keys = self.project_pairs(self.key, pairs, embedded)  # [n_pairs, batch, hidden]
+        query = self.query(self.key_embedding(queries))  # [n_queries, batch, hidden]
+        scores = torch.einsum('pbh,qbh->qbp', keys, query) / math.sqrt(self.hidden_size)
+        return torch.einsum('qbp,pbv->qbv', scores.softmax(-1), values.to(scores.dtype))
