@@ -569,17 +569,42 @@ class Sweep:
                 self.finish(s)
 
     def summary(self) -> int:
+        """Print the compare table; 1 when a trial of the study failed or is left to do (waiting, or running with
+        no live process: interrupted), 0 otherwise (trials that other live processes still run are theirs)."""
         from lazylab.sweeps.compare import compare_text
         TrialState = self.study.optuna.trial.TrialState
-        states = [t.state for t in self.study.trials()]
-        left = sum(s in (TrialState.WAITING, TrialState.RUNNING) for s in states)
-        failed = sum(s == TrialState.FAIL for s in states)
+        trials = self.study.trials()
+        waiting = sum(t.state == TrialState.WAITING for t in trials)
+        failed = sum(t.state == TrialState.FAIL for t in trials)
+        running = [t for t in trials if t.state == TrialState.RUNNING]
+        interrupted = [t for t in running if self._interrupted(t)]
         print(flush=True)
         print(compare_text([str(self.dir)], metric=self.plan.metric), flush=True)
-        if left:
-            print(f'{left} trial(s) not finished (running elsewhere, or interrupted): lazylab sweep --resume '
-                  f'{self.dir}', flush=True)
-        return 1 if left or failed else 0
+        if waiting or interrupted:
+            print(f'{waiting + len(interrupted)} trial(s) left: lazylab sweep --resume {self.dir}', flush=True)
+        if len(running) > len(interrupted):
+            print(f'{len(running) - len(interrupted)} trial(s) still running in other processes', flush=True)
+        return 1 if waiting or interrupted or failed else 0
+
+    def _interrupted(self, t) -> bool:
+        """A RUNNING trial with no live process: ours (it was interrupted), or its owner's lock here is free."""
+        import fcntl
+
+        from lazylab.sweeps.study import OWNER
+        owner = t.system_attrs.get(OWNER)
+        if owner is None or owner == self.token:
+            return True
+        try:
+            fd = os.open(self.owners / owner, os.O_RDONLY)
+        except OSError:
+            return False  # another machine's trial
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
 
     def say(self, line: str) -> None:
         elapsed = int(time.monotonic() - self.t0)
