@@ -1,11 +1,12 @@
 """What the sweep tests share: tiny sizes, the README's commands, running `lazylab`, a throw-away PostgreSQL.
 
-The PostgreSQL fixture starts a real server for one test module: `initdb` and `pg_ctl` (on PATH; Debian's
-postgresql package) run as the `postgres` user through `runuser -u postgres --`, because PostgreSQL refuses to run
-as root, which CI is; the data folder is a temporary folder that user owns, the server listens on 127.0.0.1 only,
-on a free port, and is stopped (`pg_ctl stop -m fast`) and removed afterwards. When any of that is missing the
-fixture fails the test in CI (the CI environment variable is set there: a silent skip would hide a broken
-install step), and skips it elsewhere, saying why.
+The PostgreSQL fixture starts a real server for one test module: `initdb` and `pg_ctl` (on PATH, or in
+/usr/lib/postgresql/N/bin where Debian's postgresql package puts them; .ci/run installs it when missing) run as the
+`postgres` user through `runuser -u postgres --`, because PostgreSQL refuses to run as root, which CI is; the data
+folder is a temporary folder that user owns, the server listens on 127.0.0.1 only, on a free port, and is stopped
+(`pg_ctl stop -m fast`) and removed afterwards. When any of that is missing the fixture fails the test in CI (the CI
+environment variable is set there: a silent skip would hide a broken install step), and skips it elsewhere, saying
+why.
 """
 import os
 import re
@@ -80,10 +81,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _tool(name: str):
+    """A PostgreSQL or util-linux program: on PATH, or where Debian's postgresql package puts it."""
+    found = shutil.which(name)
+    if found is None:
+        found = next(iter(sorted(Path('/usr/lib/postgresql').glob(f'*/bin/{name}'), reverse=True)), None)
+    return str(found) if found else None
+
+
 def _missing_postgres() -> str:
     for tool in ('initdb', 'pg_ctl', 'runuser'):
-        if shutil.which(tool) is None:
-            return f'{tool} is not on PATH (Debian: apt-get install postgresql util-linux)'
+        if _tool(tool) is None:
+            return f'{tool} is not installed (Debian: apt-get install postgresql util-linux)'
     if os.geteuid() != 0:
         return 'runuser needs root (the fixture runs PostgreSQL as the postgres user)'
     try:
@@ -111,11 +120,12 @@ def postgres_url():
     home = Path(tempfile.mkdtemp(prefix='lazylab-pg-'))
     os.chown(home, user.pw_uid, user.pw_gid)
     data, port = home / 'data', _free_port()
-    as_postgres = ['runuser', '-u', 'postgres', '--']
+    as_postgres = [_tool('runuser'), '-u', 'postgres', '--']
+    initdb, pg_ctl = _tool('initdb'), _tool('pg_ctl')
     try:
-        subprocess.run(as_postgres + ['initdb', '-D', str(data), '-A', 'trust', '-U', 'postgres', '--no-sync'],
+        subprocess.run(as_postgres + [initdb, '-D', str(data), '-A', 'trust', '-U', 'postgres', '--no-sync'],
                        check=True, capture_output=True, timeout=120)
-        subprocess.run(as_postgres + ['pg_ctl', '-D', str(data), '-l', str(home / 'server.log'), '-w', '-t', '60',
+        subprocess.run(as_postgres + [pg_ctl, '-D', str(data), '-l', str(home / 'server.log'), '-w', '-t', '60',
                                       '-o', f'-h 127.0.0.1 -p {port} -k {home} -c fsync=off', 'start'],
                        check=True, capture_output=True, timeout=120)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
@@ -125,7 +135,7 @@ def postgres_url():
     try:
         yield f'postgresql://postgres@127.0.0.1:{port}/postgres'
     finally:
-        subprocess.run(as_postgres + ['pg_ctl', '-D', str(data), '-m', 'fast', '-w', 'stop'], capture_output=True,
+        subprocess.run(as_postgres + [pg_ctl, '-D', str(data), '-m', 'fast', '-w', 'stop'], capture_output=True,
                        timeout=120)
         shutil.rmtree(home, ignore_errors=True)
 

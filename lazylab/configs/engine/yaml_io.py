@@ -4,7 +4,8 @@ A dump (``to_dict`` / ``dump``) has these sections:
 
 ``values``
     every plain value, by dotted path (sub-config items under dotted names): a plain value as itself (tuples as
-    lists, enums by name), a value computed by an option as the option's name.
+    lists, enums by name), a value computed by an option as the option's name (so replay, and its check, are about
+    which option computes it).
 ``given``
     the paths whose values were *given*, with where from: ``override`` / ``assigned`` (code outside any
     computation: ``_set_values``, ``apply_overrides``, ``conf.x = …``), or a label the caller gave with
