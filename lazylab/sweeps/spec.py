@@ -260,12 +260,13 @@ def _range(key: str, written: str, args: list[str]) -> Dimension:
     start, stop, step = (_number(slots.get(k, d)) for k, d in (('start', '0'), ('stop', ''), ('step', '1')))
     if step == 0:
         raise UsageError('range() step must not be 0')
-    n = math.ceil((stop - start) / step)
+    ints = all(isinstance(v, int) for v in (start, stop, step))
+    # floats: round the count first, so that range(0.1,0.4,0.1) stops before 0.4 (0.3/0.1 is 3.0000000000000004)
+    n = math.ceil((stop - start) / step if ints else round((stop - start) / step, 9))
     if n <= 0:
         raise UsageError('range() is empty')
     if n > 100_000:
         raise UsageError(f'range() has {n:,} values; that is not a grid to run')
-    ints = all(isinstance(v, int) for v in (start, stop, step))
     values = [start + i * step if ints else float(f'{start + i * step:.12g}') for i in range(n)]
     d = Dimension(key, 'choice', written, texts=[str(v) if ints else repr(v) for v in values])
     if ints:

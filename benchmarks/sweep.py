@@ -1,0 +1,77 @@
+"""`lazylab sweep`: trials per hour with 1 and 2 workers, and the cost of a trial over a plain `lazylab train`.
+
+    python benchmarks/sweep.py [--steps 60] [--reps 1]
+
+1. A 4-point grid (d_model=32,48 × optimizer.learning_rate=3e-3,1e-2) of tiny transformer runs (2 layers,
+   batch 8 × 64, `--steps` steps), swept with --workers 1 and then --workers 2: trials per hour of each, and their
+   ratio (the goal on a 2-core machine: ≥ 1.7×; each trial of the 2-worker sweep gets 1 thread, of the 1-worker
+   sweep 2).
+2. The same run as a plain `lazylab train` (the median of --reps), and as a one-point sweep's trial with one
+   worker (the time from the trial's start to its end, as the sweep measures it): the difference is what a trial
+   costs beyond its run (goal: < 1 s). The one-point sweep's own start (checking the command and computing its
+   first point, creating the study) is shown too; it is paid once per sweep, not per trial.
+
+Wall-clock seconds; a loaded machine moves the absolute numbers and, less, the ratio.
+"""
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+SIZES = ['heads=4', 'd_ff=128', 'n_layers=2', 'seq_len=64', 'batch_size=8', 'max_minutes=0', 'valid_batches=2',
+         'final_valid_batches=2', 'log_interval=20', 'sample_tokens=0', 'device=cpu']
+
+
+def lazylab(*args: str) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, '-m', 'lazylab.cli', *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f'lazylab {" ".join(args)} failed:\n{out.stdout}\n{out.stderr}')
+    return time.perf_counter() - t0, out.stdout
+
+
+def trial_seconds(output: str) -> list[float]:
+    """The seconds of each finished trial, from the sweep's end-of-trial lines."""
+    return [float(s) for s in re.findall(r' completed loss\.valid \S+  ([\d.]+) s', output)]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    p.add_argument('--steps', type=int, default=60)
+    p.add_argument('--reps', type=int, default=1)
+    a = p.parse_args()
+    steps = [f'max_steps={a.steps}', f'valid_interval={max(1, a.steps // 3)}']
+    grid = ['d_model=32,48', 'optimizer.learning_rate=3e-3,1e-2']
+    with tempfile.TemporaryDirectory() as tmp:
+        print(f'lazylab sweep, 4-point grid of tiny transformer runs ({a.steps} steps of 8×64, 2 layers), '
+              f'wall clock')
+        rates = {}
+        for workers in (1, 2):
+            seconds, out = lazylab('sweep', 'transformer', *SIZES, *steps, *grid, '--workers', str(workers),
+                                   f'runs_dir={tmp}/w{workers}')
+            rates[workers] = 4 / seconds * 3600
+            print(f'  --workers {workers}    {seconds:7.1f} s   {rates[workers]:7.0f} trials/hour   '
+                  f'(trials took {", ".join(f"{s:.1f}" for s in trial_seconds(out))} s)')
+        print(f'  2 workers / 1 worker: {rates[2] / rates[1]:.2f}x   (goal ≥ 1.7x)')
+
+        one = ['d_model=32', 'optimizer.learning_rate=3e-3']
+        plain = [lazylab('train', 'transformer', *SIZES, *steps, *one, 'threads=2', f'runs_dir={tmp}/plain')[0]
+                 for _ in range(a.reps)]
+        swept = []
+        for i in range(a.reps):
+            total, out = lazylab('sweep', 'transformer', *SIZES, *steps, *one, f'runs_dir={tmp}/one{i}')
+            swept.append((trial_seconds(out)[0], total))
+        train_s = statistics.median(plain)
+        trial_s = statistics.median(s for s, _ in swept)
+        total_s = statistics.median(t for _, t in swept)
+        print(f'  plain lazylab train        {train_s:6.2f} s')
+        print(f'  the same run as a trial    {trial_s:6.2f} s   overhead {trial_s - train_s:+.2f} s   (goal < 1 s)')
+        print(f'  the one-point sweep, all   {total_s:6.2f} s   (its own start, once per sweep: '
+              f'{total_s - trial_s:.2f} s)')
+
+
+if __name__ == '__main__':
+    main()
