@@ -105,7 +105,7 @@ def _status(run: Run) -> tuple[str, Optional[str]]:
         if state in ('running', 'interrupted') and not _owner_alive(run):
             return 'interrupted', None
         return state, run.trial.get('error')
-    return run.info.get('status', 'running'), run.info.get('error')
+    return run.info.get('status', '—'), run.info.get('error')  # '—': a run from before run.json had a status
 
 
 def _owner_alive(run: Run) -> bool:

@@ -494,7 +494,8 @@ class Sweep:
                 if fresh.state.name != 'RUNNING' or fresh.system_attrs.get(OWNER) != owner:
                     continue  # another process took it over first
                 self.study.set_owner(t.number, self.token)
-            params = dict(fresh.params)
+            trial = self.study.trial(t.number)  # its params as suggested, fixed (grid) or drawn now
+            params = {d.key: self._suggest(trial, d) for d in self.plan.space.dims}
             jobs.append(Job(t.number, params, self.plan.space.overrides(params), resume=True))
         return jobs
 

@@ -100,23 +100,32 @@ def run_trial(argv: list[str]) -> None:
     resume = '--resume' in options
     swept = options[options.index('--swept') + 1].split(',') if '--swept' in options else []
     info = json.loads(options[options.index('--info') + 1]) if '--info' in options else {}
+    # under a torchrun launcher every process runs this; rank 0 owns the folder and talks to the study, and the
+    # others pass a hook that says nothing (the trainer asks rank 0's, and every process must take part)
+    rank0 = int(os.environ.get('RANK', '0')) == 0
     run_dir.mkdir(parents=True, exist_ok=True)
-    held = lock(run_dir)
+    held = lock(run_dir) if rank0 else None
     try:
         report = os.environ.get(REPORT_ENV)
-        hook = OptunaReport(**json.loads(report)) if report else None
+        hook = (OptunaReport(**json.loads(report)) if rank0 else _silent) if report else None
         from lazylab.experiments import runner
         if resume and (run_dir / 'checkpoint.pt').is_file() and (run_dir / 'run.json').is_file():
             print(f'trial: resuming {run_dir} from its checkpoint', flush=True)
             runner.resume_main(str(run_dir), on_validation=hook)
             return
-        if resume:
+        if resume and rank0:
             print(f'trial: restarting {run_dir} (no checkpoint yet)', flush=True)
-        clear(run_dir)
+        if rank0:
+            clear(run_dir)
         runner.train_main(name, rest, run_dir=run_dir, on_validation=hook, labels={'sweep': swept},
                           info={'sweep': info} if info else None)
     finally:
-        held.close()
+        if held is not None:
+            held.close()
+
+
+def _silent(step: int, record: dict[str, Any]) -> None:
+    return None
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -22,22 +22,19 @@ from lazylab.sweeps import compare
 
 GRID = list(itertools.product(['GEGLU', 'SwiGLU'], [0.003, 0.01]))
 SWEPT = ['transformer.ffn.glu_variant', 'optimizer.learning_rate']
+#: the README's grid sweep (GLU variants × learning rates), as far as its three forms share it
+GRID_COMMAND = ('lazylab sweep transformer transformer.ffn.glu_variant=GEGLU,SwiGLU optimizer.learning_rate=3e-3,1e-2 '
+                'd_model=64 n_layers=2 max_minutes=0 max_steps=400 valid_interval=50')
 #: the README commands each test runs (by their first words), checked by the last test
 README_RUN_BY = {
-    'lazylab sweep transformer transformer.ffn.glu_variant=GEGLU,SwiGLU optimizer.learning_rate=3e-3,1e-2 '
-    'max_minutes=0 max_steps=600 valid_interval=100 --workers 2':
-        'test_grid_sweep_with_two_workers_runs_every_point_once',
+    GRID_COMMAND + ' --workers 2': 'test_grid_sweep_with_two_workers_runs_every_point_once',
     'lazylab compare runs/transformer/sweep-ID --plot': 'test_compare_shows_exactly_the_swept_keys',
     'lazylab diff runs/transformer/sweep-ID/trial-0000': 'test_diff_names_the_keys_both_values_and_their_sources',
     'lazylab sweep --resume runs/transformer/sweep-ID': 'test_sigkill_of_the_sweep_then_resume_runs_every_point_once',
     "lazylab sweep transformer 'optimizer.learning_rate=tag(log, interval(1e-4, 3e-2))' --sampler tpe":
         'test_readme_tpe_sweep_draws_log_uniform_learning_rates',
-    'lazylab sweep transformer transformer.ffn.glu_variant=GEGLU,SwiGLU optimizer.learning_rate=3e-3,1e-2 '
-    'max_minutes=0 max_steps=600 valid_interval=100 --storage postgresql':
-        'test_two_sweeps_on_one_postgresql_study_split_the_grid',
-    'lazylab sweep transformer transformer.ffn.glu_variant=GEGLU,SwiGLU optimizer.learning_rate=3e-3,1e-2 '
-    'max_minutes=0 max_steps=600 valid_interval=100 --storage /shared':
-        'test_two_sweeps_on_one_journal_file_split_the_grid',
+    GRID_COMMAND + ' --storage postgresql': 'test_two_sweeps_on_one_postgresql_study_split_the_grid',
+    GRID_COMMAND + ' --storage /shared': 'test_two_sweeps_on_one_journal_file_split_the_grid',
 }
 
 
@@ -75,9 +72,7 @@ def grid_points(sweep_dir: Path) -> list[tuple]:
 def glu_sweep(tmp_path_factory, tools):
     """The README's grid sweep (GLU variants × learning rates, 2 workers), tiny: (exit code, output, sweep dir)."""
     runs = tmp_path_factory.mktemp('runs')
-    rc, out = run_in_process(tools.tiny(readme(tools, 'lazylab sweep transformer transformer.ffn.glu_variant='
-                                                      'GEGLU,SwiGLU optimizer.learning_rate=3e-3,1e-2 max_minutes=0 '
-                                                      'max_steps=600 valid_interval=100 --workers 2'), runs))
+    rc, out = run_in_process(tools.tiny(readme(tools, GRID_COMMAND + ' --workers 2'), runs))
     dirs = list((runs / 'transformer').glob('sweep-*'))
     assert len(dirs) == 1, out
     return rc, out, dirs[0]
@@ -375,9 +370,7 @@ def _two_sweeps(tools, command: str, tmp_path: Path, **replace) -> Path:
 def test_two_sweeps_on_one_journal_file_split_the_grid(tools, tmp_path):
     journal = tmp_path / 'shared' / 'glu.journal'
     journal.parent.mkdir()
-    d = _two_sweeps(tools, readme(tools, 'lazylab sweep transformer transformer.ffn.glu_variant=GEGLU,SwiGLU '
-                                         'optimizer.learning_rate=3e-3,1e-2 max_minutes=0 max_steps=600 '
-                                         'valid_interval=100 --storage /shared'), tmp_path, journal=str(journal))
+    d = _two_sweeps(tools, readme(tools, GRID_COMMAND + ' --storage /shared'), tmp_path, journal=str(journal))
     import optuna
     from optuna.storages.journal import JournalFileBackend
     study = journal_study(d, optuna.storages.JournalStorage(JournalFileBackend(str(journal))))
@@ -386,9 +379,7 @@ def test_two_sweeps_on_one_journal_file_split_the_grid(tools, tmp_path):
 
 
 def test_two_sweeps_on_one_postgresql_study_split_the_grid(tools, tmp_path, postgres_url):
-    d = _two_sweeps(tools, readme(tools, 'lazylab sweep transformer transformer.ffn.glu_variant=GEGLU,SwiGLU '
-                                         'optimizer.learning_rate=3e-3,1e-2 max_minutes=0 max_steps=600 '
-                                         'valid_interval=100 --storage postgresql'), tmp_path, postgres=postgres_url)
+    d = _two_sweeps(tools, readme(tools, GRID_COMMAND + ' --storage postgresql'), tmp_path, postgres=postgres_url)
     from lazylab.sweeps.study import open_storage
     study = journal_study(d, open_storage(postgres_url))
     assert [t.state.name for t in study.trials] == ['COMPLETE'] * 4
