@@ -1,11 +1,12 @@
 """`lazylab sweep`: trials per hour with 1 and 2 workers, and the cost of a trial over a plain `lazylab train`.
 
-    python benchmarks/sweep.py [--steps 60] [--reps 1]
+    python benchmarks/sweep.py [--steps 60] [--reps 2]
 
 1. A 4-point grid (d_model=32,48 × optimizer.learning_rate=3e-3,1e-2) of tiny transformer runs (2 layers,
    batch 8 × 64, `--steps` steps), swept with --workers 1 and then --workers 2: trials per hour of each, and their
    ratio (the goal on a 2-core machine: ≥ 1.7×; each trial of the 2-worker sweep gets 1 thread, of the 1-worker
-   sweep 2).
+   sweep 2). With --reps 2 or more the order alternates (1, 2, then 2, 1, …), so a machine whose load changes
+   meanwhile does not favour one; the medians are compared.
 2. The same run as a plain `lazylab train` (the median of --reps), and as a one-point sweep's trial with one
    worker (the time from the trial's start to its end, as the sweep measures it): the difference is what a trial
    costs beyond its run (goal: < 1 s). The one-point sweep's own start (checking the command and computing its
@@ -41,21 +42,23 @@ def trial_seconds(output: str) -> list[float]:
 def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     p.add_argument('--steps', type=int, default=60)
-    p.add_argument('--reps', type=int, default=1)
+    p.add_argument('--reps', type=int, default=2)
     a = p.parse_args()
     steps = [f'max_steps={a.steps}', f'valid_interval={max(1, a.steps // 3)}']
     grid = ['d_model=32,48', 'optimizer.learning_rate=3e-3,1e-2']
     with tempfile.TemporaryDirectory() as tmp:
         print(f'lazylab sweep, 4-point grid of tiny transformer runs ({a.steps} steps of 8×64, 2 layers), '
               f'wall clock')
-        rates = {}
-        for workers in (1, 2):
-            seconds, out = lazylab('sweep', 'transformer', *SIZES, *steps, *grid, '--workers', str(workers),
-                                   f'runs_dir={tmp}/w{workers}')
-            rates[workers] = 4 / seconds * 3600
-            print(f'  --workers {workers}    {seconds:7.1f} s   {rates[workers]:7.0f} trials/hour   '
-                  f'(trials took {", ".join(f"{s:.1f}" for s in trial_seconds(out))} s)')
-        print(f'  2 workers / 1 worker: {rates[2] / rates[1]:.2f}x   (goal ≥ 1.7x)')
+        rates: dict[int, list[float]] = {1: [], 2: []}
+        for rep in range(a.reps):
+            for workers in ((1, 2) if rep % 2 == 0 else (2, 1)):
+                seconds, out = lazylab('sweep', 'transformer', *SIZES, *steps, *grid, '--workers', str(workers),
+                                       f'runs_dir={tmp}/w{workers}-{rep}')
+                rates[workers].append(4 / seconds * 3600)
+                print(f'  --workers {workers}    {seconds:7.1f} s   {rates[workers][-1]:7.0f} trials/hour   '
+                      f'(trials took {", ".join(f"{s:.1f}" for s in trial_seconds(out))} s)', flush=True)
+        one_worker, two_workers = statistics.median(rates[1]), statistics.median(rates[2])
+        print(f'  2 workers / 1 worker (medians): {two_workers / one_worker:.2f}x   (goal ≥ 1.7x)')
 
         one = ['d_model=32', 'optimizer.learning_rate=3e-3']
         plain = [lazylab('train', 'transformer', *SIZES, *steps, *one, 'threads=2', f'runs_dir={tmp}/plain')[0]
