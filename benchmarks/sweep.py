@@ -7,31 +7,43 @@
    ratio (the goal on a 2-core machine: ≥ 1.7×; each trial of the 2-worker sweep gets 1 thread, of the 1-worker
    sweep 2). With --reps 2 or more the order alternates (1, 2, then 2, 1, …), so a machine whose load changes
    meanwhile does not favour one; the medians are compared.
-2. The same run as a plain `lazylab train` (the median of --reps), and as a one-point sweep's trial with one
-   worker (the time from the trial's start to its end, as the sweep measures it): the difference is what a trial
-   costs beyond its run (goal: < 1 s). The one-point sweep's own start (checking the command and computing its
-   first point, creating the study) is shown too; it is paid once per sweep, not per trial.
+2. The same run as a plain `lazylab train` and as a one-point sweep's trial with one worker (the time from the
+   trial's start to its end, as the sweep measures it), alternating, medians of --reps: the difference is what a
+   trial costs beyond its run (goal: < 1 s), in wall-clock seconds and in CPU seconds (the trial's from its
+   trial.json; CPU time moves much less than wall time on a shared machine). The one-point sweep's own start
+   (checking the command and computing its first point, creating the study) is shown too; it is paid once per
+   sweep, not per trial.
 
 Wall-clock seconds; a loaded machine moves the absolute numbers and, less, the ratio.
 """
 import argparse
+import json
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 SIZES = ['heads=4', 'd_ff=128', 'n_layers=2', 'seq_len=64', 'batch_size=8', 'max_minutes=0', 'valid_batches=2',
          'final_valid_batches=2', 'log_interval=20', 'sample_tokens=0', 'device=cpu']
 
 
-def lazylab(*args: str) -> tuple[float, str]:
+def lazylab(*args: str) -> tuple[float, str, float]:
+    """(wall seconds, stdout, CPU seconds of the process and its children) of `lazylab ARGS`."""
+    before = _children_cpu()
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, '-m', 'lazylab.cli', *args], capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f'lazylab {" ".join(args)} failed:\n{out.stdout}\n{out.stderr}')
-    return time.perf_counter() - t0, out.stdout
+    return time.perf_counter() - t0, out.stdout, _children_cpu() - before
+
+
+def _children_cpu() -> float:
+    import resource
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def trial_seconds(output: str) -> list[float]:
@@ -52,7 +64,7 @@ def main():
         rates: dict[int, list[float]] = {1: [], 2: []}
         for rep in range(a.reps):
             for workers in ((1, 2) if rep % 2 == 0 else (2, 1)):
-                seconds, out = lazylab('sweep', 'transformer', *SIZES, *steps, *grid, '--workers', str(workers),
+                seconds, out, _ = lazylab('sweep', 'transformer', *SIZES, *steps, *grid, '--workers', str(workers),
                                        f'runs_dir={tmp}/w{workers}-{rep}')
                 rates[workers].append(4 / seconds * 3600)
                 print(f'  --workers {workers}    {seconds:7.1f} s   {rates[workers][-1]:7.0f} trials/hour   '
@@ -61,19 +73,25 @@ def main():
         print(f'  2 workers / 1 worker (medians): {two_workers / one_worker:.2f}x   (goal ≥ 1.7x)')
 
         one = ['d_model=32', 'optimizer.learning_rate=3e-3']
-        plain = [lazylab('train', 'transformer', *SIZES, *steps, *one, 'threads=2', f'runs_dir={tmp}/plain')[0]
-                 for _ in range(a.reps)]
-        swept = []
-        for i in range(a.reps):
-            total, out = lazylab('sweep', 'transformer', *SIZES, *steps, *one, f'runs_dir={tmp}/one{i}')
-            swept.append((trial_seconds(out)[0], total))
-        train_s = statistics.median(plain)
-        trial_s = statistics.median(s for s, _ in swept)
-        total_s = statistics.median(t for _, t in swept)
-        print(f'  plain lazylab train        {train_s:6.2f} s')
-        print(f'  the same run as a trial    {trial_s:6.2f} s   overhead {trial_s - train_s:+.2f} s   (goal < 1 s)')
-        print(f'  the one-point sweep, all   {total_s:6.2f} s   (its own start, once per sweep: '
-              f'{total_s - trial_s:.2f} s)')
+        plain, swept = [], []
+        for i in range(a.reps):  # alternating, as above
+            for kind in (('train', 'sweep') if i % 2 == 0 else ('sweep', 'train')):
+                if kind == 'train':
+                    wall, _, cpu = lazylab('train', 'transformer', *SIZES, *steps, *one, 'threads=2',
+                                           f'runs_dir={tmp}/plain')
+                    plain.append((wall, cpu))
+                else:
+                    total, out, _ = lazylab('sweep', 'transformer', *SIZES, *steps, *one, f'runs_dir={tmp}/one{i}')
+                    trial = json.loads(next(Path(tmp, f'one{i}').glob('transformer/sweep-*/trial-0000/trial.json'))
+                                       .read_text())
+                    swept.append((trial['seconds'], trial['cpu_seconds'], total))
+        train_wall, train_cpu = (statistics.median(x[i] for x in plain) for i in range(2))
+        trial_wall, trial_cpu, total = (statistics.median(x[i] for x in swept) for i in range(3))
+        print(f'  plain lazylab train        {train_wall:6.2f} s wall   {train_cpu:6.2f} s CPU')
+        print(f'  the same run as a trial    {trial_wall:6.2f} s wall   {trial_cpu:6.2f} s CPU   overhead '
+              f'{trial_wall - train_wall:+.2f} s wall, {trial_cpu - train_cpu:+.2f} s CPU   (goal < 1 s)')
+        print(f'  the one-point sweep, all   {total:6.2f} s wall   (its own start, once per sweep: '
+              f'{total - trial_wall:.2f} s)')
 
 
 if __name__ == '__main__':

@@ -111,10 +111,10 @@ def _status(run: Run) -> tuple[str, Optional[str]]:
 def _owner_alive(run: Run) -> bool:
     """Whether the sweep process that runs this trial still holds its lock (see lazylab.sweeps.sweep)."""
     attempts = run.trial.get('attempts') or [{}]
-    owner, sweep = attempts[-1].get('owner'), run.trial.get('sweep')
-    if not owner or not sweep:
+    owner = attempts[-1].get('owner')
+    if not owner:
         return True
-    lock = Path(sweep) / '.owners' / owner
+    lock = run.path.parent / '.owners' / owner  # the trial's folder is SWEEP_DIR/trial-NNNN
     try:
         fd = os.open(lock, os.O_RDONLY)
     except OSError:

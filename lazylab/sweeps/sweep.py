@@ -121,7 +121,8 @@ class Plan:
         config = None
         if self.config_file:
             config = hashlib.sha256(Path(self.config_file).read_bytes()).hexdigest()
-        return {'experiment': self.name, 'fixed': self.fixed, 'config_sha256': config,
+        fixed = [t for t in self.fixed if not t.startswith('runs_dir=')]  # each machine has its own runs folder
+        return {'experiment': self.name, 'fixed': fixed, 'config_sha256': config,
                 'space': self.space.describe(), 'zip': self.space.zips, 'sampler': self.sampler,
                 'trials': self.trials, 'metric': self.metric, 'direction': self.direction, 'prune': self.prune}
 
@@ -157,6 +158,24 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
     for d in dims:
         if d.log and d.kind == 'choice' and d.int_step not in (None, 1):
             raise UsageError(f'{d.key}={d.written}: tag(log, range()) needs step 1')
+    if a.metric not in METRICS:
+        import difflib
+        close = difflib.get_close_matches(a.metric, METRICS, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ''
+        raise UsageError(f'unknown --metric {a.metric!r}{hint}; metrics: {", ".join(METRICS)}')
+    direction = a.direction or ('maximize' if a.metric.startswith(('accuracy', 'tokens')) else 'minimize')
+    if a.workers < 1:
+        raise UsageError(f'--workers must be ≥ 1, got {a.workers}')
+    if a.seed < 0:
+        raise UsageError(f'--seed must be ≥ 0, got {a.seed}')
+    study = study or a.study
+    if study is not None and not re.fullmatch(r'[A-Za-z0-9][A-Za-z0-9._-]*', study):
+        raise UsageError(f'--study {study!r}: use letters, digits, ".", "_" and "-" (it names the sweep folder)')
+    storage = storage or a.storage
+    if storage is not None and '://' not in storage:
+        storage = str(Path(storage).resolve())
+        if not Path(storage).parent.is_dir():
+            raise UsageError(f'--storage {a.storage}: folder {Path(storage).parent} does not exist')
     config_args = ['--config', a.config] if a.config else []
     conf = type_space(name, fixed + config_args, dims)
     zips = [[k.strip() for k in z.split(',') if k.strip()] for z in a.zip]
@@ -178,24 +197,6 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
         if space.zips:
             raise UsageError('--zip is for the grid sampler')
         points, trials = [{}] * a.trials, a.trials
-    if a.metric not in METRICS:
-        import difflib
-        close = difflib.get_close_matches(a.metric, METRICS, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ''
-        raise UsageError(f'unknown --metric {a.metric!r}{hint}; metrics: {", ".join(METRICS)}')
-    direction = a.direction or ('maximize' if a.metric.startswith(('accuracy', 'tokens')) else 'minimize')
-    if a.workers < 1:
-        raise UsageError(f'--workers must be ≥ 1, got {a.workers}')
-    if a.seed < 0:
-        raise UsageError(f'--seed must be ≥ 0, got {a.seed}')
-    study = study or a.study
-    if study is not None and not re.fullmatch(r'[A-Za-z0-9][A-Za-z0-9._-]*', study):
-        raise UsageError(f'--study {study!r}: use letters, digits, ".", "_" and "-" (it names the sweep folder)')
-    storage = storage or a.storage
-    if storage is not None and '://' not in storage:
-        storage = str(Path(storage).resolve())
-        if not Path(storage).parent.is_dir():
-            raise UsageError(f'--storage {a.storage}: folder {Path(storage).parent} does not exist')
     launcher = shlex.split(a.launcher) if a.launcher else [sys.executable]
     if not launcher:
         raise UsageError('--launcher is empty')
@@ -247,6 +248,8 @@ def resume_main(sweep_dir: str, argv: list[str]) -> int:
         argv = _without(argv, '--workers') + ['--workers', str(a.workers)]
     if record.get('config_copy'):
         argv = _without(argv, '--config') + ['--config', str(path / record['config_copy'])]
+    # the sweep directory is RUNS_DIR/NAME/sweep-STUDY wherever the command is run from now
+    argv = [x for x in argv if not x.startswith('runs_dir=')] + [f'runs_dir={path.resolve().parent.parent}']
     plan = make_plan(argv, study=record['study'], storage=storage or None)
     if plan.sweep_dir.resolve() != path.resolve():
         raise UsageError(f'{sweep_dir}: {SWEEP_YAML} describes {plan.sweep_dir} (was the folder moved? run the '
@@ -289,6 +292,7 @@ class Slot:
     job: Optional[Job] = None
     proc: Optional[subprocess.Popen] = None
     started: float = 0.0
+    cpu: Optional[float] = None
 
 
 def _die_with_parent():
@@ -419,6 +423,8 @@ class Sweep:
               f'{plan.metric}, {plan.direction}' + (f', pruning: {plan.prune}' if plan.prune != 'none' else ''),
               flush=True)
         slots = [Slot(i) for i in range(plan.workers)]
+        self._cpu_seen = 0.0
+        self._cpu_since_last()
         self.takeovers = self.stale_trials()
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
@@ -448,8 +454,17 @@ class Sweep:
             time.sleep(0.05)
             for s in running:
                 if s.proc.poll() is not None:
+                    s.cpu = self._cpu_since_last()  # reaped just now: the CPU time of its process tree
                     self.finish(s)
                     exhausted = False  # look again: a trial may have been left by a process that died meanwhile
+
+    def _cpu_since_last(self) -> float:
+        """CPU seconds (user + system) of the child processes reaped since the last call."""
+        import resource
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        total = usage.ru_utime + usage.ru_stime
+        spent, self._cpu_seen = total - self._cpu_seen, total
+        return spent
 
     def next_job(self) -> Optional[Job]:
         if not self.takeovers:
@@ -546,7 +561,9 @@ class Sweep:
             self.study.tell(job.number, state, value)
         record = _read_json(trial_dir / TRIAL)
         record.update({'state': state, 'value': value, 'error': error, 'steps': steps, 'returncode': rc,
-                       'finished': _now(), 'seconds': round(seconds, 2)})
+                       'finished': _now(), 'seconds': round(seconds, 2),
+                       'cpu_seconds': None if slot.cpu is None else round(slot.cpu, 2)})
+        slot.cpu = None
         _write_json(trial_dir / TRIAL, record)
         self.outcomes[state] = self.outcomes.get(state, 0) + 1
         metric = f'{self.plan.metric} {value:.4f}' if value is not None else ''

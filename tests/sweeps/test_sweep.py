@@ -327,6 +327,9 @@ def test_sigkill_of_the_sweep_then_resume_runs_every_point_once(tools, tmp_path)
         time.sleep(0.1)
     assert json.loads((d / 'trial-0001' / 'run.json').read_text())['status'] == 'running'  # it was killed
     assert not (d / 'trial-0002').exists()
+    # its process is gone: compare says so (the sweep's lock is free)
+    assert {row['trial']: row['status'] for row in compare.compare([str(d)]).rows} == \
+        {'0000': 'completed', '0001': 'interrupted'}
     done_before = _files(d / 'trial-0000')
     checkpoint_step = __import__('torch').load(d / 'trial-0001' / 'checkpoint.pt',
                                                weights_only=True)['position']['step']
