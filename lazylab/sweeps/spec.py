@@ -378,7 +378,7 @@ def type_space(name: str, fixed: list[str], dims: list[Dimension]) -> Any:
     threads = torch.get_num_threads()
     try:
         conf = runner.make_configs(name, fixed + first + ([] if device == ['device=cpu'] else ['device=cpu']))
-        runner.prepare(conf)
+        _compute(conf)
     finally:
         torch.set_num_threads(threads)
     for d in dims:
@@ -406,6 +406,24 @@ def type_space(name: str, fixed: list[str], dims: list[Dimension]) -> Any:
         if d.log and d.low <= 0:
             raise UsageError(f'{d.key}={d.written}: tag(log, …) needs lo > 0')
     return conf
+
+
+def _compute(conf: Any) -> None:
+    """What `runner.prepare` computes, but the torch optimizer and its schedule (which the trials build; making one
+    here would cost the sweep's start a second, importing torch's compiler): the data, the model, and every plain
+    item, so that each sub-config exists and each of its keys is known."""
+    import torch
+
+    from lazylab.configs import describe
+    from lazylab.experiments import runner
+    runner.check_values(conf)
+    torch.manual_seed(conf.seed)
+    _ = conf.task, conf.model, conf.total_steps
+    for row in describe(conf):
+        if row['plain']:
+            value = conf
+            for part in row['name'].split('.'):
+                value = getattr(value, part)
 
 
 def _owner(conf: Any, key: str, name: str) -> tuple[Any, str]:
