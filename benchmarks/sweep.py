@@ -92,6 +92,25 @@ def main():
               f'{trial_wall - train_wall:+.2f} s wall, {trial_cpu - train_cpu:+.2f} s CPU   (goal < 1 s)')
         print(f'  the one-point sweep, all   {total:6.2f} s wall   (its own start, once per sweep: '
               f'{total - trial_wall:.2f} s)')
+        print(f'  (runs: train {", ".join(f"{w:.2f}" for w, _ in plain)} s; trial '
+              f'{", ".join(f"{w:.2f}" for w, _, _ in swept)} s)')
+        print(f'  the study\'s work per trial (claim, draw, record owner, tell; journal file): '
+              f'{study_seconds(Path(tmp)) * 1000:.1f} ms')
+
+
+def study_seconds(tmp: Path, n: int = 20) -> float:
+    """Seconds per trial of what a sweep asks of its study, measured in this process on a journal file."""
+    from lazylab.sweeps.study import Study, make_pruner, make_sampler, open_storage
+    study = Study(open_storage(str(tmp / 'bench.journal')), 'bench', 'minimize', make_sampler('random', 0),
+                  make_pruner('none'))
+    study.enqueue([{}] * n, {'bench': True})
+    t0 = time.perf_counter()
+    for _ in range(n):
+        trial = study.claim()
+        study.set_owner(trial.number, 'bench')
+        trial.suggest_float('x', 1e-4, 1e-2, log=True)
+        study.tell(trial.number, 'completed', 1.0)
+    return (time.perf_counter() - t0) / n
 
 
 if __name__ == '__main__':
