@@ -187,14 +187,20 @@ def test_diff_names_the_keys_both_values_and_their_sources(glu_sweep, tools, cap
 
 
 def test_zipped_keys_move_together_and_a_failing_trial_is_recorded(tools, tmp_path, capsys):
-    sizes = [t for t in tools.TINY if not t.startswith(('d_model=', 'heads='))]
-    rc = cli.main(['sweep', 'transformer', *sizes, 'd_model=16,30', 'heads=2,4', '--zip', 'd_model,heads',
-                   '--workers', '2', f'runs_dir={tmp_path}'])
+    # the sizes come from a --config file this time: the sweep keeps a copy, which its trials read
+    sizes = tmp_path / 'tiny.yaml'
+    sizes.write_text(''.join(f'{t.replace("=", ": ", 1)}\n' for t in tools.TINY if not t.startswith(('d_model=',
+                                                                                                       'heads='))))
+    rc = cli.main(['sweep', 'transformer', '--config', str(sizes), 'd_model=16,30', 'heads=2,4', '--zip',
+                   'd_model,heads', '--workers', '2', f'runs_dir={tmp_path}'])
     out = capsys.readouterr().out
     assert rc == 1, out  # a trial failed
     d = next((tmp_path / 'transformer').glob('sweep-*'))
-    first = yaml.safe_load((d / 'trial-0000' / 'configs.yaml').read_text())['values']
-    assert (first['d_model'], first['heads'], first['transformer.n_heads']) == (16, 2, 2)
+    assert (d / 'config.yaml').read_text() == sizes.read_text()
+    doc = yaml.safe_load((d / 'trial-0000' / 'configs.yaml').read_text())
+    first = doc['values']
+    assert (first['d_model'], first['heads'], first['transformer.n_heads'], first['max_steps']) == (16, 2, 2, 4)
+    assert doc['given']['max_steps'] == f'--config {d / "config.yaml"}' and doc['given']['heads'] == 'sweep'
     failed = json.loads((d / 'trial-0001' / 'trial.json').read_text())
     assert failed['state'] == 'failed' and failed['params'] == {'d_model': 30, 'heads': 4}
     assert 'd_model=30 is not divisible by heads=4' in failed['error']
