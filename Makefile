@@ -1,8 +1,8 @@
 # The targets the README's two commands call, plus the notebooks' sync. Everything installs into .venv.
 #
 # Install order: torch==2.13.0 first (a CPU build on our machines' local disk; pyproject.toml keeps a range), then
-# lazylab in editable mode with the test and dashboard extras, then the labml_nn reference the tests and benchmarks
-# compare against. labml_nn 0.5.1 goes in with --no-deps on purpose: its requirements would also bring torchtext,
+# lazylab in editable mode with the test, dashboard and postgres extras (postgres: the PostgreSQL driver the sweep
+# tests use), then the labml_nn reference the tests and benchmarks compare against. labml_nn 0.5.1 goes in with --no-deps on purpose: its requirements would also bring torchtext,
 # torchvision and fairscale, which the modules we compare against do not import; what they do need (labml, einops)
 # is in lazylab's dependencies and test extra. This is the one place that installs it (CONTRIBUTING.md points here).
 VENV ?= .venv
@@ -12,7 +12,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[test,dashboard]'
+	$(PIP) install -e '.[test,dashboard,postgres]'
 	$(PIP) install --no-deps labml-nn==0.5.1
 	touch $@
 

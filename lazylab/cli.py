@@ -2,11 +2,17 @@
 
     lazylab train NAME [key=value …] [--config FILE.yaml]     train an experiment (feedback, fast_weights, transformer)
     lazylab options NAME                                      every key with type, default, options and help
-    lazylab resume RUN_DIR                                    continue a run from its checkpoint
+    lazylab resume RUN_DIR [--allow-changes]                  continue a run from its checkpoint
     lazylab generate RUN_DIR --prompt TEXT --tokens N [--temperature T] [--top-k K] [--seed S]
     lazylab plot RUN_DIR [RUN_DIR …] -o FILE.png              loss against tokens seen, for one or several runs
     lazylab labml MODULE [key=value …] [--config FILE] [--options] [--steps N] [--runs-dir DIR] [--dashboard URL]
                                                               run a labml experiment module on lazylab's engine
+    lazylab sweep NAME [key=value | key=a,b,c …] [--workers N] [--sampler grid|random|tpe] [--trials N] [--prune …]
+                                                              many runs of one experiment (lazylab sweep -h)
+    lazylab sweep --resume SWEEP_DIR                          finish a sweep after a kill
+    lazylab compare PATH … [--sort KEY] [--metric KEY] [--csv FILE] [--plot FILE.png]
+                                                              runs and sweeps side by side: the keys that differ
+    lazylab diff RUN_A RUN_B                                  the keys whose values differ, and where each came from
     lazylab dashboard [--port 5005] [--store DIR] [--host H]  serve the labml dashboard (optional extra)
 
 A mistake the user can fix (unknown key or option, bad value, missing or non-UTF-8 text, damaged checkpoint, a
@@ -43,10 +49,12 @@ def _options(argv: list[str]) -> None:
 
 
 def _resume(argv: list[str]) -> None:
-    from lazylab.experiments.runner import resume_main
+    from lazylab.experiments.runner import ALLOW_CHANGES, resume_main
+    allow_changes = ALLOW_CHANGES in argv
+    argv = [a for a in argv if a != ALLOW_CHANGES]
     if len(argv) != 1:
-        raise UsageError('usage: lazylab resume RUN_DIR')
-    resume_main(argv[0])
+        raise UsageError('usage: lazylab resume RUN_DIR [--allow-changes]')
+    resume_main(argv[0], allow_changes=allow_changes)
 
 
 def _generate(argv: list[str]) -> None:
@@ -76,8 +84,32 @@ def _labml(argv: list[str]) -> None:
     labml_main(argv)
 
 
+def _sweep(argv: list[str]) -> int:
+    from lazylab.sweeps.sweep import sweep_main
+    return sweep_main(argv)
+
+
+def _compare(argv: list[str]) -> None:
+    from lazylab.sweeps.compare import compare_main
+    p = _Parser(prog='lazylab compare', add_help=False, allow_abbrev=False)
+    p.add_argument('paths', nargs='+')
+    p.add_argument('--sort')
+    p.add_argument('--metric', default='loss.valid')
+    p.add_argument('--csv')
+    p.add_argument('--plot')
+    a = p.parse_args(argv)
+    compare_main(a.paths, a.metric, a.sort, a.csv, a.plot)
+
+
+def _diff(argv: list[str]) -> None:
+    from lazylab.sweeps.compare import diff_text
+    if len(argv) != 2 or any(a.startswith('-') for a in argv):
+        raise UsageError('usage: lazylab diff RUN_A RUN_B')
+    print(diff_text(argv[0], argv[1]))
+
+
 COMMANDS = {'train': _train, 'options': _options, 'resume': _resume, 'generate': _generate, 'plot': _plot,
-            'labml': _labml}
+            'labml': _labml, 'sweep': _sweep, 'compare': _compare, 'diff': _diff}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -89,6 +121,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if command == 'dashboard':  # the dashboard's own parser and optional dependencies, loaded only when asked
         from lazylab.dashboard import run as dashboard_run
         return run_cli(dashboard_run, rest)
+    if command == 'sweep':  # its exit code also says whether every trial finished (see lazylab.sweeps.sweep)
+        codes: list[int] = []
+        rc = run_cli(lambda args: codes.append(_sweep(args)), rest)
+        return codes[0] if rc == 0 and codes else rc
     if command not in COMMANDS:
         import difflib
         close = difflib.get_close_matches(command, list(COMMANDS) + ['dashboard'], n=1)

@@ -21,8 +21,11 @@ Instance API: ``conf.set_default(Cls.item, value=None, func=None)``, ``conf._set
     apply_overrides(configs, values)               text/YAML values typed by declared type; all-or-nothing
     coerce_text(text, annotation)                  one text value -> typed value (int, float, bool, Optional, ...)
     explain(configs) -> {path: {source, detail, selected_by, reads, value}}; format_explain(report) -> str
-    to_dict(configs) -> {'values', 'objects', 'hyperparams', 'meta'}; dump(configs, path=None) -> YAML text
-    load(configs, path_or_yaml_or_dict)            replay a dump as overrides
+    to_dict(configs) -> {'values', 'given', 'computed', 'objects', 'hyperparams', 'meta'}
+    dump(configs, path=None, run_values=None) -> YAML text (see lazylab.configs.engine.yaml_io)
+    load(configs, path_or_yaml_or_dict, label=None)   replay a dump: its given values applied, the rest recomputed
+    replay_changes(configs) -> [Change]            after computing: recorded computed values that came out different
+    label_given(configs, keys, label)              say where given values came from (the dump's `given` section)
     describe(configs_or_class) -> [row]; format_description(rows) -> str     listing for --help / options
 
 Typed items: ``typing.Annotated[T, constraint, ...]`` with the constraints of the annotated-types package::
@@ -76,11 +79,12 @@ from .engine.listing import describe, format_description
 from .engine.overrides import apply_overrides, parse_overrides
 from .engine.registration import aggregate, calculate, hyperparams, meta_config, option
 from .engine.report import explain, format_explain
-from .engine.yaml_io import dump, load, to_dict
+from .engine.yaml_io import Change, dump, label_given, load, replay_changes, to_dict
 
 __all__ = [
     'BaseConfigs', 'option', 'calculate', 'aggregate', 'hyperparams', 'meta_config',
     'explain', 'format_explain', 'describe', 'format_description', 'to_dict', 'dump', 'load',
+    'replay_changes', 'label_given', 'Change',
     'apply_overrides', 'parse_overrides', 'coerce_text',
     'ConfigError', 'UnknownItemError', 'NoValueError', 'AlreadyComputedError', 'UnknownOptionError',
     'BadValueError', 'CycleError', 'CalculatorError', 'DeclarationError', 'OverrideSyntaxError',

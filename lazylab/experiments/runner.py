@@ -1,7 +1,7 @@
 """From a command line to a finished run: configs, validation, run directory, training, resume and generation.
 
-    lazylab train NAME [key=value …] [--config FILE.yaml]     ≡  python -m lazylab.experiments.NAME …
-    lazylab resume RUN_DIR
+    lazylab train NAME [key=value …] [--config FILE.yaml] [--allow-changes]   ≡  python -m lazylab.experiments.NAME …
+    lazylab resume RUN_DIR [--allow-changes]
     lazylab generate RUN_DIR --prompt TEXT --tokens N [--temperature T] [--top-k K]
     lazylab options NAME
 
@@ -10,6 +10,18 @@ unknown options), the device, the text file, the model's shape constraints and t
 first; only then is RUNS_DIR/NAME/RUN_ID/ created. Such mistakes raise a `lazylab.errors.LazylabError` or a
 `lazylab.configs.ConfigError` whose message is one line; `run_cli` (lazylab.errors) prints it as
 `lazylab: error: …` and returns exit code 2.
+
+Replaying a dump (`--config RUN/configs.yaml`, and `lazylab resume`) applies its given values and then checks that
+every value it recorded as computed comes out the same, unless the new key=value settings changed what it was
+computed from (`lazylab.configs.replay_changes`); a difference is one error line naming the key and both values,
+and `--allow-changes` accepts it (each is then printed as a warning and recorded in run.json).
+
+run.json: experiment, run_id, uuid, argv, created; the lazylab, torch and Python versions, the device, the git
+commit of the lazylab source when it is a git checkout (`git`: commit and whether the tree had changes), the
+parameter count; `status` (running, then completed, pruned — stopped by a sweep's pruner —, failed with its
+one-line `error`, or interrupted), and at the end `steps` (optimizer steps taken) and `finished`. At the end
+configs.yaml is written again with `total_steps` / `optimizer.total_steps` as the run took them (the time budget
+fits them as it goes; the configuration's own values move to its `computed_before_run` section).
 """
 import difflib
 import importlib
@@ -22,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from lazylab.configs import apply_overrides, dump, load, parse_overrides, to_dict
+from lazylab.configs import apply_overrides, dump, label_given, load, parse_overrides, replay_changes, to_dict
 from lazylab.errors import UsageError, run_cli, user_error_message  # noqa: F401  (re-exported: the CLI's error path)
 from lazylab.experiments import EXPERIMENTS
 
@@ -98,11 +110,124 @@ def make_configs(name: str, argv: Sequence[str] = ()):
         if preset not in presets:
             raise UsageError(f"unknown preset {preset!r} for {name}; presets: {', '.join(presets) or 'none'}")
         apply_overrides(conf, presets[preset])
+        label_given(conf, presets[preset], f'preset {preset}')
     if file_values:
-        load(conf, file_values)
+        load(conf, file_values, label=f'--config {config_file}')  # a dump: its given values (see check_replay)
     if values:
         apply_overrides(conf, values)
+        label_given(conf, values, 'user')
     return conf
+
+
+ALLOW_CHANGES = '--allow-changes'
+
+
+def check_replay(conf, allow_changes: bool = False) -> list[str]:
+    """After `prepare`: the computed values of a replayed dump (--config RUN/configs.yaml, resume) that came out
+    differently although nothing they depend on was given a new value; returns them as lines (printed as
+    warnings) when `allow_changes`.
+
+    Raises:
+        UsageError: `<key> comes out <now>, <dump> has <recorded> (…); --allow-changes accepts it`.
+    """
+    lines = [str(change) for change in replay_changes(conf)]
+    if lines and not allow_changes:
+        more = f' (and {len(lines) - 1} more)' if len(lines) > 1 else ''
+        raise UsageError(f'{lines[0]}{more}: the code or data computes it differently now; '
+                         f'{ALLOW_CHANGES} accepts {"them" if more else "it"}')
+    for line in lines:
+        print(f'lazylab: warning: {line} (accepted: {ALLOW_CHANGES})', file=sys.stderr, flush=True)
+    return lines
+
+
+def run_environment(conf) -> dict[str, Any]:
+    """What run.json records about the software and machine: versions, device, git commit of the lazylab source."""
+    import platform
+
+    import torch
+
+    import lazylab
+    from lazylab.experiments.trainer import resolve_device
+    device = resolve_device(conf.device)
+    info: dict[str, Any] = {'lazylab': getattr(lazylab, '__version__', None) or _package_version(),
+                            'torch': torch.__version__, 'python': platform.python_version(), 'device': str(device)}
+    if device.type == 'cuda':
+        info['device_name'] = torch.cuda.get_device_name(device)
+    git = git_commit(Path(lazylab.__file__).resolve().parent)
+    if git is not None:
+        info['git'] = git
+    return info
+
+
+def _package_version() -> Optional[str]:
+    from importlib import metadata
+    try:
+        return metadata.version('lazylab')
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit(folder: Path) -> Optional[dict[str, Any]]:
+    """{'commit': sha, 'dirty': bool} of the git checkout holding `folder`, or None (not a checkout, no git)."""
+    import subprocess
+    try:
+        sha = subprocess.run(['git', '-C', str(folder), 'rev-parse', 'HEAD'], capture_output=True, text=True,
+                             timeout=10)
+        if sha.returncode != 0:
+            return None
+        status = subprocess.run(['git', '-C', str(folder), 'status', '--porcelain', '--untracked-files=no'],
+                                capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {'commit': sha.stdout.strip(), 'dirty': bool(status.stdout.strip())}
+
+
+def write_run_json(run_dir: Path, info: dict[str, Any]) -> None:
+    """run.json through a temporary file and a rename (a reader never sees half of it)."""
+    tmp = run_dir / f'run.json.tmp{os.getpid()}'
+    tmp.write_text(json.dumps(info, indent=1) + '\n', encoding='utf-8')
+    os.replace(tmp, run_dir / 'run.json')
+
+
+def update_run_json(run_dir: Path, **values: Any) -> None:
+    info = json.loads((run_dir / 'run.json').read_text(encoding='utf-8'))
+    info.update(values)
+    write_run_json(run_dir, info)
+
+
+class _StopRequest:
+    """Wraps the trainer's `on_validation` hook and remembers the reason it gave for stopping (→ run.json status)."""
+
+    def __init__(self, hook):
+        self.hook, self.reason = hook, None
+
+    def __call__(self, step: int, record: dict[str, Any]) -> Optional[str]:
+        answer = self.hook(step, record)
+        if answer:
+            self.reason = answer if isinstance(answer, str) else 'stopped'
+        return answer
+
+
+def _run_values(conf, last: dict[str, Any]) -> dict[str, Any]:
+    """total_steps and optimizer.total_steps as the run took them: steps taken, and the length the learning-rate
+    schedule spanned at the end (the time budget fits both as the run goes)."""
+    values = {'total_steps': int(last['step'])}
+    schedules = getattr(conf.optimizer.scheduler, 'lr_lambdas', None) or [None]
+    length = getattr(schedules[0], 'total_steps', None)
+    if isinstance(length, int):
+        values['optimizer.total_steps'] = length
+    return values
+
+
+def finish_run(conf, run_dir: Path, status: str, last: dict[str, Any], error: Optional[str] = None) -> None:
+    """Record the end of a run: run.json's status, steps and finish time; configs.yaml with the steps taken."""
+    extra: dict[str, Any] = {'status': status, 'finished': time.strftime('%Y-%m-%dT%H:%M:%S')}
+    if last.get('step') is not None:
+        extra['steps'] = int(last['step'])
+        dump(conf, run_dir / 'configs.yaml', run_values=_run_values(conf, last))
+    if error is not None:
+        extra['error'] = error
+    update_run_json(run_dir, **extra)
 
 
 def prepare(conf) -> None:
@@ -160,11 +285,13 @@ def parameter_count(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def execute(name: str, conf, run_dir: Path, *, resume: bool, checkpoint: Optional[dict[str, Any]] = None
-            ) -> dict[str, Any]:
+def execute(name: str, conf, run_dir: Path, *, resume: bool, checkpoint: Optional[dict[str, Any]] = None,
+            on_validation=None) -> dict[str, Any]:
     """Train inside a labml experiment and print the summary; returns the last metrics record.
 
-    `checkpoint`: the run's checkpoint, already loaded (resume=True), so that it is read once."""
+    `checkpoint`: the run's checkpoint, already loaded (resume=True), so that it is read once.
+    `on_validation`: the trainer's hook (see trainer.train); the reason it gives for stopping becomes run.json's
+    status (a sweep's pruner says 'pruned'). run.json and configs.yaml record the end (see `finish_run`)."""
     import contextlib
 
     from lazylab.experiments import distributed
@@ -191,8 +318,18 @@ def execute(name: str, conf, run_dir: Path, *, resume: bool, checkpoint: Optiona
         flat = dict(to_dict(conf)['values'])
         explicit = [k for k, row in explain(conf).items() if row['source'] == 'override']
         labml_run = LabmlRun(run_dir, name, info['uuid'], flat, conf.dashboard, explicit)
-    with labml_run as tracker:
-        last = train(conf, run_dir, resume=resume, checkpoint=checkpoint, labml_run=tracker)
+    stop = _StopRequest(on_validation) if on_validation is not None else None
+    try:
+        with labml_run as tracker:
+            last = train(conf, run_dir, resume=resume, checkpoint=checkpoint, labml_run=tracker, on_validation=stop)
+    except BaseException as e:
+        if is_main:
+            interrupted = isinstance(e, KeyboardInterrupt)
+            message = None if interrupted else user_error_message(e) or f'{type(e).__name__}: {e}'
+            finish_run(conf, run_dir, 'interrupted' if interrupted else 'failed', {}, message)
+        raise
+    if is_main and last:
+        finish_run(conf, run_dir, (stop.reason if stop is not None else None) or 'completed', last)
     if is_main and not last:
         print(f'nothing to do: the run in {run_dir} has already finished', flush=True)
     if is_main and 'loss.valid' in last:
@@ -202,26 +339,50 @@ def execute(name: str, conf, run_dir: Path, *, resume: bool, checkpoint: Optiona
     return last
 
 
-def train_main(name: str, argv: Sequence[str]) -> Optional[Path]:
+def train_main(name: str, argv: Sequence[str], *, run_dir: Optional[Path] = None, on_validation=None,
+               labels: Optional[dict[str, Sequence[str]]] = None, info: Optional[dict[str, Any]] = None
+               ) -> Optional[Path]:
     """`lazylab train NAME …`: validate, create the run directory, write configs.yaml and run.json, train.
-    With -h/--help: print the experiment's keys (as `lazylab options NAME`) instead."""
+    With -h/--help: print the experiment's keys (as `lazylab options NAME`) instead.
+
+    For a caller that runs the run (a sweep's trial): `run_dir` is the folder to use (created if needed; it must
+    not hold a run yet), `on_validation` the trainer's hook, `labels` {label: keys} relabels given keys in the
+    dump (e.g. {'sweep': ['d_model']}), `info` is added to run.json."""
     if '-h' in argv or '--help' in argv:
-        print(f'usage: lazylab train {name} [key=value …] [--config FILE.yaml]\n\n' + options_text(name))
+        print(f'usage: lazylab train {name} [key=value …] [--config FILE.yaml] [{ALLOW_CHANGES}]\n\n'
+              + options_text(name))
         return None
     from lazylab.experiments import distributed
+    allow_changes = ALLOW_CHANGES in argv
+    argv = [a for a in argv if a != ALLOW_CHANGES]
     conf = make_configs(name, argv)
+    for label, keys in (labels or {}).items():
+        label_given(conf, keys, label)
     with distributed.process_group(_device(conf)):  # under torchrun: join the job (a no-op otherwise)
         prepare(conf)
-        run_dir = None
+        changes = check_replay(conf, allow_changes)
+        given_dir, run_dir = run_dir, None
         if distributed.is_main_process():  # rank 0 creates the run directory; the others learn its name
-            run_dir = new_run_dir(conf, name)
+            run_dir = new_run_dir(conf, name) if given_dir is None else _use_run_dir(Path(given_dir))
             dump(conf, run_dir / 'configs.yaml')
-            info = {'experiment': name, 'run_id': run_dir.name, 'uuid': uuid_lib.uuid4().hex,
-                    'argv': list(argv), 'created': time.strftime('%Y-%m-%dT%H:%M:%S')}
-            (run_dir / 'run.json').write_text(json.dumps(info, indent=1) + '\n', encoding='utf-8')
+            record = {'experiment': name, 'run_id': run_dir.name, 'uuid': uuid_lib.uuid4().hex,
+                      'argv': list(argv), 'created': time.strftime('%Y-%m-%dT%H:%M:%S'),
+                      **run_environment(conf), 'parameters': parameter_count(conf.model), 'status': 'running'}
+            if changes:
+                record['replay_changes'] = changes
+            record.update(info or {})
+            write_run_json(run_dir, record)
         run_dir = Path(distributed.broadcast_object(str(run_dir) if run_dir else None))
-        execute(name, conf, run_dir, resume=False)
+        execute(name, conf, run_dir, resume=False, on_validation=on_validation)
     return run_dir
+
+
+def _use_run_dir(path: Path) -> Path:
+    """A run directory chosen by the caller: created if needed, and not holding a run already."""
+    if (path / 'run.json').exists():
+        raise UsageError(f'{path} already holds a run (run.json); resume it with: lazylab resume {path}')
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _device(conf):
@@ -248,15 +409,20 @@ def open_run(run_dir: str) -> tuple[str, Any, Path]:
     return name, conf, path
 
 
-def resume_main(run_dir: str) -> Path:
-    """`lazylab resume RUN_DIR`: rebuild the run's configs and continue from its checkpoint."""
+def resume_main(run_dir: str, *, allow_changes: bool = False, on_validation=None) -> Path:
+    """`lazylab resume RUN_DIR`: rebuild the run's configs (checked as any replay, see `check_replay`) and
+    continue from its checkpoint; `on_validation` is the trainer's hook (a sweep's trial passes its pruner)."""
     from lazylab.experiments import distributed
     from lazylab.experiments.checkpoint import CHECKPOINT, load_checkpoint
     name, conf, path = open_run(run_dir)
     checkpoint = load_checkpoint(path / CHECKPOINT)  # CheckpointError before anything else happens
     with distributed.process_group(_device(conf)):
         prepare(conf)
-        execute(name, conf, path, resume=True, checkpoint=checkpoint)
+        changes = check_replay(conf, allow_changes)
+        position = checkpoint.get('position', {})
+        if distributed.is_main_process() and position.get('step', 0) < position.get('total_steps', 0):
+            update_run_json(path, status='running', **({'replay_changes': changes} if changes else {}))
+        execute(name, conf, path, resume=True, checkpoint=checkpoint, on_validation=on_validation)
     return path
 
 

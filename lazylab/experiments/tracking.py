@@ -38,6 +38,7 @@ class LabmlRun:
         from lazylab.dashboard import configure_app_writer
 
         run_dir = Path(run_dir).resolve()
+        _tolerate_concurrent_runs()
         # A .labml.yaml in the run directory makes labml's own config search stop here (no warning that none was
         # found, no lookups next to the installed package); `lab.configure` then pins the paths and the app URL.
         (run_dir / '.labml.yaml').write_text('experiments_path: labml\n', encoding='utf-8')
@@ -73,6 +74,31 @@ class LabmlRun:
     def log(self, step: int, values: dict[str, float]) -> None:
         from labml import tracker
         tracker.save(step, values)
+
+
+def _tolerate_concurrent_runs() -> None:
+    """labml keeps a list of projects in ~/.labml/projects/*.txt, and each run's start reads every file there and
+    removes those of folders gone; two runs starting at once (a sweep's workers) race on it, and the one that finds a
+    file just removed by the other fails with FileNotFoundError. Reading the list here skips such files instead."""
+    from labml.internal.computer import configs as computer_configs
+    if getattr(computer_configs.Computer.get_projects, '_lazylab', False):
+        return
+
+    def get_projects(self) -> set:
+        projects = set()
+        for p in list(self.projects_folder.iterdir()):
+            try:
+                project_path = p.read_text()
+            except OSError:  # removed by another run meanwhile
+                continue
+            if project_path in projects or not Path(project_path).exists():
+                p.unlink(missing_ok=True)
+            else:
+                projects.add(project_path)
+        return projects
+
+    get_projects._lazylab = True
+    computer_configs.Computer.get_projects = get_projects
 
 
 def _remove_stale_pid(path: Path) -> None:

@@ -3,7 +3,8 @@
 For each batch of the experiment's task: forward, loss, backward, clip, optimizer and scheduler step, a running
 sum of the metrics; every `log_interval` steps a metrics record; every `valid_interval` steps (default
 `steps_per_epoch // inner_iterations`) a validation, a sample and a checkpoint; at the end, the final validation.
-No callbacks, no hooks. The parts with a state of their own are named and live beside this file:
+No callbacks; one hook, `on_validation` (below), for a sweep's pruner. The parts with a state of their own are named
+and live beside this file:
 
     task.py        Task: the experiment's batches, loss, validation and samples (nlp_autoregression.TextTask)
     budget.py      TimeBudget: the clock, `max_minutes`, and the step count fitted to it
@@ -28,6 +29,13 @@ losses and validation are averaged over the processes, and only rank 0 writes fi
 
 Resume (`train(c, run_dir, resume=True)`) restores everything in checkpoint.pt and drops metrics recorded after it,
 so a run killed at any point and resumed logs, on the CPU, bitwise the same losses as one that never stopped.
+
+The hook, `train(…, on_validation=hook)`: after every interleaved validation (its record written and the checkpoint
+saved; not after the final validation) the trainer calls `hook(step, record)` with the step and that metrics record
+(`loss.valid`, `accuracy.valid`, …). A true answer (`'pruned'`, or any truthy value) stops the run there: `train`
+returns that record, and the files are complete as at any checkpoint (the run can be resumed). Under torchrun only
+rank 0 calls the hook, and every process gets its answer. `lazylab.sweeps` passes a hook that reports the metric to
+Optuna and answers whether its pruner stops the trial; nothing else of the loop is exposed.
 """
 import math
 import time
@@ -45,11 +53,14 @@ from lazylab.experiments.checkpoint import CHECKPOINT, Checkpointer, Position, l
 from lazylab.experiments.metrics import METRICS, SAMPLES, MetricsLog, Progress, RunLog, RunningMetrics, read_metrics
 from lazylab.experiments.task import Task, evaluate
 
+#: the trainer's one hook: (step, validation record) -> a reason to stop now (truthy) or None to go on
+ValidationHook = Callable[[int, dict[str, Any]], Any]
+
 # the loop and its configuration, and (re-exported) the names of its parts that callers used to find here
 __all__ = ['TrainerConfigs', 'resolve_device', 'autocast_for', 'train', 'validate', 'check_finite', 'sample',
            'TrainingError', 'CheckpointError', 'NonFiniteLossError', 'CALIBRATION_STEPS', 'TimeBudget', 'CHECKPOINT',
            'Checkpointer', 'Position', 'load_checkpoint', 'save_checkpoint', 'METRICS', 'SAMPLES', 'MetricsLog',
-           'Progress', 'RunLog', 'RunningMetrics', 'read_metrics', 'Task', 'evaluate']
+           'Progress', 'RunLog', 'RunningMetrics', 'read_metrics', 'Task', 'evaluate', 'ValidationHook']
 
 
 class TrainerConfigs(BaseConfigs):
@@ -105,7 +116,7 @@ def autocast_for(device: torch.device, dtype: str) -> Callable[[], Any]:
 
 
 def train(c, run_dir: Path, *, resume: bool = False, checkpoint: Optional[dict[str, Any]] = None,
-          labml_run=None) -> dict[str, Any]:
+          labml_run=None, on_validation: Optional[ValidationHook] = None) -> dict[str, Any]:
     """Train `c.model` on `c.task`; returns the last metrics record (with the final validation), {} when a resumed
     run had already finished.
 
@@ -114,6 +125,7 @@ def train(c, run_dir: Path, *, resume: bool = False, checkpoint: Optional[dict[s
         run_dir: the run's directory (exists; configs.yaml already written).
         resume: continue from run_dir/checkpoint.pt (or from `checkpoint`, that file already loaded).
         labml_run: a started tracking.LabmlRun (or anything with `log(step, values)`) to mirror the metrics into.
+        on_validation: the hook of the module docstring: asked after each interleaved validation whether to stop.
 
     Raises:
         CheckpointError: resume=True and the checkpoint is missing or damaged.
@@ -174,6 +186,8 @@ def train(c, run_dir: Path, *, resume: bool = False, checkpoint: Optional[dict[s
                     scheduler.set_total_steps(pos.total_steps)
                 pos.elapsed = budget.elapsed()
                 ckpt.save(pos, metrics.state())
+                if on_validation is not None and not done and stop_asked(on_validation, pos.step, last):
+                    return last
             elif pos.step % c.log_interval == 0:
                 last = log.write(metrics.record(pos, task.batches_per_epoch), pos, budget.eta(pos))
                 if budget.refit(pos):
@@ -182,6 +196,12 @@ def train(c, run_dir: Path, *, resume: bool = False, checkpoint: Optional[dict[s
                 return last
         pos.epoch, pos.batch = pos.epoch + 1, 0
     return last
+
+
+def stop_asked(hook: ValidationHook, step: int, record: dict[str, Any]) -> bool:
+    """Rank 0 asks `hook(step, record)`; every process gets whether it said to stop."""
+    answer = hook(step, record) if distributed.is_main_process() else None
+    return bool(distributed.broadcast_object(answer))
 
 
 def validate(task: Task, model: torch.nn.Module, autocast, *, final: bool, pos: Position,

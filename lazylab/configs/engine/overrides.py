@@ -31,6 +31,7 @@ from .errors import (
     suggestion,
     unknown_item,
 )
+from .report import note_given
 from .state import State, state_of
 
 
@@ -192,6 +193,7 @@ def apply(st: State, p: Plan):
 def set_overrides(st: State, values: dict[str, Any], from_text: bool = False):
     """Check all of ``values``, then apply all of them (see module docstring)."""
     apply(st, plan(st, values, from_text))
+    note_given(st, values, 'override')  # given, or set by code (see report.note_given): what a dump replays
 
 
 def apply_pending(st: State, pending: dict[str, tuple[Any, bool]]):
@@ -219,6 +221,7 @@ def assign(st: State, key: str, value: Any):
     check_option_name(st, key, value)
     check_given(st, key, value)
     st.assigned[key] = value
+    note_given(st, (key,), 'assigned')
 
 
 def set_default(st: State, item: Any, value: Any = None, func: Any = None):
@@ -239,6 +242,7 @@ def set_default(st: State, item: Any, value: Any = None, func: Any = None):
     if func is None:
         check_given(st, key, value)
     st.defaults[key] = (value, func)
+    note_given(st, (key,), None)  # a default set by code while computing an item: what it was computed from
 
 
 def parse_overrides(argv: Sequence[str], configs: Optional[Any] = None) -> dict[str, Any]:

@@ -1,10 +1,13 @@
 """Reports about a config object: labml's ``_to_json`` view and per-item provenance (:func:`explain`).
 
-Both walk computed sub-configs and name their items by full dotted path.
+Both walk computed sub-configs and name their items by full dotted path. :func:`note_given` keeps the record the
+dump needs to tell given values from computed ones (see :mod:`.yaml_io`).
 """
-from collections.abc import Iterator
-from typing import Any
+import re
+from collections.abc import Iterable, Iterator
+from typing import Any, Optional
 
+from .resolver import ACTIVE
 from .state import State, state_of
 
 _MAX_TEXT = 5000
@@ -27,11 +30,56 @@ def plain(value: Any, depth: int = 0) -> Any:
 
 
 def object_name(value: Any) -> str:
-    cls = type(value)
+    """``str(value)``, or the type's name where that text would only be Python's default ``<… at 0x…>``
+    (a memory address makes a report differ from run to run)."""
     text = str(value)
-    if text.startswith('<') and ' object at 0x' in text:
-        return cls.__name__ if cls.__module__ == '__main__' else f'{cls.__module__}.{cls.__qualname__}'
+    if text.startswith('<') and _ADDRESS.search(text):
+        return type_name(value)
     return text if len(text) <= _MAX_TEXT else text[:_MAX_TEXT] + ' [[...]]'
+
+
+_ADDRESS = re.compile(r' at 0x[0-9a-fA-F]+')
+
+
+def type_name(value: Any) -> str:
+    """``module.Class`` of a value (``Class`` for one defined in ``__main__``, builtins by their bare name)."""
+    cls = type(value)
+    if cls.__module__ in ('__main__', 'builtins'):
+        return cls.__qualname__
+    return f'{cls.__module__}.{cls.__qualname__}'
+
+
+def note_given(st: State, keys: Iterable[str], label: Optional[str]) -> None:
+    """Record who gave ``keys`` of ``st`` their values (called when overrides, assignments and ``set_default``
+    are applied).
+
+    Outside any computation the values are *given* (by the user, a file, a preset or top-level code) and
+    ``st.__dict__['given'][key] = label`` (``'override'``, ``'assigned'``; ``None``, as for ``set_default``, records
+    nothing: a default set by code is not a given value). While an item is being computed, the values are set by
+    code, and ``st.__dict__['set_by'][key]`` is that item's dotted path: replay uses it to know what such a value
+    was computed from. Keys are as given to ``st`` (dotted for sub-configs).
+    """
+    d = st.__dict__
+    if ACTIVE:
+        by = ACTIVE[-1].path
+        set_by = d.setdefault('set_by', {})
+        for key in keys:
+            set_by[key] = by
+    elif label is not None:
+        given = d.setdefault('given', {})
+        for key in keys:
+            given[key] = label
+
+
+def given_paths(st: State, prefix: str = '') -> tuple[dict[str, str], dict[str, str]]:
+    """(given, set_by) of :func:`note_given` for a config object and its sub-configs, by full dotted path."""
+    given = {prefix + k: v for k, v in st.__dict__.get('given', {}).items()}
+    set_by = {prefix + k: v for k, v in st.__dict__.get('set_by', {}).items()}
+    for key, child in st.children.items():
+        g, s = given_paths(state_of(child), f'{prefix}{key}.')
+        given.update(g)
+        set_by.update(s)
+    return given, set_by
 
 
 def walk(st: State, prefix: str = '') -> Iterator[tuple[str, State, str]]:

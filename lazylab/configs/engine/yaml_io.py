@@ -1,23 +1,48 @@
-"""Dumping a computed configuration to YAML, and replaying a dump as overrides.
+"""Dumping a computed configuration to YAML, and replaying a dump soundly.
 
-The dump's ``values`` hold, for every computed item (sub-config items under dotted names), what reproduces
-it: a plain value as itself (tuples as lists, enums by name), and a value computed by an option as the
-option's name. Values nothing can give as text (objects from aggregates, defaults or constructed types) are
-listed under ``objects`` for reading only; replay recomputes them from the same selections (an object
-that code passed in directly, e.g. ``_set_values({'activation': nn.SiLU()})``, must be passed again).
-``hyperparams`` and ``meta`` list the flagged items.
+A dump (``to_dict`` / ``dump``) has these sections:
+
+``values``
+    every plain value, by dotted path (sub-config items under dotted names): a plain value as itself (tuples as
+    lists, enums by name), a value computed by an option as the option's name (so replay, and its check, are about
+    which option computes it).
+``given``
+    the paths whose values were *given*, with where from: ``override`` / ``assigned`` (code outside any
+    computation: ``_set_values``, ``apply_overrides``, ``conf.x = …``), or a label the caller gave with
+    :func:`label_given` (the command line uses ``user``, ``preset NAME``, ``--config FILE``, ``sweep``).
+``computed``
+    every other path of ``values``, with how it was computed, in :func:`~.report.explain`'s terms: ``default``,
+    ``option NAME``, ``aggregate SELECTOR=OPTION``, ``set_default func``, ``assigned while computing ITEM`` (set by
+    code inside ITEM's option), ….
+``objects``
+    values that have no text form, for reading: ``module.Type (how)``; listed by type, never by ``repr``, so two
+    dumps of one configuration are the same text (no memory addresses).
+``computed_before_run`` (only when the caller gives ``run_values``)
+    values the run itself changed after the configuration computed them (``total_steps`` fitted to a time
+    budget): ``values`` holds what the run did, this section what the configuration had computed.
+``hyperparams``, ``meta``
+    the flagged items.
+
+Replay (``load``) applies the ``given`` values only, so that everything computed from them is computed again:
+``--config RUN/configs.yaml d_model=32`` gives a 32-wide model whose every derived width follows. It also
+remembers the ``computed`` values (and the objects' types), and :func:`replay_changes`, called once the replayed
+configuration is computed, lists each one that comes out differently although nothing it was computed from was
+given a new value (the code changed, or the data), as (path, recorded, now). A dump without a ``given`` section
+(older dumps, or a flat ``{key: value}`` file) is applied whole, as before.
 
     text = dump(conf)               # or dump(conf, 'configs.yaml')
-    fresh = Configs(); load(fresh, text)    # same values and option selections when read
+    fresh = Configs(); load(fresh, text)    # the same given values; the rest recomputed
+    ...                             # compute what is needed (e.g. the model)
+    replay_changes(fresh)           # [] when every recorded computed value came out the same
 """
 import os
 from enum import Enum
-from typing import Any, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 from .errors import BadValueError
 from .overrides import apply_overrides
-from .report import object_name, walk
-from .state import state_of
+from .report import given_paths, type_name, walk
+from .state import Provenance, state_of
 
 _NOT_TEXT = object()
 
@@ -39,68 +64,164 @@ def _text_value(value: Any) -> Any:
     return _NOT_TEXT
 
 
-def to_dict(configs: Any) -> dict[str, Any]:
-    """The dump as a dict: ``{'values': {...}, 'objects': {...}, 'hyperparams': [...], 'meta': [...]}``
-    (see the module docstring)."""
-    values: dict[str, Any] = {}
-    objects: dict[str, str] = {}
-    hyper, meta = [], []
+class _Entry(NamedTuple):
+    """One declared item as a dump sees it: its text (or ``_NOT_TEXT``), its type name when it is an object,
+    its provenance (``None`` when not computed), whether it was computed at all, and the value itself."""
+    text: Any
+    object_type: Optional[str]
+    provenance: Optional[Provenance]
+    computed: bool
+    value: Any = None
+
+
+def _entries(configs: Any) -> dict[str, _Entry]:
+    """Every item that has a value, computed or given, by dotted path, in the dump's order."""
+    out: dict[str, _Entry] = {}
     for path, st, key in walk(state_of(configs)):
-        if st.spec.hyperparams.get(key):
-            hyper.append(path)
-        if st.spec.meta.get(key):
-            meta.append(path)
         if key not in st.cache:
             # a value the user gave but nothing read yet is still part of the configuration to replay
             given = st.overrides.get(key, st.assigned.get(key, _NOT_TEXT))
-            text = _NOT_TEXT if given is _NOT_TEXT else _text_value(given)
-            if text is not _NOT_TEXT:
-                values[path] = text
+            if given is not _NOT_TEXT:
+                text = _text_value(given)
+                out[path] = _Entry(text, type_name(given) if text is _NOT_TEXT else None, None, False, given)
             continue
         p = st.provenance.get(key)
         value = st.cache[key]
         if p is not None and p.source == 'option':
-            values[path] = p.detail
+            out[path] = _Entry(p.detail, None, p, True, value)
             continue
         # A sub-config (even one whose parent sees only its `_primary` item) and a constructed type are
         # rebuilt by the same code on replay; their own items are dumped under dotted names.
         rebuilt = key in st.children or (p is not None and p.source == 'from_type')
         text = _NOT_TEXT if rebuilt else _text_value(value)
-        if text is not _NOT_TEXT:
-            values[path] = text
+        out[path] = _Entry(text, type_name(value) if text is _NOT_TEXT else None, p, True, value)
+    return out
+
+
+def _how(p: Optional[Provenance], set_by: Optional[str]) -> str:
+    """How a value was computed, in explain()'s terms (``option AdamW``, ``assigned while computing optimizer``)."""
+    if p is None:
+        return 'given'
+    how = p.source + (f' {p.detail}' if p.detail else '')
+    return how + (f' while computing {set_by}' if set_by else '')
+
+
+def to_dict(configs: Any, run_values: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """The dump as a dict: ``{'values', 'given', 'computed', 'objects', 'hyperparams', 'meta'}`` (see the module
+    docstring).
+
+    Args:
+        run_values: {path: value} of computed items the run changed after the configuration computed them
+            (e.g. ``{'total_steps': 617}``): ``values`` records these, ``computed_before_run`` the configuration's
+            own values. Ignored for given paths (replay must give the same value again).
+    """
+    st = state_of(configs)
+    given_labels, set_by = given_paths(st)
+    values: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    computed: dict[str, str] = {}
+    objects: dict[str, str] = {}
+    before: dict[str, Any] = {}
+    hyper, meta = [], []
+    for path, s, key in walk(st):
+        if s.spec.hyperparams.get(key):
+            hyper.append(path)
+        if s.spec.meta.get(key):
+            meta.append(path)
+    for path, e in _entries(configs).items():
+        is_given = path in given_labels
+        how = given_labels[path] if is_given else _how(e.provenance, set_by.get(path))
+        if e.text is _NOT_TEXT:
+            objects[path] = f'{e.object_type} ({how})'
         else:
-            how = p.source + (f' {p.detail}' if p and p.detail else '') if p else 'computed'
-            objects[path] = f'{object_name(value)} ({how})'
-    return {'values': values, 'objects': objects, 'hyperparams': hyper, 'meta': meta}
+            values[path] = e.text
+            if not is_given:
+                computed[path] = how
+        if is_given:
+            given[path] = given_labels[path]
+        elif run_values and path in run_values and e.text is not _NOT_TEXT and run_values[path] != e.value:
+            before[path] = _text_value(e.value)
+            values[path] = _text_value(run_values[path])
+    out = {'values': values, 'given': given, 'computed': computed, 'objects': objects}
+    if before:
+        out['computed_before_run'] = before
+    out.update(hyperparams=hyper, meta=meta)
+    return out
 
 
-def dump(configs: Any, path: Optional[Union[str, os.PathLike]] = None) -> str:
-    """The YAML text of :func:`to_dict`; also written to ``path`` when given."""
+_HEADER = ('# lazylab configuration. Replay: lazylab train NAME --config THIS_FILE [key=value …], or\n'
+           '# lazylab.configs.load(conf, THIS_FILE): the `given` values are applied, the `computed` ones are\n'
+           '# computed again and checked (lazylab.configs.replay_changes).\n')
+
+
+def dump(configs: Any, path: Optional[Union[str, os.PathLike]] = None,
+         run_values: Optional[dict[str, Any]] = None) -> str:
+    """The YAML text of :func:`to_dict`; also written to ``path`` when given (through a temporary file and a
+    rename, so a reader never sees half a file)."""
     import yaml
-    text = ('# lazylab configuration; replay with lazylab.configs.load(conf, this_file)\n'
-            + yaml.safe_dump(to_dict(configs), sort_keys=False, default_flow_style=False, allow_unicode=True))
+    text = _HEADER + yaml.safe_dump(to_dict(configs, run_values), sort_keys=False, default_flow_style=False,
+                                    allow_unicode=True)
     if path is not None:
-        with open(path, 'w', encoding='utf-8') as f:
+        tmp = f'{os.fspath(path)}.tmp{os.getpid()}'
+        with open(tmp, 'w', encoding='utf-8') as f:
             f.write(text)
+        os.replace(tmp, path)
     return text
 
 
-def load(configs: Any, source: Union[str, os.PathLike, dict[str, Any]]):
-    """Replay a dump as overrides into a fresh config object (all-or-nothing).
+class Replay:
+    """What :func:`load` remembers of a dump, for :func:`replay_changes`.
 
-    ``source`` is a path, YAML text, or a dict as from :func:`to_dict` (a flat ``{key: value}`` mapping
-    without a ``values`` section is accepted too).
+    Attributes:
+        source: where the dump came from (a path or the caller's label), for messages.
+        given: {path: value} the dump gave (and load applied).
+        expected: {path: value} the dump recorded as computed; objects as ``('object', 'module.Type')``.
+        unchecked: paths the run changed after computing them (``computed_before_run``): not compared.
+    """
+
+    def __init__(self, source: str, given: dict[str, Any], expected: dict[str, Any], unchecked: set):
+        self.source, self.given, self.expected, self.unchecked = source, given, expected, unchecked
+
+
+class Change(NamedTuple):
+    """A computed value that replay did not reproduce: ``now`` is ``None`` when the item no longer exists."""
+    path: str
+    recorded: Any
+    now: Any
+    source: str
+
+    def __str__(self):
+        now = 'no longer exists' if self.now is None and self.path else f'comes out {_show(self.now)}'
+        return f'{self.path} {now}, {self.source} has {_show(self.recorded)}'
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple) and len(value) == 2 and value[0] == 'object':
+        return f'a {value[1]}'
+    return repr(value)
+
+
+def load(configs: Any, source: Union[str, os.PathLike, dict[str, Any]], label: Optional[str] = None
+         ) -> dict[str, Any]:
+    """Replay a dump into a fresh config object (all-or-nothing); returns the values it applied, by dotted path.
+
+    ``source`` is a path, YAML text, or a dict as from :func:`to_dict` (a flat ``{key: value}`` mapping without a
+    ``values`` section is accepted too). With a ``given`` section only the given values are applied (labelled as
+    the dump labels them, or ``label``), and the computed ones are remembered for :func:`replay_changes`;
+    without one every value is applied.
 
     Raises:
         BadValueError: the YAML is malformed or not a mapping.
         UnknownItemError, UnknownOptionError, BadValueError, AlreadyComputedError: see ``apply_overrides``.
     """
+    name = label or '<dump>'
     if isinstance(source, dict):
         doc = source
     else:
         import yaml
         text = str(source)
         if isinstance(source, os.PathLike) or ('\n' not in text and os.path.exists(text)):
+            name = label or os.fspath(source)
             with open(source, encoding='utf-8') as f:
                 text = f.read()
         try:
@@ -116,4 +237,105 @@ def load(configs: Any, source: Union[str, os.PathLike, dict[str, Any]]):
         values = {}
     if not isinstance(values, dict):
         raise BadValueError("the configuration YAML's 'values' must be a mapping")
-    apply_overrides(configs, values)
+    given = doc.get('given') if 'values' in doc else None
+    if not isinstance(given, dict):
+        apply_overrides(configs, values)
+        if label is not None:
+            label_given(configs, values, label)
+        return dict(values)
+    applied = {k: values[k] for k in given if k in values}
+    apply_overrides(configs, applied)
+    st = state_of(configs)
+    labels = st.__dict__.setdefault('given', {})
+    for k in applied:
+        labels[k] = label if label is not None else str(given[k])
+    expected = {k: v for k, v in values.items() if k not in given}
+    for k, text in (doc.get('objects') or {}).items():
+        if k not in given and isinstance(text, str):
+            expected[k] = ('object', text.split(' (', 1)[0])
+    unchecked = set(doc.get('computed_before_run') or ())
+    st.__dict__['replay'] = Replay(name, applied, expected, unchecked)
+    return applied
+
+
+def label_given(configs: Any, keys, label: str) -> None:
+    """Say where given values came from (``'user'``, ``'preset labml_nn'``, ``'--config FILE'``): the dump's
+    ``given`` section and ``lazylab diff`` show it. ``keys`` are dotted paths given to ``configs`` (keys not given
+    are ignored)."""
+    labels = state_of(configs).__dict__.setdefault('given', {})
+    for k in keys:
+        if k in labels:
+            labels[k] = label
+
+
+def replay_changes(configs: Any) -> list[Change]:
+    """The computed values of the dump ``configs`` was loaded from that came out differently, although nothing
+    they were computed from was given a new value since; ``[]`` when ``configs`` was not loaded from a dump with a
+    ``given`` section. Call it once the configuration is computed (values not computed yet are not compared).
+
+    A value counts as following the new values when any item it was computed from — the items its calculator
+    read, for a value set by code the item whose computation set it, transitively — or a sub-config holding it is
+    given now with a value the dump did not give.
+    """
+    st = state_of(configs)
+    replay: Optional[Replay] = st.__dict__.get('replay')
+    if replay is None:
+        return []
+    entries = _entries(configs)
+    given_now, set_by = given_paths(st)
+    changed = {p for p in given_now
+               if p in entries and (p not in replay.given or replay.given[p] != _recorded_form(entries[p]))}
+    provenance = {p: e.provenance for p, e in entries.items() if e.provenance is not None}
+    declared, sub_configs = set(), set()
+    for path, s, key in walk(st):
+        declared.add(path)
+        if key in s.children:
+            sub_configs.add(path)
+    memo: dict[str, bool] = {}
+
+    def follows(path: str) -> bool:
+        if path in memo:
+            return memo[path]
+        memo[path] = False  # cycles cannot happen in a computed configuration; this only stops a bad record
+        parts = path.split('.')
+        result = path in changed or any('.'.join(parts[:i]) in changed for i in range(1, len(parts)))
+        if not result:
+            p = provenance.get(path)
+            deps = list(p.reads) if p is not None else []
+            if path in set_by:
+                deps.append(set_by[path])
+            result = any(follows(d) for d in deps)
+        memo[path] = result
+        return result
+
+    changes = []
+    for path, recorded in replay.expected.items():
+        if path in replay.unchecked or path in given_now:
+            continue
+        if path not in declared:
+            if _item_removed(path, declared, sub_configs):
+                changes.append(Change(path, recorded, None, replay.source))
+            continue
+        e = entries.get(path)
+        if e is None or not e.computed:
+            continue
+        now = _recorded_form(e)
+        if now != recorded and not follows(path):
+            changes.append(Change(path, recorded, now, replay.source))
+    return changes
+
+
+def _recorded_form(e: _Entry) -> Any:
+    return ('object', e.object_type) if e.text is _NOT_TEXT else e.text
+
+
+def _item_removed(path: str, declared: set, sub_configs: set) -> bool:
+    """Whether an item of the dump that is not declared now was removed from the code: it is a top-level item,
+    or its sub-config exists now without it. (Items of a sub-config not created this time are simply not
+    computed.)"""
+    parts = path.split('.')
+    for i in range(len(parts) - 1, 0, -1):
+        prefix = '.'.join(parts[:i])
+        if prefix in declared:
+            return prefix in sub_configs
+    return True

@@ -1,0 +1,418 @@
+"""`lazylab compare` and `lazylab diff`: runs side by side, from their run directories alone.
+
+    lazylab compare PATH… [--sort KEY] [--metric KEY] [--csv FILE] [--plot FILE.png]
+    lazylab diff RUN_A RUN_B
+
+A PATH is a run directory, a sweep directory (its trial-NNNN runs), or a folder of those (RUNS_DIR/NAME). The
+table has one row per run: the configuration keys whose values differ between the runs (only keys that some run
+was given — on the command line, in a preset, a --config file or by the sweep —, so the values computed from them
+do not crowd the table), the final and best value of the metric (`loss.valid` unless --metric), the steps taken,
+the training speed (mean tokens/s), the parameter count, the run's time and its status: completed, pruned, failed,
+running, or interrupted (a sweep trial whose process is gone: `lazylab sweep --resume` continues it). Rows are
+sorted by the final metric, best first (--sort KEY sorts by any column; --sort=-KEY descending). --csv writes every
+column at full precision; --plot draws the metric's curve of every run against tokens seen, one labelled line
+per run.
+
+`lazylab diff RUN_A RUN_B` lists every key whose value differs (given and computed ones), both values and where
+each came from (user, preset, --config FILE, sweep, default, option NAME, assigned while computing ITEM, …), then
+the differences of run.json's versions, device and git commit.
+
+Only files are read (configs.yaml, run.json, metrics.jsonl, trial.json), so a sweep directory copied from
+another machine compares as well; no study storage is needed.
+"""
+import csv
+import fcntl
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from lazylab.errors import UsageError
+
+_MISSING = object()
+FIXED_COLUMNS = ('final', 'best', 'steps', 'tok/s', 'params', 'time', 'status')
+
+
+@dataclass
+class Run:
+    """One run as its files tell it."""
+    path: Path
+    label: str
+    is_trial: bool
+    values: dict[str, Any] = field(default_factory=dict)
+    given: dict[str, str] = field(default_factory=dict)
+    computed: dict[str, str] = field(default_factory=dict)
+    objects: dict[str, str] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+    trial: dict[str, Any] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    status: str = 'running'
+    error: Optional[str] = None
+
+    def metric(self, key: str) -> tuple[Optional[float], list[tuple[int, float]]]:
+        """(final value, [(tokens, value) of every record that has it])."""
+        points = [(r.get('tokens', r.get('step', 0)), float(r[key])) for r in self.records if key in r]
+        return (points[-1][1] if points else None), points
+
+    def steps(self) -> Optional[int]:
+        if self.info.get('steps') is not None:
+            return int(self.info['steps'])
+        return int(self.records[-1]['step']) if self.records else None
+
+    def tokens_per_s(self) -> Optional[float]:
+        speeds = [r['tokens_per_s'] for r in self.records if 'tokens_per_s' in r]
+        return sum(speeds) / len(speeds) if speeds else None
+
+    def seconds(self) -> Optional[float]:
+        return float(self.records[-1]['time']) if self.records and 'time' in self.records[-1] else None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding='utf-8'))
+    except (OSError, ValueError):
+        return {}
+
+
+def load_run(path: Path) -> Run:
+    """A run directory (or a sweep trial's folder, which may hold only trial.json and output.log when the trial
+    failed before its run started)."""
+    import yaml
+
+    from lazylab.experiments.metrics import METRICS, read_metrics
+    trial = _read_json(path / 'trial.json')
+    label = f'{trial["number"]:04d}' if 'number' in trial else path.name
+    run = Run(path, label, bool(trial), info=_read_json(path / 'run.json'), trial=trial)
+    if (path / 'configs.yaml').is_file():
+        doc = yaml.safe_load((path / 'configs.yaml').read_text(encoding='utf-8')) or {}
+        run.values = dict(doc.get('values') or {})
+        run.given = dict(doc.get('given') or {k: '' for k in run.values})  # an older dump: all count as given
+        run.computed = dict(doc.get('computed') or {})
+        run.objects = dict(doc.get('objects') or {})
+    elif trial:
+        run.values = dict(trial.get('params') or {})
+        run.given = {k: 'sweep' for k in run.values}
+    if (path / METRICS).is_file():
+        run.records = read_metrics(path / METRICS)
+    run.status, run.error = _status(run)
+    return run
+
+
+def _status(run: Run) -> tuple[str, Optional[str]]:
+    if run.trial:
+        state = run.trial.get('state', 'running')
+        if state in ('running', 'interrupted') and not _owner_alive(run):
+            return 'interrupted', None
+        return state, run.trial.get('error')
+    return run.info.get('status', '—'), run.info.get('error')  # '—': a run from before run.json had a status
+
+
+def _owner_alive(run: Run) -> bool:
+    """Whether the sweep process that runs this trial still holds its lock (see lazylab.sweeps.sweep)."""
+    attempts = run.trial.get('attempts') or [{}]
+    owner = attempts[-1].get('owner')
+    if not owner:
+        return True
+    lock = run.path.parent / '.owners' / owner  # the trial's folder is SWEEP_DIR/trial-NNNN
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return True  # another machine's lock: we cannot tell
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def expand(paths: list[str]) -> list[Path]:
+    """Run directories of run, sweep, and experiment folders (see the module docstring).
+
+    Raises:
+        UsageError: a path that is none of those.
+    """
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if (p / 'sweep.yaml').is_file():
+            out += sorted(d for d in p.glob('trial-*') if d.is_dir())
+        elif (p / 'run.json').is_file() or (p / 'trial.json').is_file():
+            out.append(p)
+        elif p.is_dir() and any((d / 'run.json').is_file() or (d / 'sweep.yaml').is_file() for d in p.iterdir()):
+            out += expand([str(d) for d in sorted(p.iterdir())
+                           if (d / 'run.json').is_file() or (d / 'sweep.yaml').is_file()])
+        else:
+            raise UsageError(f'{p} is not a run or sweep directory (no run.json or sweep.yaml)')
+    return out
+
+
+def _direction(paths: list[str], metric: str) -> str:
+    import yaml
+    for p in map(Path, paths):
+        if (p / 'sweep.yaml').is_file():
+            record = yaml.safe_load((p / 'sweep.yaml').read_text(encoding='utf-8')) or {}
+            if record.get('metric') == metric and record.get('direction'):
+                return record['direction']
+    return 'maximize' if metric.startswith(('accuracy', 'tokens')) else 'minimize'
+
+
+def differing_keys(runs: list[Run]) -> list[str]:
+    """Keys given to some run whose values are not the same in every run that has them, in dump order."""
+    order: dict[str, None] = {}
+    for r in runs:
+        for k in list(r.values) + list(r.objects):
+            if k in r.given:
+                order.setdefault(k, None)
+    keys = []
+    for k in order:
+        seen = {repr(r.values.get(k, r.objects.get(k, _MISSING))) for r in runs
+                if k in r.values or k in r.objects}
+        if len(seen) > 1:
+            keys.append(k)
+    return keys
+
+
+@dataclass
+class Table:
+    paths: list[str]
+    metric: str
+    runs: list[Run]
+    keys: list[str]
+    rows: list[dict[str, Any]]   # column -> raw value
+    columns: list[str]
+
+
+def compare(paths: list[str], metric: str = 'loss.valid', sort: Optional[str] = None) -> Table:
+    """The comparison of the module docstring, as raw values.
+
+    Raises:
+        UsageError: no runs, a path that is not a run or sweep, an unknown --sort column.
+    """
+    runs = [load_run(p) for p in expand(paths)]
+    if not runs:
+        raise UsageError(f'no runs in {" ".join(paths)}')
+    keys = differing_keys(runs)
+    maximize = _direction(paths, metric) == 'maximize'
+    name = 'trial' if all(r.is_trial for r in runs) and len({r.trial.get('sweep') for r in runs}) == 1 else 'run'
+    rows = []
+    for r in runs:
+        final, points = r.metric(metric)
+        best = (max if maximize else min)((v for _, v in points), default=None)
+        row = {name: r.label if name == 'trial' else _run_label(r)}
+        for k in keys:
+            row[k] = r.values.get(k, _type_of(r.objects.get(k)))
+        row.update({'final': final, 'best': best, 'steps': r.steps(), 'tok/s': r.tokens_per_s(),
+                    'params': r.info.get('parameters'), 'time': r.seconds(), 'status': r.status})
+        rows.append(row)
+    columns = [name, *keys, *FIXED_COLUMNS]
+    if sort is None:
+        rows.sort(key=lambda row: (row['final'] is None, -row['final'] if maximize and row['final'] is not None
+                                   else row['final'] or 0.0))
+    else:
+        descending, column = sort.startswith('-'), sort.lstrip('-')
+        column = {metric: 'final'}.get(column, column)
+        if column not in columns:
+            raise UsageError(f'--sort {sort}: no such column; columns: {", ".join(columns)}')
+        present = [row for row in rows if row[column] is not None]
+        present.sort(key=lambda row: _sortable(row[column]), reverse=descending)
+        rows = present + [row for row in rows if row[column] is None]
+    return Table(paths, metric, runs, keys, rows, columns)
+
+
+def _sortable(v: Any) -> tuple:
+    return (0, v, '') if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0, str(v))
+
+
+def _type_of(text: Optional[str]) -> Optional[str]:
+    return text.split(' (', 1)[0] if isinstance(text, str) else None
+
+
+def _run_label(r: Run) -> str:
+    return f'{r.path.parent.name}/{r.path.name}'
+
+
+def _cell(column: str, v: Any) -> str:
+    if v is None:
+        return '—'
+    if column in ('final', 'best'):
+        return f'{v:.4f}'
+    if column in ('tok/s',):
+        return f'{v:,.0f}'
+    if column in ('params', 'steps'):
+        return f'{v:,}'
+    if column == 'time':
+        s = int(round(v))
+        return f'{s // 60}:{s % 60:02d}'
+    if isinstance(v, float):
+        return f'{v:g}'
+    return str(v)
+
+
+def format_table(t: Table) -> str:
+    """The table as text: a header line, the column names (the metric's name for 'final'), one line per run, then
+    the errors of failed runs."""
+    heads = [t.metric if c == 'final' else c for c in t.columns]
+    cells = [[_cell(c, row[c]) for c in t.columns] for row in t.rows]
+    widths = [max(len(h), *(len(line[i]) for line in cells)) for i, h in enumerate(heads)]
+    numeric = {'final', 'best', 'steps', 'tok/s', 'params', 'time'}
+
+    def line(parts: list[str]) -> str:
+        return '  '.join(p.rjust(w) if c in numeric else p.ljust(w)
+                         for p, w, c in zip(parts, widths, t.columns)).rstrip()
+    what = 'trials' if t.columns[0] == 'trial' else 'runs'
+    out = [f'lazylab compare {" ".join(t.paths)}      ({len(t.rows)} {what}; keys that differ: {len(t.keys)})',
+           line(heads)] + [line(c) for c in cells]
+    for r in t.runs:
+        if r.status == 'failed' and r.error:
+            out.append(f'{t.columns[0]} {r.label if r.is_trial else _run_label(r)} failed: {r.error}')
+    return '\n'.join(out)
+
+
+def compare_text(paths: list[str], metric: str = 'loss.valid', sort: Optional[str] = None) -> str:
+    return format_table(compare(paths, metric, sort))
+
+
+def write_csv(t: Table, path: str) -> Path:
+    """Every column at full precision, plus each run's path and error."""
+    out = Path(path)
+    if not out.parent.is_dir():
+        raise UsageError(f'--csv {path}: folder {out.parent} does not exist')
+    columns = [t.metric if c == 'final' else c for c in t.columns]
+    by_label = {(r.label if t.columns[0] == 'trial' else _run_label(r)): r for r in t.runs}
+    with open(out, 'w', newline='', encoding='utf-8') as f:
+        w = csv.writer(f)
+        w.writerow(columns + ['path', 'error'])
+        for row in t.rows:
+            r = by_label[row[t.columns[0]]]
+            w.writerow(['' if row[c] is None else row[c] for c in t.columns] + [str(r.path), r.error or ''])
+    return out
+
+
+def plot(t: Table, path: str) -> list[str]:
+    """The metric against tokens seen, one labelled line per run that has the metric; returns the labels.
+
+    Raises:
+        UsageError: the output folder does not exist, or no run has the metric yet.
+    """
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    out = Path(path)
+    if not out.parent.is_dir():
+        raise UsageError(f'--plot {path}: folder {out.parent} does not exist')
+    short = _short_names(t.keys)
+    by_label = {(r.label if t.columns[0] == 'trial' else _run_label(r)): r for r in t.runs}
+    fig, ax = plt.subplots(figsize=(8, 5))
+    labels = []
+    for row in t.rows:
+        r = by_label[row[t.columns[0]]]
+        _, points = r.metric(t.metric)
+        if not points:
+            continue
+        settings = ', '.join(f'{short[k]}={_cell(k, row[k])}' for k in t.keys)
+        label = f'{row[t.columns[0]]}' + (f': {settings}' if settings else '') + \
+            (f' ({r.status})' if r.status != 'completed' else '')
+        ax.plot(*zip(*points), marker='o', markersize=3, linewidth=1.5, label=label)
+        labels.append(label)
+    if not labels:
+        plt.close(fig)
+        raise UsageError(f'no run has {t.metric} values yet')
+    ax.set_xlabel('tokens seen')
+    ax.set_ylabel(t.metric + (' (nats/char)' if t.metric.startswith('loss') else ''))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return labels
+
+
+def _short_names(keys: list[str]) -> dict[str, str]:
+    """Each key's last part, unless two keys share it."""
+    last = [k.rsplit('.', 1)[-1] for k in keys]
+    return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
+
+
+def compare_main(paths: list[str], metric: str, sort: Optional[str], csv_file: Optional[str],
+                 plot_file: Optional[str]) -> None:
+    """`lazylab compare …`: print the table; write the CSV and the plot when asked."""
+    t = compare(paths, metric, sort)
+    print(format_table(t))
+    if csv_file:
+        print(f'wrote {write_csv(t, csv_file)}')
+    if plot_file:
+        plot(t, plot_file)
+        print(f'wrote {plot_file}')
+
+
+# --- diff -----------------------------------------------------------------------------------------------------
+
+RUN_FIELDS = ('experiment', 'lazylab', 'torch', 'python', 'device', 'device_name', 'git', 'parameters')
+
+
+def diff_rows(a: Run, b: Run) -> list[tuple[str, str, str]]:
+    """(key, A's value and source, B's value and source) for every key whose value differs."""
+    keys: dict[str, None] = {}
+    for r in (a, b):
+        for k in list(r.values) + list(r.objects):
+            keys.setdefault(k, None)
+    rows = []
+    for k in keys:
+        va, vb = _value(a, k), _value(b, k)
+        if va != vb:
+            rows.append((k, _with_source(a, k, va), _with_source(b, k, vb)))
+    return rows
+
+
+def _value(r: Run, k: str) -> Any:
+    if k in r.values:
+        return r.values[k]
+    if k in r.objects:
+        return _type_of(r.objects[k])
+    return _MISSING
+
+
+def _with_source(r: Run, k: str, v: Any) -> str:
+    if v is _MISSING:
+        return '—'
+    if k in r.given:
+        source = r.given[k] or 'given'
+    elif k in r.computed:
+        source = r.computed[k]
+    elif k in r.objects:
+        source = r.objects[k].split(' (', 1)[1].rstrip(')') if ' (' in r.objects[k] else ''
+    else:
+        source = ''
+    return f'{_cell(k, v)}  ({source})' if source else _cell(k, v)
+
+
+def diff_text(path_a: str, path_b: str) -> str:
+    """`lazylab diff RUN_A RUN_B` (see the module docstring).
+
+    Raises:
+        UsageError: a path that is not a run directory with a configs.yaml.
+    """
+    for p in (path_a, path_b):
+        if not (Path(p) / 'configs.yaml').is_file():
+            raise UsageError(f'{p} is not a run directory (no configs.yaml)')
+    a, b = load_run(Path(path_a)), load_run(Path(path_b))
+    rows = diff_rows(a, b)
+    lines = [f'lazylab diff {path_a} {path_b}: ' + (f'{len(rows)} key{"s" * (len(rows) != 1)} differ'
+                                                   if rows else 'the configurations are the same')]
+    if rows:
+        heads = ('key', 'A', 'B')
+        widths = [max(len(heads[i]), *(len(row[i]) for row in rows)) for i in range(2)]
+        lines.append(f'{heads[0]:<{widths[0]}}  {heads[1]:<{widths[1]}}  {heads[2]}')
+        lines += [f'{k:<{widths[0]}}  {va:<{widths[1]}}  {vb}' for k, va, vb in rows]
+    env = [(f, a.info.get(f), b.info.get(f)) for f in RUN_FIELDS if a.info.get(f) != b.info.get(f)]
+    if env:
+        lines.append('run.json: ' + '; '.join(f'{f} {_env(va)} vs {_env(vb)}' for f, va, vb in env))
+    return '\n'.join(lines)
+
+
+def _env(v: Any) -> str:
+    if isinstance(v, dict) and 'commit' in v:
+        return v['commit'][:10] + (' (with changes)' if v.get('dirty') else '')
+    return '—' if v is None else f'{v:,}' if isinstance(v, int) else str(v)

@@ -1,0 +1,179 @@
+"""The Optuna study a sweep keeps its record in: storage, samplers, pruners, and claiming trials exactly once.
+
+Optuna (https://optuna.org) is the study record: each trial of a sweep is an Optuna trial whose params are the
+swept values and whose value is the final metric; failed trials keep their one-line error (user attr `error`).
+The storage is a journal file (`JournalFileBackend`, the default: SWEEP_DIR/study.journal, or any path, e.g. on a
+shared filesystem) or any database URL Optuna accepts (`postgresql://…`, `mysql://…`, `sqlite:///…`).
+
+Every trial of a sweep is created up front as a WAITING trial (`enqueue_trial`): the grid's points with their
+params, or `--trials` empty ones whose params the sampler draws when the trial is claimed. A worker claims a
+trial by moving it from WAITING to RUNNING (`storage.set_trial_state_values`, which succeeds for one process only,
+on a journal file and in a database alike), so with any number of processes and machines each trial runs once.
+The process that creates the study enqueues the trials and then records the sweep's signature in the study's
+user attrs (`lazylab`); a process that finds the study already there waits for that record and checks that it
+runs the same sweep.
+"""
+import time
+from typing import Any, Optional
+
+from lazylab.errors import UsageError
+
+#: the study's user attr holding the sweep's signature (written last by the process that created the study)
+SIGNATURE = 'lazylab'
+#: the trial system attr naming the process (owner token) that runs the trial
+OWNER = 'lazylab:owner'
+
+
+def _optuna():
+    import optuna
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the sweep prints its own line per trial
+    return optuna
+
+
+def open_storage(url_or_file: str):
+    """The storage for a journal file path or a database URL (anything with '://').
+
+    Raises:
+        UsageError: the database cannot be reached or the URL is not one Optuna accepts (password hidden).
+    """
+    optuna = _optuna()
+    if '://' not in url_or_file:
+        from optuna.storages.journal import JournalFileBackend
+        return optuna.storages.JournalStorage(JournalFileBackend(url_or_file))
+    url = _with_driver(url_or_file)
+    last: Optional[Exception] = None
+    for attempt in range(5):  # two processes creating the schema at once: one of them may fail; try again
+        try:
+            rdb = optuna.storages.RDBStorage(url, engine_kwargs={'pool_pre_ping': True})
+            return optuna.storages.get_storage(rdb)  # Optuna's cached wrapper, as create_study would use
+        except ImportError as e:
+            raise UsageError(f'storage {mask_password(url_or_file)} needs a database driver: {e} '
+                             f"(pip install 'lazylab[postgres]' for PostgreSQL)") from None
+        except Exception as e:  # sqlalchemy's errors (bad URL, refused connection, a concurrent schema creation)
+            last = e
+            if not any(w in str(e).lower() for w in ('already exists', 'duplicate', 'unique')):
+                break
+            time.sleep(0.3 * (attempt + 1))
+    first = str(last).strip().splitlines()[0] if str(last).strip() else type(last).__name__
+    raise UsageError(f'cannot open the study storage {mask_password(url_or_file)}: '
+                     f'{mask_password(first)}') from None
+
+
+def _with_driver(url: str) -> str:
+    """postgresql://… with the psycopg2 driver when psycopg (3), SQLAlchemy 2.1's default for that scheme, is not
+    installed (lazylab's `postgres` extra installs psycopg2-binary)."""
+    import importlib.util
+    scheme, sep, rest = url.partition('://')
+    if scheme in ('postgresql', 'postgres') and importlib.util.find_spec('psycopg') is None \
+            and importlib.util.find_spec('psycopg2') is not None:
+        return f'postgresql+psycopg2{sep}{rest}'
+    return url
+
+
+def mask_password(url: str) -> str:
+    """The URL with its password replaced by ***, for messages and sweep.yaml."""
+    import re
+    return re.sub(r'(://[^/:@]+:)[^@/]*@', r'\1***@', url)
+
+
+def make_sampler(kind: str, seed: int):
+    optuna = _optuna()
+    if kind == 'tpe':
+        # constant_liar: trials still running count as likely-bad, so parallel workers spread out
+        return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+    return optuna.samplers.RandomSampler(seed=seed)  # random; the grid's params are fixed when enqueued
+
+
+def make_pruner(kind: str):
+    """none: never prunes; median: Optuna's MedianPruner once 2 trials have finished (a trial is stopped at a
+    validation where its metric is worse than the median of the finished trials' at that step); halving:
+    SuccessiveHalvingPruner (Optuna's defaults)."""
+    optuna = _optuna()
+    if kind == 'median':
+        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0, interval_steps=1)
+    if kind == 'halving':
+        return optuna.pruners.SuccessiveHalvingPruner()
+    return optuna.pruners.NopPruner()
+
+
+class Study:
+    """One sweep's Optuna study, as a worker uses it.
+
+    Args:
+        storage: from `open_storage`.
+        name: the study name.
+        direction: 'minimize' or 'maximize'.
+        sampler, pruner: see `make_sampler`, `make_pruner`.
+    """
+
+    def __init__(self, storage, name: str, direction: str, sampler, pruner):
+        self.storage, self.name = storage, name
+        self.optuna = optuna = _optuna()
+        self.created = True
+        try:
+            self.study = optuna.create_study(storage=storage, study_name=name, direction=direction,
+                                             sampler=sampler, pruner=pruner, load_if_exists=False)
+        except optuna.exceptions.DuplicatedStudyError:
+            self.created = False
+            self.study = optuna.load_study(storage=storage, study_name=name, sampler=sampler, pruner=pruner)
+        self.study_id = storage.get_study_id_from_name(name)
+        if not self.created and self.study.direction.name.lower() != direction:
+            raise UsageError(f'study {name} maximizes/minimizes the other way ({self.study.direction.name.lower()})')
+
+    def enqueue(self, points: list[dict[str, Any]], signature: dict[str, Any]) -> None:
+        """(The creating process) add one WAITING trial per point, then the signature that says they are there."""
+        for i, params in enumerate(points):
+            self.study.enqueue_trial(params, user_attrs={'lazylab.point': i})
+        self.study.set_user_attr(SIGNATURE, signature)
+
+    def wait_for_signature(self, timeout: float = 120.0) -> dict[str, Any]:
+        """(A joining process) the signature the creating process records once it has enqueued the trials.
+
+        Raises:
+            UsageError: none came within `timeout` seconds (not a lazylab study, or its creator died early).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            attrs = self.storage.get_study_user_attrs(self.study_id)
+            if SIGNATURE in attrs:
+                return attrs[SIGNATURE]
+            if time.monotonic() > deadline:
+                raise UsageError(f'study {self.name} exists but holds no lazylab sweep (no {SIGNATURE!r} record '
+                                 f'after {timeout:.0f} s); give another --study name')
+            time.sleep(0.2)
+
+    def trials(self, states=None) -> list:
+        return self.storage.get_all_trials(self.study_id, deepcopy=False, states=states)
+
+    def claim(self) -> Optional[Any]:
+        """Move the first WAITING trial (by number) to RUNNING, as this process only; None when none is left."""
+        TrialState = self.optuna.trial.TrialState
+        for t in sorted(self.trials((TrialState.WAITING,)), key=lambda t: t.number):
+            trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, t.number)
+            try:
+                if self.storage.set_trial_state_values(trial_id, state=TrialState.RUNNING):
+                    return self.optuna.trial.Trial(self.study, trial_id)
+            except self.optuna.exceptions.UpdateFinishedTrialError:
+                continue
+        return None
+
+    def trial(self, number: int):
+        """The Trial object of a RUNNING trial (one taken over from a process that died)."""
+        trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
+        return self.optuna.trial.Trial(self.study, trial_id)
+
+    def set_owner(self, number: int, token: str) -> None:
+        trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
+        self.storage.set_trial_system_attr(trial_id, OWNER, token)
+
+    def set_user_attr(self, number: int, key: str, value: Any) -> None:
+        trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
+        self.storage.set_trial_user_attr(trial_id, key, value)
+
+    def tell(self, number: int, state: str, value: Optional[float] = None) -> None:
+        """Finish a trial: 'completed' with its value, 'pruned' (Optuna takes the last reported value), 'failed'."""
+        TrialState = self.optuna.trial.TrialState
+        if state == 'completed':
+            self.study.tell(number, value)
+        else:
+            self.study.tell(number, state=TrialState.PRUNED if state == 'pruned' else TrialState.FAIL)

@@ -1,0 +1,136 @@
+"""One trial of a sweep, in a process of its own: an ordinary run, in the trial's folder of the sweep directory.
+
+    python -m lazylab.sweeps.trial RUN_DIR NAME [--resume] [--swept KEY,KEY…] [--info JSON] -- key=value … [--config F]
+
+is `lazylab train NAME key=value … [--config F]` whose run directory is RUN_DIR (RUNS_DIR/NAME/sweep-ID/trial-NNNN),
+so `lazylab resume/generate/plot` work on it as on any run. The swept keys are labelled `sweep` in its
+configs.yaml, and run.json gets `sweep` (the sweep directory, study and trial number) from --info.
+
+`--resume`: the trial was running when its worker died. With a checkpoint it continues from it (bitwise as a run
+that never stopped, like `lazylab resume`); without one it starts again in the same folder (what the folder held,
+but output.log, is removed first).
+
+Pruning: when LAZYLAB_SWEEP_REPORT is set (JSON: storage, study, number, metric, pruner), the trainer's hook
+(`on_validation`) reports the metric to the Optuna trial at every validation and stops the run when the pruner
+says so; run.json's status is then `pruned`, and the files stay. (The storage travels in the environment, not on
+the command line, so a database password is not shown by `ps`.)
+
+The process holds an exclusive lock on RUN_DIR/.lock while it runs, so no two processes ever train in one folder.
+"""
+import fcntl
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from lazylab.errors import UsageError, run_cli
+
+LOCK = '.lock'
+OUTPUT = 'output.log'
+TRIAL = 'trial.json'
+REPORT_ENV = 'LAZYLAB_SWEEP_REPORT'
+
+
+class OptunaReport:
+    """The trainer's `on_validation` hook for a sweep with a pruner.
+
+    At each validation: reports `record[metric]` at `step` to the Optuna trial (once per step; a resumed trial's
+    steps already reported are not reported again), then asks the study's pruner. Returns 'pruned' to stop.
+
+    Args:
+        storage: the study's journal file or database URL.
+        study: the study name; number: the trial number; metric: the record key (e.g. 'loss.valid');
+        pruner: 'median' or 'halving' (see lazylab.sweeps.study.make_pruner).
+    """
+
+    def __init__(self, storage: str, study: str, number: int, metric: str, pruner: str):
+        from lazylab.sweeps.study import _optuna, make_pruner, open_storage
+        optuna = _optuna()
+        store = open_storage(storage)
+        loaded = optuna.load_study(study_name=study, storage=store, pruner=make_pruner(pruner),
+                                   sampler=optuna.samplers.RandomSampler())
+        trial_id = store.get_trial_id_from_study_id_trial_number(store.get_study_id_from_name(study), number)
+        self.trial = optuna.trial.Trial(loaded, trial_id)
+        self.reported = set(store.get_trial(trial_id).intermediate_values)
+        self.metric = metric
+
+    def __call__(self, step: int, record: dict[str, Any]) -> Optional[str]:
+        value = record.get(self.metric)
+        if value is None:
+            return None
+        if step not in self.reported:
+            self.trial.report(float(value), step)
+            self.reported.add(step)
+        return 'pruned' if self.trial.should_prune() else None
+
+
+def lock(run_dir: Path):
+    """An exclusive lock on RUN_DIR/.lock, held while the returned file stays open.
+
+    Raises:
+        UsageError: another process holds it (the trial is still running there).
+    """
+    f = open(run_dir / LOCK, 'a+')
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise UsageError(f'{run_dir} is in use by another process (its trial is still running)') from None
+    return f
+
+
+def clear(run_dir: Path) -> None:
+    """Remove a restarted trial's files, but its output log, lock and trial record."""
+    for p in run_dir.iterdir():
+        if p.name in (LOCK, OUTPUT, TRIAL):
+            continue
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+
+
+def run_trial(argv: list[str]) -> None:
+    if '--' not in argv:
+        raise UsageError('usage: python -m lazylab.sweeps.trial RUN_DIR NAME [--resume] [--swept K,…] -- key=value …')
+    cut = argv.index('--')
+    head, rest = argv[:cut], argv[cut + 1:]
+    if len(head) < 2:
+        raise UsageError('usage: python -m lazylab.sweeps.trial RUN_DIR NAME [--resume] [--swept K,…] -- key=value …')
+    run_dir, name, options = Path(head[0]), head[1], head[2:]
+    resume = '--resume' in options
+    swept = options[options.index('--swept') + 1].split(',') if '--swept' in options else []
+    info = json.loads(options[options.index('--info') + 1]) if '--info' in options else {}
+    # under a torchrun launcher every process runs this; rank 0 owns the folder and talks to the study, and the
+    # others pass a hook that says nothing (the trainer asks rank 0's, and every process must take part)
+    rank0 = int(os.environ.get('RANK', '0')) == 0
+    run_dir.mkdir(parents=True, exist_ok=True)
+    held = lock(run_dir) if rank0 else None
+    try:
+        report = os.environ.get(REPORT_ENV)
+        hook = (OptunaReport(**json.loads(report)) if rank0 else _silent) if report else None
+        from lazylab.experiments import runner
+        if resume and (run_dir / 'checkpoint.pt').is_file() and (run_dir / 'run.json').is_file():
+            print(f'trial: resuming {run_dir} from its checkpoint', flush=True)
+            runner.resume_main(str(run_dir), on_validation=hook)
+            return
+        if resume and rank0:
+            print(f'trial: restarting {run_dir} (no checkpoint yet)', flush=True)
+        if rank0:
+            clear(run_dir)
+        runner.train_main(name, rest, run_dir=run_dir, on_validation=hook, labels={'sweep': swept},
+                          info={'sweep': info} if info else None)
+    finally:
+        if held is not None:
+            held.close()
+
+
+def _silent(step: int, record: dict[str, Any]) -> None:
+    return None
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    return run_cli(run_trial, sys.argv[1:] if argv is None else list(argv))
+
+
+if __name__ == '__main__':
+    sys.exit(main())
