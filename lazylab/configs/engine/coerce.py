@@ -108,11 +108,11 @@ def coerce_text(text: str, annotation: Any) -> Any:
             return int(stripped)
         except ValueError:
             pass
-        try:  # '1e3' or '2.0' are fine when they are whole numbers
+        try:  # '1e3' or '2.0' are fine when they are whole numbers a float holds exactly (|x| ≤ 2⁵³)
             f = float(stripped)
         except ValueError:
             raise TypeMismatch('expected int') from None
-        if f.is_integer():
+        if f.is_integer() and abs(f) <= 2**53:
             return int(f)
         raise TypeMismatch('expected int')
     if annotation is float:
@@ -285,7 +285,7 @@ def conform(value: Any, annotation: Any, *, strict: bool = False) -> Any:
             raise TypeMismatch('expected int')
         if isinstance(value, numbers.Integral):
             return int(value)
-        if not float(value).is_integer():
+        if not (float(value).is_integer() and abs(value) <= 2**53):  # whole numbers a float holds exactly
             raise TypeMismatch('expected int')
         return int(value)
     if annotation is float:
