@@ -80,6 +80,10 @@ def check_option_name(view: Any, key: str, value: Any):
                              + (f'{hint} {listing}' if hint else f'; {listing}'), path)
 
 
+# plain types and built-in containers: conform() checks their values (True is an int, but not a value of an int item)
+_CHECKED = frozenset({int, float, bool, str, list, tuple, set, frozenset, dict})
+
+
 def typed_value(view: Any, key: str, value: Any, from_text: bool = True) -> Any:
     """The value a given value stands for, by one set of rules wherever it comes from (command line, YAML,
     ``_set_values``, assignment, ``set_default``): a string naming one of the item's options stays the option
@@ -93,9 +97,14 @@ def typed_value(view: Any, key: str, value: Any, from_text: bool = True) -> Any:
     """
     spec = view.spec
     annotation = spec.types[key]
+    if type(value) is annotation and annotation is not str:  # already a value of the type (an int for an int item)
+        return value
     options = spec.options.get(key)
     if isinstance(value, str) and (value == AGGREGATE_MARKER or (options and value in options)):
         return value
+    if not from_text and isinstance(annotation, type) and annotation not in _CHECKED \
+            and isinstance(value, annotation) and not isinstance(value, str):
+        return value  # an object of the declared class, given by code (an optimizer for an Optimizer item)
     try:
         return coerce_text(value, annotation) if isinstance(value, str) else \
             conform(value, annotation, strict=from_text)

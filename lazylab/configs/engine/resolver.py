@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 
 from .coerce import describe_type
 from .constraints import check
-from .declarations import AGGREGATE_MARKER, Calculator
+from .declarations import AGGREGATE_MARKER, Calculator, _version
 from .errors import CalculatorError, ConfigError, CycleError, DeclarationError, NoValueError, unknown_item
 from .state import Provenance, State, state_of
 
@@ -94,7 +94,9 @@ def compute(st: State, key: str):
     # Kept in one function (no helper per step): a chain of N items nests N computations, and each Python
     # frame here counts against the recursion limit.
     path = st.path_of(key)
-    spec = st.spec  # the class's current declarations (also refreshes st._spec, which the helpers below read)
+    spec = st._spec  # the class's current declarations (st.spec, inlined: this runs once per item), which the
+    if spec.version != _version[0]:  # helpers below read as st._spec
+        spec = st.spec
     if key in st.computing:
         start = next(i for i, f in enumerate(ACTIVE) if f.state is st and f.key == key)
         raise CycleError([f.path for f in ACTIVE[start:]] + [path])
