@@ -1,11 +1,15 @@
 """The training loop, top to bottom: `train(c, run_dir)`.
 
-For each batch of the experiment's task: forward, loss, backward, clip, optimizer and scheduler step, a running
-sum of the metrics; every `log_interval` steps a metrics record; every `valid_interval` steps (default
-`steps_per_epoch // inner_iterations`) a validation, a sample and a checkpoint; at the end, the final validation.
-No callbacks, no hooks. The parts with a state of their own are named and live beside this file:
+For each batch of the experiment's task (cut to the current length during a sequence-length warm-up,
+`seq_len_start` → `seq_len` over `seq_len_warmup` steps): forward, loss, backward, clip, optimizer and scheduler
+step, a running sum of the metrics; every `log_interval` steps a metrics record; every `valid_interval` steps
+(default `steps_per_epoch // inner_iterations`) a validation, a sample and a checkpoint; at the end, the final
+validation. No callbacks, no hooks. Before a run, `check_trains` (one pass on the first batch) and, for a resume,
+`check_resume` let the runner refuse what would fail, before anything is written. The parts with a state of their
+own are named and live beside this file:
 
-    task.py        Task: the experiment's batches, loss, validation and samples (nlp_autoregression.TextTask)
+    task.py        Task: the experiment's batches, loss, validation and samples (nlp_autoregression.TextTask);
+                   SeqLenWarmup: each step's sequence length
     budget.py      TimeBudget: the clock, `max_minutes`, and the step count fitted to it
     checkpoint.py  Checkpointer, Position: checkpoint.pt (atomic writes, weights_only reads), resume
     metrics.py     RunningMetrics, RunLog: metrics.jsonl records, the progress line, samples.txt, labml

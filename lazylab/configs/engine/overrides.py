@@ -42,7 +42,7 @@ class _Unborn:
     children: dict[str, Any] = {}
 
     def __init__(self, spec: Spec, path: str):
-        self.spec = spec
+        self.spec = self._spec = spec
         self.path = path
         self.class_name = spec.name
 
@@ -67,10 +67,11 @@ def check_option_name(view: Any, key: str, value: Any):
     Raises:
         UnknownOptionError: naming the path, the nearest option and all options.
     """
-    options = view.spec.options.get(key)
+    spec = view._spec  # current: every caller has just read view.spec
+    options = spec.options.get(key)
     if not options or not isinstance(value, str) or value in options or value == AGGREGATE_MARKER:
         return
-    annotation = view.spec.types[key]
+    annotation = spec.types[key]
     if takes_any_string(annotation) or (get_origin(annotation) is Literal and value in get_args(annotation)):
         return
     path = view.path_of(key)
@@ -95,7 +96,7 @@ def typed_value(view: Any, key: str, value: Any, from_text: bool = True) -> Any:
         UnknownOptionError: a string that is neither an option nor a value of the type, for an item with options.
         BadValueError: a value that does not fit the type (names the key, the type and the value).
     """
-    spec = view.spec
+    spec = view._spec  # current: every caller has just read view.spec
     annotation = spec.types[key]
     if type(value) is annotation and annotation is not str:  # already a value of the type (an int for an int item)
         return value
@@ -124,10 +125,11 @@ def check_given(view: Any, key: str, value: Any):
     Raises:
         BadValueError: ``bad value for <path>: must be ≥ 1, got 0``.
     """
-    rule = view.spec.rules.get(key)
+    spec = view._spec  # current: every caller has just read view.spec
+    rule = spec.rules.get(key)
     if rule is None:
         return
-    if isinstance(value, str) and (value == AGGREGATE_MARKER or value in view.spec.options.get(key, ())):
+    if isinstance(value, str) and (value == AGGREGATE_MARKER or value in spec.options.get(key, ())):
         return
     check(rule, view.path_of(key), value)
 
