@@ -28,21 +28,45 @@ USAGE = __doc__.split('\n\n')[1]
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse whose mistakes become one-line UsageErrors instead of a usage block."""
+    """argparse whose mistakes become one-line UsageErrors instead of a usage block, and whose -h/--help is
+    answered by the command (`_asks_help`) rather than by exiting the interpreter."""
+
+    def __init__(self, **kwargs):
+        super().__init__(add_help=False, **kwargs)
 
     def error(self, message):
         raise UsageError(f'{self.prog}: {message}')
 
 
+def _asks_help(argv: list[str]) -> bool:
+    """-h or --help among the arguments (before a `--`)."""
+    head = argv[:argv.index('--')] if '--' in argv else argv
+    return '-h' in head or '--help' in head
+
+
+def _experiments() -> str:
+    from lazylab.experiments import EXPERIMENTS  # torch-free
+    return ', '.join(EXPERIMENTS)
+
+
 def _train(argv: list[str]) -> None:
     from lazylab.experiments.runner import train_main
     if not argv or argv[0].startswith('-'):
+        if _asks_help(argv):
+            print('usage: lazylab train NAME [key=value …] [--config FILE.yaml]\n\n'
+                  f'Train experiment NAME ({_experiments()}); `lazylab train NAME --help` (or `lazylab options NAME`)'
+                  f' lists its keys.')
+            return
         raise UsageError('usage: lazylab train NAME [key=value …] [--config FILE.yaml]')
     train_main(argv[0], argv[1:])
 
 
 def _options(argv: list[str]) -> None:
     from lazylab.experiments.runner import options_text
+    if _asks_help(argv):
+        print(f'usage: lazylab options NAME\n\nEvery key of experiment NAME ({_experiments()}) with its type, '
+              f'default, rule, options and help, then its presets.')
+        return
     if len(argv) != 1:
         raise UsageError('usage: lazylab options NAME')
     print(options_text(argv[0]))
@@ -50,6 +74,11 @@ def _options(argv: list[str]) -> None:
 
 def _resume(argv: list[str]) -> None:
     from lazylab.experiments.runner import ALLOW_CHANGES, resume_main
+    if _asks_help(argv):
+        print(f'usage: lazylab resume RUN_DIR [{ALLOW_CHANGES}]\n\nContinue the run in RUN_DIR from its checkpoint, '
+              'exactly where it stopped (its configs.yaml, the same text and number of processes). '
+              f'{ALLOW_CHANGES}: go on although a computed value now comes out differently.')
+        return
     allow_changes = ALLOW_CHANGES in argv
     argv = [a for a in argv if a != ALLOW_CHANGES]
     if len(argv) != 1:
@@ -57,24 +86,37 @@ def _resume(argv: list[str]) -> None:
     resume_main(argv[0], allow_changes=allow_changes)
 
 
+def _generate_parser() -> _Parser:
+    p = _Parser(prog='lazylab generate', description='Text sampled from the latest checkpoint of RUN_DIR: the '
+                                                     'prompt followed by TOKENS new characters.')
+    p.add_argument('run_dir', metavar='RUN_DIR')
+    p.add_argument('--prompt', required=True, help='the start of the text (characters the model knows)')
+    p.add_argument('--tokens', type=int, required=True, help='characters to add (0 … 1,000,000)')
+    p.add_argument('--temperature', type=float, default=1.0, help='finite, ≥ 0; 0 is greedy (default 1.0)')
+    p.add_argument('--top-k', type=int, default=None, help='sample among the K most likely characters')
+    p.add_argument('--seed', type=int, default=None, help='for a reproducible sample (0 … 2**64 − 1)')
+    return p
+
+
 def _generate(argv: list[str]) -> None:
     from lazylab.experiments.runner import generate
-    p = _Parser(prog='lazylab generate', add_help=False)
-    p.add_argument('run_dir')
-    p.add_argument('--prompt', required=True)
-    p.add_argument('--tokens', type=int, required=True)
-    p.add_argument('--temperature', type=float, default=1.0)
-    p.add_argument('--top-k', type=int, default=None)
-    p.add_argument('--seed', type=int, default=None)
+    p = _generate_parser()
+    if _asks_help(argv):
+        print(p.format_help().rstrip())
+        return
     a = p.parse_args(argv)
     print(generate(a.run_dir, a.prompt, a.tokens, a.temperature, a.top_k, a.seed))
 
 
 def _plot(argv: list[str]) -> None:
     from lazylab.experiments.plot import plot_runs
-    p = _Parser(prog='lazylab plot', add_help=False)
-    p.add_argument('run_dirs', nargs='+')
-    p.add_argument('-o', '--output', required=True)
+    p = _Parser(prog='lazylab plot', description='Training and validation loss against tokens seen, one colour '
+                                                 'per run, saved as a PNG.')
+    p.add_argument('run_dirs', nargs='+', metavar='RUN_DIR')
+    p.add_argument('-o', '--output', required=True, help='the PNG file to write')
+    if _asks_help(argv):
+        print(p.format_help().rstrip())
+        return
     a = p.parse_args(argv)
     print(f'wrote {plot_runs(a.run_dirs, a.output)}')
 

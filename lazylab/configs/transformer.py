@@ -23,7 +23,7 @@ from typing import Literal
 from torch import nn
 
 from lazylab.configs import BaseConfigs, aggregate, calculate, option
-from lazylab.configs.types import PositiveInt, Probability
+from lazylab.configs.types import LayerCount, PositiveInt, Probability
 from lazylab.models.feed_forward import FeedForward
 from lazylab.models.mha import MultiHeadAttention
 from lazylab.models.relative_mha import RelativeMultiHeadAttention
@@ -53,7 +53,7 @@ class FeedForwardConfigs(BaseConfigs):
     d_ff: PositiveInt = 2048  # hidden width
     dropout: Probability = 0.1  # on the hidden layer
     activation: nn.Module = 'ReLU'  # 'ReLU', 'GELU' or 'SiLU'
-    is_gated: bool = False
+    is_gated: bool = False  # gate the hidden layer (GLU): act(x W₁) ⊗ (x V)
     bias1: bool = True  # bias of the first layer
     bias2: bool = True  # bias of the second layer
     bias_gate: bool = False  # bias of the gate's linear layer
@@ -108,29 +108,29 @@ class TransformerConfigs(BaseConfigs):
     or 'no_pos', a bare nn.Embedding): `src_embed`, `tgt_embed`. `ffn` is a FeedForwardConfigs whose d_model
     and dropout default to this config's; each layer gets its own copy of the FFN.
     """
-    n_heads: PositiveInt = 8
-    d_model: PositiveInt = 512
-    n_layers: PositiveInt = 6
-    dropout: Probability = 0.1
-    n_src_vocab: PositiveInt
-    n_tgt_vocab: PositiveInt
+    n_heads: PositiveInt = 8  # attention heads; d_model must be divisible by it
+    d_model: PositiveInt = 512  # model width
+    n_layers: LayerCount = 6  # layers of the encoder (and of the decoder)
+    dropout: Probability = 0.1  # on attention weights, layer outputs and the FFN's hidden layer
+    n_src_vocab: PositiveInt  # source vocabulary size
+    n_tgt_vocab: PositiveInt  # target vocabulary size (the generator's outputs)
 
-    encoder_attn: MultiHeadAttention = 'mha'
-    decoder_attn: MultiHeadAttention = 'mha'
-    decoder_mem_attn: MultiHeadAttention = 'mha'
+    encoder_attn: MultiHeadAttention = 'mha'  # encoder self-attention: 'mha' or 'relative'
+    decoder_attn: MultiHeadAttention = 'mha'  # decoder self-attention: 'mha' or 'relative'
+    decoder_mem_attn: MultiHeadAttention = 'mha'  # decoder attention over the encoder output: 'mha' or 'relative'
 
-    ffn: FeedForwardConfigs
+    ffn: FeedForwardConfigs  # the position-wise FFN (d_model and dropout default to this config's)
 
-    encoder_layer: TransformerLayer = 'default'
-    decoder_layer: TransformerLayer = 'default'
-    encoder: Encoder = 'default'
-    decoder: Decoder = 'default'
+    encoder_layer: TransformerLayer = 'default'  # one encoder layer (copied n_layers times)
+    decoder_layer: TransformerLayer = 'default'  # one decoder layer (copied n_layers times)
+    encoder: Encoder = 'default'  # the encoder stack
+    decoder: Decoder = 'default'  # the decoder stack
 
-    src_embed: nn.Module = 'fixed_pos'
-    tgt_embed: nn.Module = 'fixed_pos'
-    generator: Generator = 'default'
+    src_embed: nn.Module = 'fixed_pos'  # source embeddings: 'fixed_pos', 'learned_pos' or 'no_pos'
+    tgt_embed: nn.Module = 'fixed_pos'  # target embeddings: 'fixed_pos', 'learned_pos' or 'no_pos'
+    generator: Generator = 'default'  # the final projection to logits
 
-    encoder_decoder: EncoderDecoder
+    encoder_decoder: EncoderDecoder  # the whole encoder-decoder model
 
 
 def _mha(c: TransformerConfigs):

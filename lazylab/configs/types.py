@@ -14,13 +14,17 @@ from typing import Annotated
 
 from annotated_types import Ge, Gt, Interval, IsFinite, MinLen
 
-__all__ = ['PositiveInt', 'NonNegativeInt', 'PositiveFloat', 'NonNegativeFloat', 'Probability', 'Fraction',
-           'NonEmptyStr']
+__all__ = ['PositiveInt', 'NonNegativeInt', 'LayerCount', 'ThreadCount', 'PositiveFloat', 'NonNegativeFloat',
+           'Probability', 'Fraction', 'NonEmptyStr']
 
 #: a count or size: ≥ 1 (layers, heads, widths, batch sizes, sequence lengths)
 PositiveInt = Annotated[int, Ge(1)]
 #: a count where 0 means "none" or "off": ≥ 0
 NonNegativeInt = Annotated[int, Ge(0)]
+#: a number of layers: 1 … 1024 (the layers are built one by one: a mistyped 10**18 would never finish building)
+LayerCount = Annotated[int, Interval(ge=1, le=1024)]
+#: CPU threads for torch: 0 (torch's default) … 1024 (torch cannot take more than a C int; this many is a mistake)
+ThreadCount = Annotated[int, Interval(ge=0, le=1024)]
 #: a finite number > 0 (a learning rate)
 PositiveFloat = Annotated[IsFinite[float], Gt(0)]
 #: a finite number ≥ 0 (minutes, a norm bound, a temperature, weight decay)

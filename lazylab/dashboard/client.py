@@ -3,16 +3,22 @@
 :func:`configure_app_writer` (or :func:`app_writer`, which only returns labml's `app_url`) points labml's ``app``
 writer at a dashboard URL (``http://HOST:PORT``) after a quick socket check, so an unreachable server costs one
 warning, not a hang. What arrives is what labml's tracker gets: the configs, every `tracker.save` indicator and the
-run's standard output (the sampled text). labml itself thins long series (the client averages bursts late in a
+run's standard output (the sampled text). A server that answers but is not a labml app (another web server on
+that port, a proxy's error page) costs one warning and at most a few seconds too (:func:`labml_app_problem`).
+labml itself thins long series (the client averages bursts late in a
 run, the app keeps at most 1024 points per series); metrics.jsonl keeps them all.
 
     lazylab train transformer ... dashboard=http://127.0.0.1:5005
 """
 import atexit
+import http.client
+import json
 import os
 import socket
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Optional
 from urllib.parse import urlsplit
@@ -25,6 +31,8 @@ LABML_TOKEN = 'default'
 # Seconds the end of a run may wait for the last metrics to reach the dashboard (the app answers each post after a
 # fixed 3 s pause, so a healthy server needs two or three round trips).
 FLUSH_TIMEOUT_S = 30.0
+# Seconds the labml-app check may wait for one answer (the app answers a track post after its fixed 3 s pause).
+PROBE_TIMEOUT_S = 5.0
 
 
 def track_url(url: str) -> str:
@@ -55,6 +63,49 @@ def is_reachable(url: str, timeout: float = 1.0) -> bool:
         return False
 
 
+def labml_app_problem(app_url: str, timeout: float = PROBE_TIMEOUT_S) -> Optional[str]:
+    """None when the server at `app_url` (labml's ``…/api/v1/TOKEN``) answers as a labml app; else what it does
+    instead, for a warning ('answers HTTP 404', 'answers with something that is not labml's JSON', 'does not
+    answer within 5 s').
+
+    Two questions, the second only when the first is not conclusive: GET ``…/api/v1/runs/TOKEN`` (a labml app
+    answers at once with ``{"runs": […]}``), then what labml's own client does, a POST to ``…/track`` with an
+    empty list and no run (a labml app answers a JSON object, e.g. "invalid run uuid", after its 3 s pause).
+    """
+    head, _, token = app_url.rstrip('/').rpartition('/')
+    if head.endswith('/api/v1') and token:
+        status, body = _ask(urllib.request.Request(f'{head}/runs/{token}'), timeout)
+        if status == 200 and isinstance(body, dict) and 'runs' in body:
+            return None
+    request = urllib.request.Request(f'{app_url.rstrip("/")}/track?run_uuid=&labml_version=0', data=b'[]',
+                                     headers={'Content-Type': 'application/json; charset=utf-8'})
+    status, body = _ask(request, timeout)
+    if status == 200 and isinstance(body, dict):
+        return None
+    if status is None:
+        return body
+    if status != 200:
+        return f'answers HTTP {status}'
+    return "answers with something that is not labml's JSON"
+
+
+def _ask(request: urllib.request.Request, timeout: float):
+    """(HTTP status, the JSON answer or None) of `request`; (None, what went wrong) when there is no answer."""
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            status, raw = response.status, response.read(1 << 20)
+    except urllib.error.HTTPError as e:
+        return e.code, None
+    except (OSError, ValueError, http.client.HTTPException) as e:  # timeouts, resets, a reply that is not HTTP
+        if isinstance(getattr(e, 'reason', e), (socket.timeout, TimeoutError)):
+            return None, f'does not answer within {timeout:g} s'
+        return None, f'does not answer as a web server ({type(e).__name__})'
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, None
+
+
 def configured_app_url(search_from: Optional[Path] = None) -> Optional[str]:
     """The `app_url` a user configured for labml: env ``labml_app_url``, else the nearest ``.labml.yaml``
     from `search_from` (default: the working directory) up to the root; None when there is none."""
@@ -77,8 +128,9 @@ def app_writer_settings(url: Optional[str] = None, *, search_from: Optional[Path
     """labml lab settings that send a run to the dashboard, or None when there is no reachable dashboard.
 
     `url` is the `dashboard=` key (``http://HOST:PORT``); when empty, the user's labml `app_url` is used
-    (:func:`configured_app_url`). If that server does not accept a TCP connection within `timeout` seconds,
-    prints one warning to stderr and returns None: train without the app writer.
+    (:func:`configured_app_url`). If that server does not accept a TCP connection within `timeout` seconds, or
+    answers but not as a labml app (:func:`labml_app_problem`), prints one warning to stderr and returns None:
+    train without the app writer.
 
     Returns:
         ``{'app_url': ..., 'app_open_browser': False, 'app_track_frequency': 0}`` for
@@ -93,6 +145,12 @@ def app_writer_settings(url: Optional[str] = None, *, search_from: Optional[Path
     app_url = track_url(url)
     if not is_reachable(app_url, timeout):
         print(f'lazylab: warning: labml dashboard at {url} is not reachable; training without it '
+              f'(start one with: lazylab dashboard --port {urlsplit(app_url).port or 80})',
+              file=sys.stderr, flush=True)
+        return None
+    problem = labml_app_problem(app_url)
+    if problem is not None:
+        print(f'lazylab: warning: {url} {problem}: it is not a labml dashboard; training without it '
               f'(start one with: lazylab dashboard --port {urlsplit(app_url).port or 80})',
               file=sys.stderr, flush=True)
         return None

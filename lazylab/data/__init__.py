@@ -28,7 +28,7 @@ import torch
 from lazylab.errors import DataError
 
 __all__ = ['DataError', 'TINY_SHAKESPEARE', 'TINY_SHAKESPEARE_SHA256', 'bundled_text_path', 'load_text',
-           'CharTokenizer', 'TextDataset', 'ShuffledLoader', 'SequentialLoader']
+           'CharTokenizer', 'vocabulary_change', 'TextDataset', 'ShuffledLoader', 'SequentialLoader']
 
 #: name that selects the bundled text (`text=tiny_shakespeare`)
 TINY_SHAKESPEARE = 'tiny_shakespeare'
@@ -47,19 +47,25 @@ def load_text(path: Union[str, Path, None] = None) -> str:
     """Read a UTF-8 text file; `None` or 'tiny_shakespeare' reads the bundled Tiny Shakespeare.
 
     Raises:
-        DataError: the file is missing or is a directory; its bytes are not valid UTF-8 (the message gives the byte
-            offset of the first bad byte); the bundled copy does not match its sha256 (a damaged install).
+        DataError: the file is missing, is a directory or not a regular file (a pipe or a device, which could block
+            or never end); its bytes are not valid UTF-8 (the message gives the byte offset of the first bad
+            byte); the bundled copy does not match its sha256 (a damaged install).
     """
     bundled = path is None or str(path) == TINY_SHAKESPEARE
     file = bundled_text_path() if bundled else Path(path).expanduser()
     try:
-        raw = file.read_bytes()
+        special = file.exists() and not file.is_file() and not file.is_dir()
+        raw = b'' if special else file.read_bytes()
     except FileNotFoundError:
         raise DataError(f'text file not found: {file}') from None
     except IsADirectoryError:
         raise DataError(f'text file is a directory: {file}') from None
     except OSError as e:
         raise DataError(f'cannot read text file {file}: {e.strerror}') from None
+    except ValueError:  # a path the OS cannot take (a NUL character)
+        raise DataError(f'not a usable text file path: {str(path)!r}') from None
+    if special:
+        raise DataError(f'text file is not a regular file: {file}')
     if bundled:
         digest = hashlib.sha256(raw).hexdigest()
         if digest != TINY_SHAKESPEARE_SHA256:
@@ -104,10 +110,45 @@ class CharTokenizer:
                             f'{self.n_tokens} characters the model was trained on') from None
 
     def decode(self, ids: Union[torch.Tensor, list[int]]) -> str:
-        """LongTensor [n] (or list of ints) → str of length n."""
+        """LongTensor [n] (or list of ints) → str of length n.
+
+        Raises:
+            DataError: an id outside 0 … n_tokens − 1 (the message shows it and its position).
+        """
         if isinstance(ids, torch.Tensor):
             ids = ids.tolist()
+        n = len(self.itos)
+        for position, i in enumerate(ids):
+            if not 0 <= i < n:
+                raise DataError(f'token id {i} (position {position}) is outside the vocabulary of {n} characters '
+                                f'(ids 0 … {n - 1})')
         return ''.join(self.itos[i] for i in ids)
+
+
+def vocabulary_change(old: str, new: str) -> Optional[str]:
+    """What differs between two vocabularies (strings of distinct characters, in id order), in a few words, or
+    None when they are the same: the sizes, the characters added and removed (up to 10 of each shown), or, with
+    the same characters, that their order (so every id's meaning) changed.
+
+        vocabulary_change('abc', 'abd') == "3 → 3 characters; added 'd'; removed 'c'"
+    """
+    if old == new:
+        return None
+    added = [c for c in new if c not in set(old)]
+    removed = [c for c in old if c not in set(new)]
+
+    def shown(chars: list[str]) -> str:
+        text = ', '.join(repr(c) for c in chars[:10])
+        return text + (f' and {len(chars) - 10} more' if len(chars) > 10 else '')
+    parts = [f'{len(old)} → {len(new)} characters']
+    if added:
+        parts.append(f'added {shown(added)}')
+    if removed:
+        parts.append(f'removed {shown(removed)}')
+    if not added and not removed:
+        moved = [c for i, c in enumerate(new) if old[i] != c]
+        parts.append(f'the same characters in another order ({shown(moved)} moved)')
+    return '; '.join(parts)
 
 
 class TextDataset:

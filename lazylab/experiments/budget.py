@@ -13,14 +13,19 @@ that the run, final validation included, ends at `max_minutes`:
     final seconds = last validation's seconds · final_valid_ratio
     total_steps   = step + (budget − elapsed − final seconds) / time per step      (≥ step + 1, ≤ the epochs' count)
 
+With a sequence-length warm-up the steps differ in cost: `work(a, b)` gives the cost of steps [a, b) in
+full-length steps (task.SeqLenWarmup.work), the training seconds are per unit of work, and total_steps is the
+largest step count whose work, with the validations' share, fits the time left.
+
 The first fit comes at the first validation or after CALIBRATION_STEPS steps, whichever is first, timed from step
 CALIBRATION_STEPS // 3 on (the first steps are slow: allocations, caches); the later ones at every validation and
 every log_interval steps, so a machine that speeds up or slows down mid-run still ends on time. Under torchrun
 rank 0's clock decides, so every process stops at the same step. With `max_steps` > 0 as well, `max_minutes` only
 stops the run early.
 """
+import math
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 from lazylab.experiments import distributed
 from lazylab.experiments.checkpoint import Position
@@ -40,11 +45,14 @@ class TimeBudget:
         valid_every: steps between validations.
         final_valid_ratio: the final validation's duration over an interleaved one's.
         now: the wall clock, in seconds (time.time; a test gives a fake one).
+        work: the cost of steps [a, b) in full-length steps (None: every step costs the same).
     """
 
     def __init__(self, max_minutes: float, pos: Position, *, fit_steps: bool, max_total_steps: int,
-                 valid_every: int, final_valid_ratio: float, now: Callable[[], float] = time.time):
-        self.seconds = max_minutes * 60  # 0: no time limit
+                 valid_every: int, final_valid_ratio: float, now: Callable[[], float] = time.time,
+                 work: Optional[Callable[[int, int], float]] = None):
+        self.seconds = min(max_minutes * 60, 1e300)  # 0: no time limit (a huge limit stays finite arithmetic)
+        self.work = work
         self.fits = self.seconds > 0 and fit_steps
         self.max_total_steps, self.valid_every, self.final_valid_ratio = max_total_steps, valid_every, \
             final_valid_ratio
@@ -95,14 +103,36 @@ class TimeBudget:
             return False
         valid_seconds = self.valid_seconds
         training_seconds = self.elapsed() - self.since_clock - (valid_seconds if just_validated else 0.0)
-        step_seconds = training_seconds / steps + valid_seconds / self.valid_every
         final_seconds = valid_seconds * self.final_valid_ratio
-        steps_left = (self.seconds - self.elapsed() - final_seconds) / step_seconds
+        left = self.seconds - self.elapsed() - final_seconds
+        most = self.max_total_steps - pos.step
+        if self.work is None:
+            step_seconds = training_seconds / steps + valid_seconds / self.valid_every
+            steps_left = left / step_seconds if step_seconds > 0 else math.inf
+        else:
+            steps_left = self._steps_fitting(pos.step, left, training_seconds / self.work(self.since_step, pos.step),
+                                             valid_seconds / self.valid_every, most)
+        steps_left = min(steps_left, most) if math.isfinite(steps_left) else most
         # every process must stop at the same step: rank 0's clock decides
         pos.total_steps = distributed.broadcast_object(min(self.max_total_steps, pos.step + max(1, int(steps_left))))
         return True
 
+    def _steps_fitting(self, step: int, seconds: float, work_seconds: float, valid_share: float, most: int) -> int:
+        """The largest k ≤ most with work(step, step + k) · work_seconds + k · valid_share ≤ seconds."""
+        def cost(k: int) -> float:
+            return self.work(step, step + k) * work_seconds + k * valid_share
+        if cost(most) <= seconds:
+            return most
+        lo, hi = 0, most  # cost(lo) ≤ seconds < cost(hi); the cost grows with k
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if cost(mid) <= seconds else (lo, mid)
+        return lo
+
     def eta(self, pos: Position) -> float:
         """Seconds to the end of the run: at this run's pace so far, and within the time limit."""
-        eta = (self.now() - self.started) / max(1, pos.step - self.start_step) * (pos.total_steps - pos.step)
+        done, left = pos.step - self.start_step, pos.total_steps - pos.step
+        if self.work is not None and done > 0:  # in units of work: later steps of a warm-up cost more
+            done, left = self.work(self.start_step, pos.step), self.work(pos.step, pos.total_steps)
+        eta = (self.now() - self.started) / (done if done > 0 else 1) * left
         return min(eta, self.seconds - self.elapsed()) if self.seconds > 0 else eta

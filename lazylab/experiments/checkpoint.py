@@ -10,7 +10,8 @@ The file is one `torch.save` of a dict of tensors and plain values (format 'lazy
     model, optimizer, scheduler   their state_dict()s
     rng, rng_per_rank             torch / python (/ cuda) random states of rank 0, and of every rank (or None)
     world_size                    the number of processes that wrote it (resume needs the same number)
-    position                      `Position` as a dict: step, epoch, batch, tokens, elapsed, total_steps, calibrated
+    position                      `Position` as a dict: step, epoch, batch, tokens, elapsed, total_steps, calibrated,
+                                  train_seconds
     sums                          the running metrics' sums (see metrics.RunningMetrics)
     + the task's extras           e.g. vocabulary (the text task's characters, so generation needs no text)
 
@@ -42,13 +43,28 @@ class Position:
     elapsed: float = 0.0      # wall-clock seconds of training and validation, summed over resumes
     total_steps: int = 0      # steps this run takes (fitted to max_minutes when the time budget decides)
     calibrated: bool = False  # the step count has been fitted to the time budget
+    train_seconds: float = 0.0  # wall-clock seconds of the training steps alone (no validation), over all resumes
 
 
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
-    """torch.save to a temporary file in the same folder, then rename: a reader never sees a half-written file."""
+    """torch.save to a temporary file in the same folder, then rename: a reader never sees a half-written file,
+    and a write that fails leaves the previous checkpoint as it was and no temporary file.
+
+    Raises:
+        CheckpointError: the file cannot be written (disk full, no permission; the message says which).
+    """
     tmp = path.with_name(path.name + f'.tmp{os.getpid()}')
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, 'wb') as f:  # a Python file: a failed write is an OSError (errno, strerror), not torch's text
+            torch.save(payload, f)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        kept = 'the previous checkpoint is kept' if path.exists() else 'no checkpoint was written'
+        raise CheckpointError(f'cannot write checkpoint {path}: {e.strerror or e}; {kept}') from e
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -111,6 +127,30 @@ class Checkpointer:
                 'world_size': world_size, 'position': asdict(pos), 'sums': dict(sums), **self.extras})
         self.saved_step = pos.step
 
+    def check(self, ck: dict[str, Any]) -> None:
+        """That checkpoint `ck` (as `load_checkpoint` returns it) can be restored here, so a resume can refuse it
+        before anything is written: the same number of processes, and a model with the same parameter names and
+        shapes (configs.yaml edited, or another model, would not load).
+
+        Raises:
+            CheckpointError: naming the process counts, or the first parameter that differs.
+        """
+        saved_world_size, world_size = ck.get('world_size', 1), distributed.get_world_size()
+        if saved_world_size != world_size:  # data shards and per-rank RNG states would mean something else
+            raise CheckpointError(f'{self.path} was saved by {saved_world_size} process(es); '
+                                  f'resume it with {saved_world_size}, not {world_size}')
+        saved, ours = ck.get('model'), self.model.state_dict()
+        if not isinstance(saved, dict):
+            raise CheckpointError(f'{self.path} has no model state')
+        for name in sorted(set(saved) | set(ours)):
+            if name not in ours or name not in saved:
+                where = 'the checkpoint' if name in saved else 'the model of configs.yaml'
+                raise CheckpointError(f'{self.path} does not match the model of configs.yaml: only {where} has '
+                                      f'{name!r}')
+            if tuple(saved[name].shape) != tuple(ours[name].shape):
+                raise CheckpointError(f'{self.path} does not match the model of configs.yaml: {name!r} is '
+                                      f'{tuple(saved[name].shape)} there, {tuple(ours[name].shape)} here')
+
     def restore(self, payload: Optional[dict[str, Any]] = None) -> tuple[Position, dict[str, Any]]:
         """Load the checkpoint (or take `payload`, one already read by `load_checkpoint`) into the model,
         optimizer, scheduler and random generators; returns (position, running-metrics sums).
@@ -119,14 +159,12 @@ class Checkpointer:
             CheckpointError: the file is missing or damaged, or it was saved by another number of processes.
         """
         ck = load_checkpoint(self.path) if payload is None else payload
-        saved_world_size, world_size = ck.get('world_size', 1), distributed.get_world_size()
-        if saved_world_size != world_size:  # data shards and per-rank RNG states would mean something else
-            raise CheckpointError(f'{self.path} was saved by {saved_world_size} process(es); '
-                                  f'resume it with {saved_world_size}, not {world_size}')
+        self.check(ck)
         self.model.load_state_dict(ck['model'])
         self.optimizer.load_state_dict(ck['optimizer'])
         self.scheduler.load_state_dict(ck['scheduler'])
         per_rank = ck.get('rng_per_rank') or [ck['rng']]
+        world_size = distributed.get_world_size()
         _set_rng_states(per_rank[distributed.get_rank()] if len(per_rank) == world_size else ck['rng'])
         pos = Position(**ck['position'])
         self.saved_step = pos.step

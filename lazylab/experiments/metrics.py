@@ -19,6 +19,7 @@ Torch-free, so that `lazylab plot` reads metrics.jsonl without loading torch.
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -103,17 +104,33 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-class Progress:
-    """The live progress line: redrawn in place on a terminal, one line per validation otherwise."""
+#: seconds between progress lines when stdout is not a terminal (a log file, a notebook, CI)
+PROGRESS_EVERY_S = 15.0
 
-    def __init__(self, total_steps: int, stream=None):
+
+class Progress:
+    """The live progress line: redrawn in place on a terminal; otherwise (a log file, a notebook, CI) one line per
+    validation and, between validations, a line at a steady pace: the first record after each `every_s` seconds.
+
+    Args:
+        total_steps: the run's step count (shown; updated by RunLog).
+        stream: where to write (default sys.stdout).
+        every_s: seconds between lines when `stream` is not a terminal.
+        clock: seconds (time.monotonic; a test gives a fake one).
+    """
+
+    def __init__(self, total_steps: int, stream=None, every_s: float = PROGRESS_EVERY_S, clock=time.monotonic):
         self.total_steps = total_steps
         self.stream = stream or sys.stdout
         self.tty = self.stream.isatty()
+        self.every_s, self.clock = every_s, clock
+        self.last_line = clock()
 
     def show(self, pos, record: dict[str, Any], eta: float, newline: bool) -> None:
         if not (self.tty or newline):
-            return
+            if self.clock() - self.last_line < self.every_s:
+                return
+        self.last_line = self.clock()
         parts = [f'epoch {pos.epoch + (pos.batch > 0)} step {pos.step:,}/{self.total_steps:,}',
                  f'{record.get("tokens_per_s", 0):,.0f} tok/s', f'ETA {_minutes(eta)}']
         if 'loss.train' in record:

@@ -7,18 +7,21 @@ validation on the held-out 10%, a sample from `prompt`). Experiments subclass it
 on `device_of(c)`.
 """
 from collections.abc import Iterator
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import torch
+from annotated_types import Ge, Le
 from torch import nn
 
 from lazylab.configs import option
 from lazylab.configs.types import NonEmptyStr, NonNegativeFloat, NonNegativeInt, PositiveInt
-from lazylab.data import TINY_SHAKESPEARE, SequentialLoader, ShuffledLoader, TextDataset
+from lazylab.data import TINY_SHAKESPEARE, SequentialLoader, ShuffledLoader, TextDataset, vocabulary_change
+from lazylab.errors import CheckpointError, DataError
 from lazylab.experiments import distributed
 from lazylab.experiments.optimizers import OptimizerConfigs
 from lazylab.experiments.task import Batch, Task, evaluate
 from lazylab.experiments.trainer import TrainerConfigs, resolve_device
+from lazylab.models.sampling import MAX_NEW_TOKENS
 
 #: labml_nn's published experiment settings (d_model 512, 8 heads, 6 layers, Noam lr 1.0, 128 epochs); each
 #: experiment's `preset=labml_nn` is this plus its own keys
@@ -48,7 +51,7 @@ class NLPAutoRegressionConfigs(TrainerConfigs):
     optimizer: OptimizerConfigs       # optimizer.optimizer, optimizer.learning_rate, …
     total_steps: PositiveInt          # optimizer steps this run takes (from epochs and max_steps)
     prompt: NonEmptyStr = 'It is'     # start of the text sampled at each validation
-    sample_tokens: NonNegativeInt = 200  # characters sampled at each validation
+    sample_tokens: Annotated[int, Ge(0), Le(MAX_NEW_TOKENS)] = 200  # characters sampled at each validation
     sample_temperature: NonNegativeFloat = 0.8  # temperature of that sampling (0: greedy)
 
 
@@ -67,8 +70,9 @@ def _dataset(c: NLPAutoRegressionConfigs):
 class TextTask(Task):
     """Next-character prediction on a `TextDataset` (labml_nn's NLPAutoRegressionConfigs' data and loss).
 
-    Training: `ShuffledLoader` windows of the training split (this process's shard under torchrun); loss:
-    next-token cross-entropy and accuracy. Validation: `SequentialLoader` windows of the validation split,
+    Training: `ShuffledLoader` windows of the training split (this process's shard under torchrun), cut to the
+    current length during a sequence-length warm-up (`shorten`: a window's first positions, itself a window);
+    loss: next-token cross-entropy and accuracy. Validation: `SequentialLoader` windows of the validation split,
     `valid_batches` of them at each validation and `final_valid_batches` (0: all) at the end; every batch spans all
     processes (`evaluate` takes this process's columns). Sample: `sample_tokens` characters after `prompt`.
 
@@ -101,6 +105,8 @@ class TextTask(Task):
         self.batches_per_epoch = len(self.train_loader)
         self.final_valid_ratio = len(self.valid_full) / len(self.valid_quick)
 
+    shorter_sequences = True  # every position is a prediction: a window's first L positions are a window of L
+
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         return self.train_loader.epoch(epoch, start=start)
 
@@ -119,10 +125,24 @@ class TextTask(Task):
         """The vocabulary, so that `lazylab generate` needs only the checkpoint."""
         return {'vocabulary': self.data.tokenizer.itos}
 
+    def check_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse to resume from a checkpoint trained on another vocabulary (the text changed): the ids would
+        mean other characters, or the embedding would not fit.
+
+        Raises:
+            CheckpointError: saying what differs (sizes, characters added or removed, or their order).
+        """
+        saved = checkpoint.get('vocabulary')
+        change = vocabulary_change(saved, self.data.tokenizer.itos) if isinstance(saved, str) else None
+        if change is not None:
+            raise CheckpointError(f'the text {self.data.name} has another vocabulary than the checkpoint was '
+                                  f'trained on ({change}); resume with the same text')
+
 
 @option(NLPAutoRegressionConfigs.task, 'next_character')
 def _task(c: NLPAutoRegressionConfigs):
     """Made inside the torchrun process group (runner.prepare): each process takes its shard."""
+    check_vocabulary_size(c)
     return TextTask(c.dataset, seq_len=c.seq_len, batch_size=c.batch_size, seed=c.seed,
                     valid_batches=c.valid_batches, final_valid_batches=c.final_valid_batches, prompt=c.prompt,
                     sample_tokens=c.sample_tokens, sample_temperature=c.sample_temperature, device=device_of(c))
@@ -131,6 +151,17 @@ def _task(c: NLPAutoRegressionConfigs):
 @option(NLPAutoRegressionConfigs.n_tokens, 'vocabulary_size')
 def _n_tokens(c: NLPAutoRegressionConfigs):
     return c.dataset.n_tokens
+
+
+def check_vocabulary_size(c: NLPAutoRegressionConfigs) -> None:
+    """`n_tokens` is the text's vocabulary size: a value given for it must be that size.
+
+    Raises:
+        DataError: naming both sizes.
+    """
+    if c.n_tokens != c.dataset.n_tokens:
+        raise DataError(f'n_tokens={c.n_tokens}, but the text {c.dataset.name} has {c.dataset.n_tokens} characters; '
+                        f'leave n_tokens out (it is the vocabulary size of the text)')
 
 
 @option(NLPAutoRegressionConfigs.total_steps, 'epochs_or_max_steps')

@@ -14,13 +14,17 @@ import math
 from typing import Annotated, Literal
 
 import torch
-from annotated_types import Interval
+from annotated_types import Interval, Le
 
 from lazylab.configs import BaseConfigs, meta_config, option
 from lazylab.configs.types import Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 #: Adam's β₁, β₂: 0 ≤ β < 1
 AdamBeta = Annotated[float, Interval(ge=0, lt=1)]
+#: torch applies learning rates and decays as float32 scalars (times factors such as Adam's 1/(1 − β₁)): larger
+#: values overflow its arithmetic (a RuntimeError mid-step), so the bound is 10³⁰, far above any useful value
+PositiveRate = Annotated[PositiveFloat, Le(1e30)]
+NonNegativeRate = Annotated[NonNegativeFloat, Le(1e30)]
 
 
 class Noam(torch.optim.Adam):
@@ -31,16 +35,16 @@ class Noam(torch.optim.Adam):
 class OptimizerConfigs(BaseConfigs):
     """The optimizer (`optimizer.optimizer`) and its learning-rate schedule (`optimizer.scheduler`)."""
     optimizer: torch.optim.Optimizer = 'AdamW'          # Adam, AdamW, SGD or Noam
-    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scheduler: torch.optim.lr_scheduler.LambdaLR        # the learning-rate schedule (see the module docstring)
     parameters: object                                  # the parameters to optimize (set by the experiment)
-    learning_rate: PositiveFloat = 3e-3                 # peak learning rate (Noam: the scale, 1.0 in labml_nn)
-    weight_decay: NonNegativeFloat = 0.0                # L2 for Adam/SGD, decoupled for AdamW
+    learning_rate: PositiveRate = 3e-3                  # peak learning rate (Noam: the scale, 1.0 in labml_nn)
+    weight_decay: NonNegativeRate = 0.0                # L2 for Adam/SGD, decoupled for AdamW
     warmup: NonNegativeInt = 100                        # linear warm-up steps (Noam: its w)
     schedule: Literal['constant', 'cosine'] = 'cosine'  # after warm-up; ignored by Noam
     min_lr_ratio: Fraction = 0.1                        # cosine ends at learning_rate · min_lr_ratio
     beta1: AdamBeta = 0.9                               # Adam's β₁
     beta2: AdamBeta = 0.999                             # Adam's β₂
-    momentum: NonNegativeFloat = 0.9                    # SGD momentum
+    momentum: NonNegativeRate = 0.9                    # SGD momentum
     d_model: PositiveInt = 512                          # model width for Noam's d_model^(−½) (set by the experiment)
     total_steps: PositiveInt = 1                        # steps the cosine schedule spans (set by the experiment)
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lazylab.configs import apply_overrides, dump, label_given, load, parse_overrides, replay_changes, to_dict
+from lazylab.configs.engine.overrides import expand_short_keys
 from lazylab.errors import UsageError, run_cli, user_error_message  # noqa: F401  (re-exported: the CLI's error path)
 from lazylab.experiments import EXPERIMENTS
 
@@ -94,20 +95,27 @@ def read_config_file(path: str) -> dict[str, Any]:
 def make_configs(name: str, argv: Sequence[str] = ()):
     """A fresh `Configs` of experiment NAME with, in order, the preset, --config FILE and key=value applied.
 
+    A key may be given by a unique end of its dotted path (`ffn.glu_variant` for `transformer.ffn.glu_variant`;
+    see `lazylab.configs.engine.overrides.expand_short_keys`), on the command line and in a --config file.
+
     Raises:
         UsageError, ConfigError: see the module docstring. Nothing is computed yet.
     """
     module = load_experiment(name)
     tokens, config_file = split_args(argv)
     conf = module.Configs()
-    values = parse_overrides(tokens)
+    values = expand_short_keys(conf, parse_overrides(tokens))
     preset = values.pop('preset', None)
     file_values = read_config_file(config_file) if config_file is not None else {}
-    if preset is None and isinstance(file_values, dict):
+    if preset is None:
         preset = file_values.pop('preset', None)
+    if isinstance(file_values.get('values'), dict):  # a configs.yaml dump: its values hold the settings
+        file_values = {**file_values, 'values': expand_short_keys(conf, file_values['values'])}
+    else:
+        file_values = expand_short_keys(conf, file_values)
     if preset is not None:
         presets = getattr(module, 'PRESETS', {})
-        if preset not in presets:
+        if not isinstance(preset, str) or preset not in presets:
             raise UsageError(f"unknown preset {preset!r} for {name}; presets: {', '.join(presets) or 'none'}")
         apply_overrides(conf, presets[preset])
         label_given(conf, presets[preset], f'preset {preset}')
@@ -233,17 +241,28 @@ def finish_run(conf, run_dir: Path, status: str, last: dict[str, Any], error: Op
 def prepare(conf) -> None:
     """Compute everything a run needs, so every user mistake surfaces before a file is written.
 
-    Seeds torch first: the model's initial parameters depend only on `seed`.
+    Seeds torch first: the model's initial parameters depend only on `seed`. Last, one forward and backward pass on
+    the first batch (`trainer.check_trains`) catches what the declarations cannot say (a size the model cannot
+    take, a batch too big for the memory), with the model's state and the random states left as they were.
 
     Raises:
-        UsageError: see `check_values`; DataError, ConfigError: from the items computed here.
+        UsageError: see `check_values`; DataError, ConfigError: from the items computed here; TrainingError: the
+            model fails on its first batch.
     """
     import torch
+
+    from lazylab.experiments.trainer import check_trains
     check_values(conf)
     if conf.threads:
-        torch.set_num_threads(conf.threads)
+        try:
+            torch.set_num_threads(conf.threads)
+        except (RuntimeError, ValueError) as e:  # an experiment may declare threads without its upper bound
+            raise UsageError(f'threads={conf.threads}: torch cannot use that many ({e})') from None
     torch.manual_seed(conf.seed)
     _ = conf.task  # the data: DataError if the text is too short or the prompt has characters outside it
+    if conf.seq_len_start and conf.seq_len_start < conf.seq_len and not conf.task.shorter_sequences:
+        raise UsageError(f'seq_len_start: the task of this experiment ({type(conf.task).__name__}) has no shorter '
+                         f'sequences, so it cannot warm up the sequence length; leave seq_len_start out')
     _ = conf.model, conf.total_steps
     _ = conf.optimizer.optimizer, conf.optimizer.scheduler
     # compute the remaining plain items too (numbers, strings, flags), so configs.yaml records all of them;
@@ -254,31 +273,69 @@ def prepare(conf) -> None:
             value = conf
             for part in row['name'].split('.'):
                 value = getattr(value, part)
+    check_trains(conf)
 
 
 def check_values(conf) -> None:
-    """What the item declarations cannot say: that the device exists here and the dashboard URL can be used.
-    (Ranges and choices are declared with the items, e.g. `batch_size: PositiveInt`, and checked by the engine.)
+    """What the item declarations cannot say: that the device exists here, the dashboard URL can be used, and the
+    sequence-length warm-up's items fit together. (Ranges and choices are declared with the items, e.g.
+    `batch_size: PositiveInt`, and checked by the engine.)
 
     Raises:
-        UsageError: the device is unknown or not available; DashboardError (a UsageError): a bad dashboard URL.
+        UsageError: the device is unknown or not available; seq_len_start > seq_len, or only one of
+            seq_len_start and seq_len_warmup given; DashboardError (a UsageError): a bad dashboard URL.
     """
     from lazylab.experiments.trainer import resolve_device
     try:
         resolve_device(conf.device)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    start, warmup, seq_len = conf.seq_len_start, conf.seq_len_warmup, conf.seq_len
+    if start > seq_len:
+        raise UsageError(f'seq_len_start={start} is longer than seq_len={seq_len}; the warm-up grows the length '
+                         f'from seq_len_start to seq_len')
+    if bool(start) != bool(warmup):
+        given, missing = ('seq_len_start', 'seq_len_warmup') if start else ('seq_len_warmup', 'seq_len_start')
+        raise UsageError(f'{given} needs {missing} too: the warm-up starts at seq_len_start and reaches seq_len '
+                         f'after seq_len_warmup steps')
     if conf.dashboard:
         from lazylab.dashboard import track_url
         track_url(conf.dashboard)
 
 
-def new_run_dir(conf, name: str) -> Path:
-    """Create RUNS_DIR/NAME/RUN_ID (RUN_ID: start time and 4 random hex digits, so runs sort by time)."""
+def new_run_dir(conf, name: str, made: Optional[list] = None) -> Path:
+    """Create RUNS_DIR/NAME/RUN_ID (RUN_ID: start time and 4 random hex digits, so runs sort by time).
+
+    `made`: a list to which the folders this call makes are added, outermost first (to remove them again if
+    writing the run's first files fails).
+
+    Raises:
+        UsageError: the folder cannot be made (runs_dir is a file, not writable, …); the folders this call made
+            before it failed are removed again.
+    """
     run_id = time.strftime('%Y%m%d-%H%M%S') + '-' + os.urandom(2).hex()
-    run_dir = Path(conf.runs_dir) / name / run_id
-    run_dir.mkdir(parents=True, exist_ok=False)
+    run_dir = Path(conf.runs_dir).expanduser() / name / run_id
+    made = [] if made is None else made
+    try:
+        for folder in reversed([run_dir, *run_dir.parents]):
+            if folder.is_dir():
+                continue
+            if folder.exists():
+                raise NotADirectoryError(20, f'{folder} is a file, not a folder')
+            folder.mkdir()
+            made.append(folder)
+    except (OSError, ValueError) as e:
+        remove_made(made)
+        why = getattr(e, 'strerror', None) or str(e)
+        raise UsageError(f'cannot create a run directory in runs_dir={conf.runs_dir!r}: {why}') from None
     return run_dir
+
+
+def remove_made(folders: Sequence[Path]) -> None:
+    """Remove `folders` (made in this order, each inside the one before) and what is in them, deepest first."""
+    import shutil
+    for folder in reversed(list(folders)):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def parameter_count(model) -> int:
@@ -334,7 +391,8 @@ def execute(name: str, conf, run_dir: Path, *, resume: bool, checkpoint: Optiona
         print(f'nothing to do: the run in {run_dir} has already finished', flush=True)
     if is_main and 'loss.valid' in last:
         print(f'done: step {last["step"]:,}, valid loss {last["loss.valid"]:.4f} nats/char, '
-              f'accuracy {last["accuracy.valid"]:.3f}, {last.get("tokens_per_s", 0):,.0f} tokens/s; '
+              f'accuracy {last["accuracy.valid"]:.3f}, '
+              f'{last.get("tokens_per_s_avg", last.get("tokens_per_s", 0)):,.0f} tokens/s (the run\'s average); '
               f'run dir {run_dir}', flush=True)
     return last
 
@@ -363,15 +421,20 @@ def train_main(name: str, argv: Sequence[str], *, run_dir: Optional[Path] = None
         changes = check_replay(conf, allow_changes)
         given_dir, run_dir = run_dir, None
         if distributed.is_main_process():  # rank 0 creates the run directory; the others learn its name
-            run_dir = new_run_dir(conf, name) if given_dir is None else _use_run_dir(Path(given_dir))
-            dump(conf, run_dir / 'configs.yaml')
-            record = {'experiment': name, 'run_id': run_dir.name, 'uuid': uuid_lib.uuid4().hex,
-                      'argv': list(argv), 'created': time.strftime('%Y-%m-%dT%H:%M:%S'),
-                      **run_environment(conf), 'parameters': parameter_count(conf.model), 'status': 'running'}
-            if changes:
-                record['replay_changes'] = changes
-            record.update(info or {})
-            write_run_json(run_dir, record)
+            made: list[Path] = []
+            run_dir = new_run_dir(conf, name, made) if given_dir is None else _use_run_dir(Path(given_dir))
+            try:
+                dump(conf, run_dir / 'configs.yaml')
+                record = {'experiment': name, 'run_id': run_dir.name, 'uuid': uuid_lib.uuid4().hex,
+                          'argv': list(argv), 'created': time.strftime('%Y-%m-%dT%H:%M:%S'),
+                          **run_environment(conf), 'parameters': parameter_count(conf.model), 'status': 'running'}
+                if changes:
+                    record['replay_changes'] = changes
+                record.update(info or {})
+                write_run_json(run_dir, record)
+            except OSError as e:  # e.g. a full disk: no half-written run directory stays
+                remove_made(made)
+                raise UsageError(f'cannot write the run directory {run_dir}: {e.strerror or e}') from None
         run_dir = Path(distributed.broadcast_object(str(run_dir) if run_dir else None))
         execute(name, conf, run_dir, resume=False, on_validation=on_validation)
     return run_dir
@@ -402,8 +465,10 @@ def open_run(run_dir: str) -> tuple[str, Any, Path]:
     try:
         info = json.loads((path / 'run.json').read_text(encoding='utf-8'))
         name = info['experiment']
-    except (ValueError, KeyError):
+    except (ValueError, KeyError, TypeError):
         raise UsageError(f'{path / "run.json"} is damaged') from None
+    if not isinstance(name, str):
+        raise UsageError(f'{path / "run.json"} is damaged')
     conf = load_experiment(name).Configs()
     load(conf, path / 'configs.yaml')
     return name, conf, path
@@ -414,11 +479,13 @@ def resume_main(run_dir: str, *, allow_changes: bool = False, on_validation=None
     continue from its checkpoint; `on_validation` is the trainer's hook (a sweep's trial passes its pruner)."""
     from lazylab.experiments import distributed
     from lazylab.experiments.checkpoint import CHECKPOINT, load_checkpoint
+    from lazylab.experiments.trainer import check_resume
     name, conf, path = open_run(run_dir)
     checkpoint = load_checkpoint(path / CHECKPOINT)  # CheckpointError before anything else happens
     with distributed.process_group(_device(conf)):
         prepare(conf)
         changes = check_replay(conf, allow_changes)
+        check_resume(conf, path / CHECKPOINT, checkpoint)  # vocabulary, model shapes, processes: before any write
         position = checkpoint.get('position', {})
         if distributed.is_main_process() and position.get('step', 0) < position.get('total_steps', 0):
             update_run_json(path, status='running', **({'replay_changes': changes} if changes else {}))
@@ -436,17 +503,23 @@ def generate(run_dir: str, prompt: str, tokens: int, temperature: float = 1.0, t
     import torch
 
     from lazylab.data import CharTokenizer
+    from lazylab.errors import CheckpointError, TrainingError
     from lazylab.experiments.checkpoint import CHECKPOINT, load_checkpoint
-    from lazylab.models.sampling import check_generate_arguments
+    from lazylab.models.sampling import NonFiniteLogitsError, check_generate_arguments
     try:
         check_generate_arguments(tokens, temperature, top_k, names=('--tokens', '--temperature', '--top-k'))
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if seed is not None and not 0 <= seed < 2**64:
+        raise UsageError(f'--seed must be in 0 … 2**64 − 1, got {seed}')
     if not prompt:
         raise UsageError('--prompt must not be empty')
     name, conf, path = open_run(run_dir)
     ck = load_checkpoint(path / CHECKPOINT)
-    tokenizer = CharTokenizer(ck['vocabulary'])
+    try:
+        tokenizer = CharTokenizer(ck['vocabulary'])
+    except (KeyError, TypeError, ValueError):
+        raise CheckpointError(f'{path / CHECKPOINT} has no usable vocabulary') from None
     ids = tokenizer.encode(prompt)
     apply_overrides(conf, {'n_tokens': tokenizer.n_tokens})
     model = conf.model
@@ -457,21 +530,90 @@ def generate(run_dir: str, prompt: str, tokens: int, temperature: float = 1.0, t
     device = next(model.parameters()).device
     g = torch.Generator(device=device)
     g.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), 'little'))
-    out = model.generate(ids.to(device), tokens, temperature=temperature, top_k=top_k, generator=g)
+    try:
+        out = model.generate(ids.to(device), tokens, temperature=temperature, top_k=top_k, generator=g)
+    except NonFiniteLogitsError as e:
+        raise TrainingError(f'{path / CHECKPOINT}: {e}') from None
     return tokenizer.decode(out.cpu())
 
 
 def options_text(name: str) -> str:
-    """`lazylab options NAME`: every key with type, default, options and help, then the presets."""
+    """`lazylab options NAME`: every key with type, default, options and help, then the presets.
+
+    A sub-config's key shows the experiment's default where the experiment sets it (e.g. the feedback
+    experiment's `feedback.d_model = 128 (follows d_model)`, not FeedbackConfigs' own 512): see
+    `effective_defaults`.
+    """
     from lazylab.configs import describe, format_description
     module = load_experiment(name)
-    text = format_description(describe(module.Configs))
+    text = format_description(describe(module.Configs), effective_defaults(module.Configs))
     presets = getattr(module, 'PRESETS', {})
     if presets:
         text += '\n\npresets (preset=NAME, applied before other settings):\n'
         for p, values in presets.items():
             text += f'  {p}: ' + ' '.join(f'{k}={v}' for k, v in values.items()) + '\n'
     return text
+
+
+def effective_defaults(configs_class) -> dict[str, str]:
+    """dotted key → how the experiment sets it, for the sub-config keys whose default the experiment replaces:
+    `'128 (follows d_model)'` (a default that reads another key), `'4 (set by the experiment)'` (a value given by
+    the experiment's option), `'(set by the experiment)'` (an object, not built here).
+
+    Found by making the experiment's sub-configs with the defaults (on the CPU; the model is built, the text
+    read; the random states are left as they were) and reading their plain items; a sub-config that cannot be
+    made so keeps its class's defaults in the listing.
+    """
+    import torch
+
+    from lazylab.configs.engine.listing import is_plain
+    from lazylab.configs.engine.resolver import is_configs
+    from lazylab.configs.engine.state import state_of
+    conf = configs_class()
+    apply_overrides(conf, {'device': 'cpu', 'threads': 0})  # no accelerator start-up for a listing
+    threads = torch.get_num_threads()
+    with torch.random.fork_rng(devices=[]):
+        _compute_plain(conf, is_plain, is_configs, state_of)
+    torch.set_num_threads(threads)
+    out: dict[str, str] = {}
+    for path, st, key in _walk_states(state_of(conf)):
+        p = st.provenance.get(key)
+        if key in st.cache and p is not None and p.source in ('set_default', 'assigned', 'override'):
+            value = st.cache[key]
+            shown = repr(value) if is_plain(st.spec.types[key]) else type(value).__name__
+            reads = [r for r in p.reads if r != path]
+            how = f'follows {reads[0]}' if p.source == 'set_default' and p.detail == 'func' and len(reads) == 1 \
+                else 'set by the experiment'
+            out[path] = f'{shown} ({how})'
+        elif key not in st.cache and (key in st.defaults or key in st.assigned or key in st.overrides):
+            out[path] = '(set by the experiment)'  # an object the experiment gives, not built for the listing
+    return out
+
+
+def _compute_plain(conf, is_plain, is_configs, state_of) -> None:
+    """Read every plain item of `conf` and of the sub-configs its items make (each failure skipped)."""
+    st = state_of(conf)
+    for key in list(st.spec.annotations):
+        kind = st.spec.types[key]
+        if is_plain(kind) or (isinstance(kind, type) and getattr(kind, '_lazylab_is_configs', False)):
+            try:
+                value = getattr(conf, key)
+            except Exception:  # noqa: BLE001 - a listing shows the class default instead
+                continue
+            if is_configs(value):
+                _compute_plain(value, is_plain, is_configs, state_of)
+    for child in list(st.children.values()):
+        if not state_of(child).cache:
+            _compute_plain(child, is_plain, is_configs, state_of)
+
+
+def _walk_states(st, prefix: str = ''):
+    from lazylab.configs.engine.state import state_of
+    if prefix:
+        for key in st.spec.annotations:
+            yield prefix + key, st, key
+    for key, child in st.children.items():
+        yield from _walk_states(state_of(child), f'{prefix}{key}.')
 
 
 def experiment_main(name: str, argv: Optional[Sequence[str]] = None) -> int:

@@ -3,6 +3,7 @@
 An experiment's config provides a `Task` (the item `task`); `trainer.train` needs nothing else from the data:
 
     for x, y in task.batches(epoch, start=batch):        # this process's training batches, resumable
+        x, y = task.shorten(x, y, warmup.length(step))    # only with a sequence-length warm-up (see below)
         loss = task.loss(model, x, y)                     # BatchLoss(loss, correct, count)
     valid = task.evaluate(model, final=False)             # {'loss': …, 'accuracy': …} (all processes)
     text = task.sample(model, step)                       # or None
@@ -10,6 +11,11 @@ An experiment's config provides a `Task` (the item `task`); `trainer.train` need
 `nlp_autoregression.TextTask` (next character of a text) is one; a task on synthetic sequences overrides `loss`
 (and `evaluate`) with its own objective. The defaults are next-token cross-entropy and accuracy
 (`next_token_loss`) and no sample.
+
+Sequence-length warm-up (`SeqLenWarmup`, the trainer's `seq_len_start` and `seq_len_warmup`): training starts on
+short sequences and grows them to `seq_len`, the speed-up of the Feedback Transformer paper (Fan et al. 2020);
+a task that can cut its batches to shorter sequences says so with `shorter_sequences = True` (the text task:
+windows of the current length); the others refuse the warm-up before a run starts.
 """
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
@@ -59,11 +65,24 @@ class Task:
     batches_per_epoch: int
     #: the final validation's duration over an interleaved one's, for the time budget (e.g. their batch counts)
     final_valid_ratio: float = 1.0
+    #: whether `shorten` gives batches of shorter sequences (the trainer's sequence-length warm-up needs it)
+    shorter_sequences: bool = False
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         """The training batches (x, y) of `epoch` from batch index `start` on (resuming mid-epoch), as a pure
         function of (epoch, index): a resumed run must see the batches the uninterrupted one saw."""
         raise NotImplementedError
+
+    def shorten(self, x: torch.Tensor, y: torch.Tensor, seq_len: int) -> Batch:
+        """The batch (x, y) of `batches` cut to sequences of `seq_len` ≤ its own, for the sequence-length warm-up;
+        the default keeps the first `seq_len` positions of both (sequence-first), right for a task whose every
+        position is a prediction (next-token tasks set `shorter_sequences = True` to use it)."""
+        return x[:seq_len], y[:seq_len]
+
+    def probe_batch(self) -> Batch:
+        """A batch to check, before a run starts, that the model trains on this task (`trainer.check_trains`): the
+        first training batch (the batches are a pure function of (epoch, index), so this changes nothing)."""
+        return next(iter(self.batches(0)))
 
     def loss(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reduction: str = 'mean') -> BatchLoss:
         """The loss of a batch (x, y already on the model's device); default: `next_token_loss`."""
@@ -88,6 +107,69 @@ class Task:
         """Whether training may stop early after the validation that gave `valid` (the same on every process: the
         validation is all-reduced). Default: never; the retrieval task stops at its target loss."""
         return False
+    def check_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Before a resume: refuse a checkpoint made on other data, i.e. one whose `checkpoint_extras` differ
+        from this task's (default: each extra compared for equality).
+
+        Raises:
+            CheckpointError: naming the extra that differs.
+        """
+        from lazylab.errors import CheckpointError
+        for key, value in self.checkpoint_extras().items():
+            if key in checkpoint and checkpoint[key] != value:
+                raise CheckpointError(f"the checkpoint's {key} differs from this run's; it was made on other data")
+
+
+class SeqLenWarmup:
+    """The sequence length of each training step: `start` at the first step, growing linearly to `seq_len` over
+    `warmup` steps (Fan et al. 2020 train the Feedback Transformer on short sequences first, then longer ones).
+
+        length(step) = start + ⌊(seq_len − start) · step / warmup⌋   for step < warmup (steps done), else seq_len
+
+    A pure function of the step, so a resumed run cuts its batches as the uninterrupted one did. `start` = 0 or
+    `warmup` = 0: no warm-up (every step at seq_len).
+
+    Args:
+        start: the first steps' length (1 ≤ start ≤ seq_len, or 0 for none).
+        warmup: the steps over which the length grows.
+        seq_len: the full length (what validation uses throughout).
+    """
+
+    def __init__(self, start: int, warmup: int, seq_len: int):
+        self.active = start > 0 and warmup > 0 and start < seq_len
+        self.start, self.warmup, self.seq_len = (start, warmup, seq_len) if self.active else (seq_len, 0, seq_len)
+
+    def length(self, step: int) -> int:
+        """The length of the batch the step after `step` steps trains on."""
+        if step >= self.warmup:
+            return self.seq_len
+        return self.start + (self.seq_len - self.start) * step // self.warmup
+
+    def work(self, first: int, end: int) -> float:
+        """Σ length(s) / seq_len for s in [first, end): the cost of those steps in full-length steps (exact; for
+        the time budget, which fits the step count to the time left)."""
+        first, end = max(first, 0), max(end, first)
+        mid = min(max(first, self.warmup), end)  # steps in [first, mid) are in the warm-up, [mid, end) are not
+        d, w = self.seq_len - self.start, max(self.warmup, 1)
+        ramp = self.start * (mid - first) + _floor_sum(mid, w, d) - _floor_sum(first, w, d)
+        return ramp / self.seq_len + (end - mid)
+
+
+def _floor_sum(n: int, m: int, a: int) -> int:
+    """Σ_{i<n} ⌊a·i / m⌋ for n, m ≥ 1, a ≥ 0, in O(log) steps (the Euclid-like reduction of the floor sum)."""
+    total, b = 0, 0
+    while n > 0:
+        if a >= m:
+            total += (n - 1) * n // 2 * (a // m)
+            a %= m
+        if b >= m:
+            total += n * (b // m)
+            b %= m
+        last = a * n + b
+        if last < m:
+            break
+        n, b, m, a = last // m, last % m, a, m
+    return total
 
 
 @torch.no_grad()

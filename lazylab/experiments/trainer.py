@@ -1,12 +1,15 @@
 """The training loop, top to bottom: `train(c, run_dir)`.
 
-For each batch of the experiment's task: forward, loss, backward, clip, optimizer and scheduler step, a running
-sum of the metrics; every `log_interval` steps a metrics record; every `valid_interval` steps (default
-`steps_per_epoch // inner_iterations`) a validation, a sample and a checkpoint; at the end, the final validation.
-No callbacks; one hook, `on_validation` (below), for a sweep's pruner. The parts with a state of their own are named
-and live beside this file:
+For each batch of the experiment's task (cut to the current length during a sequence-length warm-up,
+`seq_len_start` → `seq_len` over `seq_len_warmup` steps): forward, loss, backward, clip, optimizer and scheduler
+step, a running sum of the metrics; every `log_interval` steps a metrics record; every `valid_interval` steps
+(default `steps_per_epoch // inner_iterations`) a validation, a sample and a checkpoint; at the end, the final
+validation. No callbacks; one hook, `on_validation` (below), for a sweep's pruner. Before a run, `check_trains` (one
+pass on the first batch) and, for a resume, `check_resume` let the runner refuse what would fail, before anything is
+written. The parts with a state of their own are named and live beside this file:
 
-    task.py        Task: the experiment's batches, loss, validation and samples (nlp_autoregression.TextTask)
+    task.py        Task: the experiment's batches, loss, validation and samples (nlp_autoregression.TextTask);
+                   SeqLenWarmup: each step's sequence length
     budget.py      TimeBudget: the clock, `max_minutes`, and the step count fitted to it
     checkpoint.py  Checkpointer, Position: checkpoint.pt (atomic writes, weights_only reads), resume
     metrics.py     RunningMetrics, RunLog: metrics.jsonl records, the progress line, samples.txt, labml
@@ -40,24 +43,26 @@ Optuna and answers whether its pruner stops the trial; nothing else of the loop 
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional
+from typing import Annotated, Any, Callable, Literal, Optional
 
 import torch
+from annotated_types import Ge, Lt
 
-from lazylab.configs import BaseConfigs
-from lazylab.configs.types import NonEmptyStr, NonNegativeFloat, NonNegativeInt, PositiveInt
-from lazylab.errors import CheckpointError, NonFiniteLossError, TrainingError
+from lazylab.configs import BaseConfigs, ConfigError
+from lazylab.configs.types import NonEmptyStr, NonNegativeFloat, NonNegativeInt, PositiveInt, ThreadCount
+from lazylab.errors import CheckpointError, LazylabError, NonFiniteLossError, TrainingError
 from lazylab.experiments import distributed
 from lazylab.experiments.budget import CALIBRATION_STEPS, TimeBudget
 from lazylab.experiments.checkpoint import CHECKPOINT, Checkpointer, Position, load_checkpoint, save_checkpoint
 from lazylab.experiments.metrics import METRICS, SAMPLES, MetricsLog, Progress, RunLog, RunningMetrics, read_metrics
-from lazylab.experiments.task import Task, evaluate
+from lazylab.experiments.task import SeqLenWarmup, Task, evaluate
 
 #: the trainer's one hook: (step, validation record) -> a reason to stop now (truthy) or None to go on
 ValidationHook = Callable[[int, dict[str, Any]], Any]
 
 # the loop and its configuration, and (re-exported) the names of its parts that callers used to find here
-__all__ = ['TrainerConfigs', 'resolve_device', 'autocast_for', 'train', 'validate', 'check_finite', 'sample',
+__all__ = ['TrainerConfigs', 'resolve_device', 'autocast_for', 'train', 'check_trains', 'check_resume', 'validate',
+           'check_finite', 'sample', 'SeqLenWarmup',
            'TrainingError', 'CheckpointError', 'NonFiniteLossError', 'CALIBRATION_STEPS', 'TimeBudget', 'CHECKPOINT',
            'Checkpointer', 'Position', 'load_checkpoint', 'save_checkpoint', 'METRICS', 'SAMPLES', 'MetricsLog',
            'Progress', 'RunLog', 'RunningMetrics', 'read_metrics', 'Task', 'evaluate', 'ValidationHook']
@@ -65,9 +70,9 @@ __all__ = ['TrainerConfigs', 'resolve_device', 'autocast_for', 'train', 'validat
 
 class TrainerConfigs(BaseConfigs):
     """How to train: length, batch shape, validation, device and precision (labml's TrainValidConfigs idea)."""
-    seed: NonNegativeInt = 0                           # seeds parameters, dropout and the data order
-    device: str = 'auto'                               # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
-    threads: NonNegativeInt = 0                        # CPU threads for torch (0: torch's default)
+    seed: Annotated[int, Ge(0), Lt(2**32)] = 0         # seeds parameters, dropout and the data order
+    device: NonEmptyStr = 'auto'                       # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
+    threads: ThreadCount = 0                           # CPU threads for torch (0: torch's default)
     dtype: Literal['float32', 'bfloat16'] = 'float32'  # bfloat16: autocast for the forward pass
     compile: bool = False                              # torch.compile the model for training
     epochs: PositiveInt = 1                            # passes over the training split ...
@@ -77,6 +82,8 @@ class TrainerConfigs(BaseConfigs):
     valid_interval: NonNegativeInt = 0                 # ... or every this many steps (0: inner_iterations decides)
     batch_size: PositiveInt = 16                       # sequences per step (per process)
     seq_len: PositiveInt = 128                         # characters per sequence
+    seq_len_start: NonNegativeInt = 0                  # sequence-length warm-up: the first steps' length (0: none) ...
+    seq_len_warmup: NonNegativeInt = 0                 # ... growing linearly to seq_len over this many steps
     grad_norm_clip: NonNegativeFloat = 1.0             # clip the global gradient norm to this (0: no clipping)
     log_interval: PositiveInt = 10                     # steps between metric records
     valid_batches: PositiveInt = 16                    # batches in each interleaved validation
@@ -99,10 +106,15 @@ def resolve_device(name: str) -> torch.device:
         return torch.device('cpu')
     try:
         device = torch.device(name)
-    except RuntimeError:
+    except (RuntimeError, ValueError):
         raise ValueError(f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps") from None
+    if device.type not in ('cpu', 'cuda', 'mps'):
+        raise ValueError(f"device {name!r} cannot train here; use auto, cpu, cuda, cuda:N or mps")
     if device.type == 'cuda' and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} is not available (no CUDA here); use device=auto or device=cpu")
+    if device.type == 'cuda' and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r} is not available: this machine has {torch.cuda.device_count()} CUDA "
+                         f"device(s) (cuda:0 …)")
     if device.type == 'mps' and not torch.backends.mps.is_available():
         raise ValueError(f"device {name!r} is not available (no MPS here); use device=auto or device=cpu")
     return device
@@ -117,8 +129,8 @@ def autocast_for(device: torch.device, dtype: str) -> Callable[[], Any]:
 
 def train(c, run_dir: Path, *, resume: bool = False, checkpoint: Optional[dict[str, Any]] = None,
           labml_run=None, on_validation: Optional[ValidationHook] = None) -> dict[str, Any]:
-    """Train `c.model` on `c.task`; returns the last metrics record (with the final validation), {} when a resumed
-    run had already finished.
+    """Train `c.model` on `c.task`; returns the last metrics record (with the final validation) plus
+    `tokens_per_s_avg` (the run's average), {} when a resumed run had already finished.
 
     Args:
         c: a resolved NLPAutoRegressionConfigs (see the module docstring for what is read).
@@ -137,6 +149,7 @@ def train(c, run_dir: Path, *, resume: bool = False, checkpoint: Optional[dict[s
     step_model = torch.compile(step_model) if c.compile else step_model
     autocast = autocast_for(device, c.dtype)
     valid_every = c.valid_interval or max(1, task.batches_per_epoch // c.inner_iterations)
+    warmup = SeqLenWarmup(c.seq_len_start, c.seq_len_warmup, c.seq_len)  # the length of each step's sequences
 
     ckpt = Checkpointer(Path(run_dir) / CHECKPOINT, model, optimizer, scheduler, task.checkpoint_extras())
     pos, sums = Position(total_steps=c.total_steps), None
@@ -149,12 +162,15 @@ def train(c, run_dir: Path, *, resume: bool = False, checkpoint: Optional[dict[s
     log = RunLog(run_dir, pos.total_steps, labml_run, resumed_at=pos.step if resume else None,
                  enabled=distributed.is_main_process())
     budget = TimeBudget(c.max_minutes, pos, fit_steps=c.max_steps == 0, max_total_steps=c.total_steps,
-                        valid_every=valid_every, final_valid_ratio=task.final_valid_ratio, now=time.time)
+                        valid_every=valid_every, final_valid_ratio=task.final_valid_ratio, now=time.time,
+                        work=warmup.work if warmup.active else None)
     last: dict[str, Any] = {}
     model.train()
     while pos.step < pos.total_steps:
         for x, y in task.batches(pos.epoch, start=pos.batch):
             step_started = time.time()
+            if warmup.active and warmup.length(pos.step) < c.seq_len:
+                x, y = task.shorten(x, y, warmup.length(pos.step))
             x, y = x.to(device), y.to(device)
             with autocast():
                 batch = task.loss(step_model, x, y)
@@ -172,8 +188,10 @@ def train(c, run_dir: Path, *, resume: bool = False, checkpoint: Optional[dict[s
             optimizer.step()
             scheduler.step()
 
+            seconds = time.time() - step_started
             pos.step, pos.batch, pos.tokens = pos.step + 1, pos.batch + 1, pos.tokens + int(tokens)
-            metrics.add(loss, correct, count, tokens, seconds=time.time() - step_started, lr=lr)
+            pos.train_seconds += seconds
+            metrics.add(loss, correct, count, tokens, seconds=seconds, lr=lr)
             budget.step_done(pos)
             done = pos.step >= pos.total_steps or late > 0
             if pos.step % valid_every == 0 or done or budget.calibration_due(pos):
@@ -193,8 +211,16 @@ def train(c, run_dir: Path, *, resume: bool = False, checkpoint: Optional[dict[s
                 if budget.refit(pos):
                     scheduler.set_total_steps(pos.total_steps)
             if done:
-                return last
+                return _with_average(last, pos)
         pos.epoch, pos.batch = pos.epoch + 1, 0
+    return _with_average(last, pos)
+
+
+def _with_average(last: dict[str, Any], pos: Position) -> dict[str, Any]:
+    """The last record and, as `tokens_per_s_avg`, the run's training tokens per second over all its steps (all
+    resumes; validation time not counted), for the summary line."""
+    if last and pos.train_seconds > 0:
+        return {**last, 'tokens_per_s_avg': pos.tokens / pos.train_seconds}
     return last
 
 
@@ -202,6 +228,47 @@ def stop_asked(hook: ValidationHook, step: int, record: dict[str, Any]) -> bool:
     """Rank 0 asks `hook(step, record)`; every process gets whether it said to stop."""
     answer = hook(step, record) if distributed.is_main_process() else None
     return bool(distributed.broadcast_object(answer))
+def check_resume(c, path: Path, checkpoint: dict[str, Any]) -> None:
+    """Before a resume writes anything: `checkpoint` (read from `path`) fits this run's model and processes
+    (`Checkpointer.check`) and was made on this run's data (`Task.check_checkpoint`: for text, the vocabulary).
+
+    Raises:
+        CheckpointError: saying what differs.
+    """
+    c.task.check_checkpoint(checkpoint)  # first: another vocabulary also changes the model's shapes
+    Checkpointer(path, c.model, c.optimizer.optimizer, c.optimizer.scheduler).check(checkpoint)
+
+
+def check_trains(c) -> None:
+    """One forward and backward pass of `c.model` on the task's first batch (`Task.probe_batch`), before a run
+    starts, so that what the item declarations cannot check (a size or dtype the model cannot take, a memory that
+    is too short for seq_len, a batch that does not fit in memory) is a one-line error before the run directory
+    exists. The model is left as it was: eval mode for the pass (no dropout), the random states restored, the
+    gradients dropped; no optimizer step. The loss is asked for with reduction='sum' (as evaluation does).
+
+    Raises:
+        TrainingError: the pass fails (the message names the exception; it is chained as __cause__).
+    """
+    device, model, task = resolve_device(c.device), c.model, c.task
+    x, y = task.probe_batch()
+    was_training = model.training
+    cuda = [device.index or 0] if device.type == 'cuda' else []
+    try:
+        with torch.random.fork_rng(devices=cuda):
+            model.eval()
+            with autocast_for(device, c.dtype)():  # reduction='sum', as evaluation asks: the task's training-loss
+                batch = task.loss(model, x.to(device), y.to(device), reduction='sum')  # bookkeeping is not touched
+            batch.loss.backward()
+    except (LazylabError, ConfigError):
+        raise
+    except Exception as e:
+        what = ' '.join(str(e).split())[:300]
+        raise TrainingError(f'the model cannot train with these settings: one batch ({"×".join(map(str, x.shape))})'
+                            f' fails with {type(e).__name__}: {what}') from e
+    finally:
+        model.train(was_training)
+        for p in model.parameters():
+            p.grad = None
 
 
 def validate(task: Task, model: torch.nn.Module, autocast, *, final: bool, pos: Position,
@@ -224,6 +291,14 @@ def check_finite(loss: float, what: str, ckpt: Checkpointer) -> None:
 
 
 def sample(task: Task, model: torch.nn.Module, autocast, step: int) -> Optional[str]:
-    """`task.sample` under the training's autocast."""
-    with autocast():
-        return task.sample(model, step)
+    """`task.sample` under the training's autocast.
+
+    Raises:
+        NonFiniteLossError: the model's logits are NaN (the weights are not finite; nothing more is saved).
+    """
+    from lazylab.models.sampling import NonFiniteLogitsError
+    try:
+        with autocast():
+            return task.sample(model, step)
+    except NonFiniteLogitsError as e:
+        raise NonFiniteLossError(f'sampling after step {step} failed: {e}') from None

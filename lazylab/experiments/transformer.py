@@ -11,7 +11,7 @@ from torch import nn
 
 from lazylab.configs import option
 from lazylab.configs.transformer import TransformerConfigs
-from lazylab.configs.types import PositiveInt, Probability
+from lazylab.configs.types import LayerCount, PositiveInt, Probability
 from lazylab.experiments.nlp_autoregression import LABML_NN_PRESET, NLPAutoRegressionConfigs, device_of
 from lazylab.models.autoregressive import AutoregressiveTransformer, TokenAndPositionEmbeddings
 
@@ -28,7 +28,7 @@ class Configs(NLPAutoRegressionConfigs):
     transformer: TransformerConfigs  # the parts: attention, FFN variant, embeddings
     heads: PositiveInt = 4           # attention heads
     d_ff: PositiveInt = 512          # feed-forward hidden width
-    n_layers: PositiveInt = 4        # transformer layers
+    n_layers: LayerCount = 4         # transformer layers
     dropout: Probability = 0.0       # dropout probability
 
 

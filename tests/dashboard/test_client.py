@@ -1,6 +1,6 @@
 """The trainer's side of the dashboard: labml app URLs, the user's labml configuration, the reachability check and
 the bounded wait for the last upload."""
-import socket
+import contextlib
 
 import pytest
 
@@ -27,14 +27,71 @@ def test_configured_app_url_reads_nearest_labml_yaml(tmp_path, monkeypatch):
 
 
 def test_app_writer_returns_labml_url_only_when_reachable(capsys):
-    with socket.socket() as listener:
-        listener.bind(('127.0.0.1', 0))
-        listener.listen()
-        port = listener.getsockname()[1]
+    with tiny_server(200, b'{"runs": [], "labml_token": "default"}') as port:  # answers as a labml app does
         assert dashboard.app_writer(f'http://127.0.0.1:{port}') == f'http://127.0.0.1:{port}/api/v1/default'
     assert capsys.readouterr().err == ''
-    assert dashboard.app_writer(f'http://127.0.0.1:{port}') is None  # the listener is closed now
+    assert dashboard.app_writer(f'http://127.0.0.1:{port}') is None  # the server is closed now
     assert capsys.readouterr().err.count('lazylab: warning') == 1
+
+
+@contextlib.contextmanager
+def tiny_server(status: int, body: bytes, raw: bool = False):
+    """An HTTP server on 127.0.0.1 (a free port, yielded) answering every GET and POST with `status` and `body`
+    (raw=True: `body` as the whole reply, not HTTP), and the requests it got in `tiny_server.paths`."""
+    import http.server
+    import threading
+    paths = tiny_server.paths = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _answer(self):
+            paths.append((self.command, self.path))
+            if raw:
+                self.wfile.write(body)
+                return
+            self.send_response(status)
+            self.send_header('Content-Type', 'application/json')
+            self.send_header('Content-Length', str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize('status, body, raw, why', [
+    (404, b'{"detail": "Not Found"}', False, 'answers HTTP 404'),
+    (200, b'<html>hello</html>', False, "answers with something that is not labml's JSON"),
+    (200, b'garbage, not HTTP\r\n\r\n', True, 'does not answer as a web server'),
+], ids=['404', 'html', 'garbage'])
+def test_a_server_that_answers_but_is_not_labml_costs_one_warning_and_a_few_seconds(capsys, status, body, raw, why):
+    with tiny_server(status, body, raw) as port:
+        assert dashboard.app_writer(f'http://127.0.0.1:{port}') is None
+        asked = list(tiny_server.paths)
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and err.startswith('lazylab: warning: ') and why in err, err
+    assert 'it is not a labml dashboard; training without it' in err
+    # the runs query, then labml's own track post (nothing sent for a run), and no retries: two requests, each
+    # answered at once here (so a few seconds at most, where labml's client alone retried for ~30 s)
+    assert asked == [('GET', '/api/v1/runs/default'), ('POST', '/api/v1/default/track?run_uuid=&labml_version=0')]
+
+
+def test_a_labml_app_that_answers_only_its_track_post_is_accepted(capsys):
+    """A labml app that wants a login for the runs listing still answers its client's track post as JSON."""
+    with tiny_server(200, b'{"errors": [{"error": "invalid_run_uuid"}]}') as port:
+        assert dashboard.app_writer(f'http://127.0.0.1:{port}/api/v1/TOKEN') == \
+            f'http://127.0.0.1:{port}/api/v1/TOKEN'
+    assert capsys.readouterr().err == ''
 
 
 def test_wait_for_app_upload_gives_up_on_a_hung_server(capsys):

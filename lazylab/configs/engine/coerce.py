@@ -12,6 +12,7 @@ expected); callers that know the item turn it into :class:`~.errors.BadValueErro
 Both read ``Annotated[T, ...]`` as ``T`` and then check its constraints (see :mod:`.constraints`).
 """
 import json
+import numbers
 from enum import Enum
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -107,11 +108,11 @@ def coerce_text(text: str, annotation: Any) -> Any:
             return int(stripped)
         except ValueError:
             pass
-        try:  # '1e3' or '2.0' are fine when they are whole numbers
+        try:  # '1e3' or '2.0' are fine when they are whole numbers a float holds exactly (|x| ≤ 2⁵³)
             f = float(stripped)
         except ValueError:
             raise TypeMismatch('expected int') from None
-        if f.is_integer():
+        if f.is_integer() and abs(f) <= 2**53:
             return int(f)
         raise TypeMismatch('expected int')
     if annotation is float:
@@ -157,42 +158,63 @@ def _coerce_enum(text: str, enum: type) -> Any:
     raise TypeMismatch('expected one of ' + ', '.join(m.name for m in enum))
 
 
+_CLOSING = {'[': ']', '(': ')'}
+
+
 def _split_items(text: str):
-    """'[1, 2]', '(1, 2)', '1,2' -> ['1', '2']; nested brackets and quotes are kept together."""
-    if text[:1] in '[(' and text[-1:] in '])':
+    """'[1, 2]', '(1, 2)', '1,2' -> ['1', '2']; nested brackets and quotes are kept together.
+
+    The same rules for every element type (``List[int]``, ``List[str]``, ``List[Any]``, tuples): brackets and
+    quotes must be balanced and an element must not be empty (``''`` quoted is an empty string).
+
+    Raises:
+        TypeMismatch: unbalanced brackets or quotes (``'[a, b'``), or an empty element (``'a,,b'``).
+    """
+    opened, closed = text[:1] in _CLOSING, text[-1:] in _CLOSING.values()
+    if opened or closed:
+        if not (opened and text[-1:] == _CLOSING[text[0]]):
+            raise TypeMismatch('unbalanced brackets')
         text = text[1:-1]
     if not text.strip():
         return []
-    items, depth, quote, start = [], 0, None, 0
+    items, stack, quote, start = [], [], None, 0
     for i, ch in enumerate(text):
         if quote:
             if ch == quote:
                 quote = None
-        elif ch in '\'"':
+        elif ch in '\'"' and not text[start:i].strip():  # a quote opens only at an element's start: "it's" is text
             quote = ch
-        elif ch in '[(':
-            depth += 1
+        elif ch in _CLOSING:
+            stack.append(_CLOSING[ch])
         elif ch in '])':
-            depth -= 1
-        elif ch == ',' and depth == 0:
+            if not stack or stack.pop() != ch:
+                raise TypeMismatch('unbalanced brackets')
+        elif ch == ',' and not stack:
             items.append(text[start:i])
             start = i + 1
+    if stack or quote:
+        raise TypeMismatch(f'unbalanced {"quotes" if quote else "brackets"}')
     items.append(text[start:])
+    if len(items) > 1 and not items[-1].strip():  # trailing comma: '(1,)'
+        items.pop()
     out = []
     for item in items:
         item = item.strip()
         if len(item) >= 2 and item[0] == item[-1] and item[0] in '\'"':
             item = item[1:-1]
+        elif not item:
+            raise TypeMismatch("an empty element (write '' for an empty string)")
         out.append(item)
-    if out and out[-1] == '':  # trailing comma: '(1,)'
-        out.pop()
     return out
 
 
 def _coerce_sequence(text: str, annotation: Any) -> Any:
     origin = get_origin(annotation) or annotation
     args = get_args(annotation)
-    items = _split_items(text)
+    try:
+        items = _split_items(text)
+    except TypeMismatch as e:
+        raise TypeMismatch(f'expected {describe_type(annotation)}: {e}') from None
     if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
         if len(items) != len(args):
             raise TypeMismatch(f'expected {describe_type(annotation)} ({len(args)} values, got {len(items)})')
@@ -216,12 +238,17 @@ def _parse_structured(text: str) -> Any:
             raise ValueError(str(e)) from None
 
 
-def conform(value: Any, annotation: Any) -> Any:
-    """Fit an already-parsed value (from YAML) to ``annotation``: strings are parsed as text, ints become
-    floats, lists become tuples, names become enum members; values of unknown types pass unchanged.
+def conform(value: Any, annotation: Any, *, strict: bool = False) -> Any:
+    """Fit an already-parsed value (from YAML, or given by code) to ``annotation``: strings are parsed as text,
+    whole numbers become ints and numbers floats, lists become tuples, names become enum members.
+
+    Args:
+        strict: for a type that is not plain data (a class such as ``nn.Module``), refuse a value that is not an
+            instance of it (what a YAML file gives: numbers, lists, mappings); otherwise such values pass unchanged
+            (code may give any object, as labml allows).
 
     Raises:
-        TypeMismatch: the value clearly does not fit (e.g. a float for an int item).
+        TypeMismatch: the value does not fit (a float for an int item, a number for a str item, ...).
     """
     if isinstance(value, str):
         return coerce_text(value, annotation)
@@ -229,7 +256,7 @@ def conform(value: Any, annotation: Any) -> Any:
         return value
     origin = get_origin(annotation)
     if origin is Annotated:
-        return _checked(conform(value, annotation.__origin__), annotation)
+        return _checked(conform(value, annotation.__origin__, strict=strict), annotation)
     if value is None:
         if origin in UNION_ORIGINS and type(None) in get_args(annotation):
             return None
@@ -239,30 +266,34 @@ def conform(value: Any, annotation: Any) -> Any:
     if origin in UNION_ORIGINS:
         for member in get_args(annotation):
             try:
-                return conform(value, member)
+                return conform(value, member, strict=strict)
             except TypeMismatch:
                 pass
         raise TypeMismatch(f'expected {describe_type(annotation)}')
     if origin is Literal:
-        if value in get_args(annotation):
+        if any(value == c and type(value) is type(c) for c in get_args(annotation)):
             return value
         raise TypeMismatch('expected one of ' + ', '.join(repr(c) for c in get_args(annotation)))
     if annotation is bool:
         if isinstance(value, bool):
             return value
-        if value in (0, 1):
+        if isinstance(value, numbers.Integral) and value in (0, 1):
             return bool(value)
         raise TypeMismatch('expected bool')
     if annotation is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeMismatch('expected int')
-        if isinstance(value, float) and not value.is_integer():
+        if isinstance(value, numbers.Integral):
+            return int(value)
+        if not (float(value).is_integer() and abs(value) <= 2**53):  # whole numbers a float holds exactly
             raise TypeMismatch('expected int')
         return int(value)
     if annotation is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeMismatch('expected float')
         return float(value)
+    if annotation is str:
+        raise TypeMismatch('expected str (text; quote it in YAML)')
     if isinstance(annotation, type) and issubclass(annotation, Enum):
         if isinstance(value, annotation):
             return value
@@ -278,15 +309,16 @@ def conform(value: Any, annotation: Any) -> Any:
         if container is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
             if len(value) != len(args):
                 raise TypeMismatch(f'expected {describe_type(annotation)} ({len(args)} values, got {len(value)})')
-            return tuple(conform(v, a) for v, a in zip(value, args))
+            return tuple(conform(v, a, strict=strict) for v, a in zip(value, args))
         element = args[0] if args else Any
-        return container(conform(v, element) for v in value)
+        return container(conform(v, element, strict=strict) for v in value)
     if origin is dict or annotation is dict:
         if not isinstance(value, dict):
             raise TypeMismatch(f'expected {describe_type(annotation)}')
         args = get_args(annotation)
         if len(args) == 2:
-            return {conform(k, args[0]): conform(v, args[1]) for k, v in value.items()}
+            return {conform(k, args[0], strict=strict): conform(v, args[1], strict=strict) for k, v in value.items()}
         return dict(value)
+    if strict and isinstance(annotation, type) and not isinstance(value, annotation):
+        raise TypeMismatch(f'a {describe_type(annotation)} cannot be given as {type(value).__name__}')
     return value
-

@@ -134,17 +134,23 @@ def _describe_object(configs: Any, prefix: str, rows: list[dict[str, Any]], seen
             _describe_class(sub, f'{prefix}{key}.', rows, seen)
 
 
-def format_description(rows: list[dict[str, Any]]) -> str:
+def format_description(rows: list[dict[str, Any]], defaults: Optional[dict[str, str]] = None) -> str:
     """Text listing of :func:`describe` rows, one item a line plus an indented help line::
 
         d_model: int = 512  (≥ 1)  [hyperparam]
             Number of features in the embedding
         activation: Module = 'ReLU'  options: ReLU, GELU
+
+    ``defaults``: dotted name → the text to show after ``=`` instead of the row's default (an experiment's own
+    default for a sub-config's item, e.g. ``'128 (follows d_model)'``).
     """
     lines = []
+    defaults = defaults or {}
     for row in rows:
         line = f'{row["name"]}: {row["base_type"]}'
-        if row['default'] is not None:
+        if row['name'] in defaults:
+            line += f' = {defaults[row["name"]]}'
+        elif row['default'] is not None:
             line += f' = {row["default"]!r}'
         if row['rule']:
             line += f'  ({row["rule"]})'

@@ -13,8 +13,10 @@ Command-line overrides are ``key=value`` and ``child.key=value`` tokens::
     parse_overrides([...], conf)      # the same, typed and checked against conf (nothing applied)
     apply_overrides(conf, {...})      # type, check, then apply all (or raise and apply none)
 
-Text is typed by the item's declared type (see :mod:`.coerce`); a string naming one of an item's options stays
-the option name.
+Every value is typed by the same rules wherever it enters (command line, YAML, ``_set_values``, assignment,
+``set_default``; see :func:`typed_value` and :mod:`.coerce`): a string naming one of an item's options stays the
+option name, other text is parsed as the declared type (``'False'`` for a bool item is ``False``, ``'[a, b'`` for a
+list item is an error), and other values are fitted to the type or refused.
 """
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Optional, get_args, get_origin
@@ -41,7 +43,7 @@ class _Unborn:
     children: dict[str, Any] = {}
 
     def __init__(self, spec: Spec, path: str):
-        self.spec = spec
+        self.spec = self._spec = spec
         self.path = path
         self.class_name = spec.name
 
@@ -66,10 +68,11 @@ def check_option_name(view: Any, key: str, value: Any):
     Raises:
         UnknownOptionError: naming the path, the nearest option and all options.
     """
-    options = view.spec.options.get(key)
+    spec = view._spec  # current: every caller has just read view.spec
+    options = spec.options.get(key)
     if not options or not isinstance(value, str) or value in options or value == AGGREGATE_MARKER:
         return
-    annotation = view.spec.types[key]
+    annotation = spec.types[key]
     if takes_any_string(annotation) or (get_origin(annotation) is Literal and value in get_args(annotation)):
         return
     path = view.path_of(key)
@@ -79,27 +82,41 @@ def check_option_name(view: Any, key: str, value: Any):
                              + (f'{hint} {listing}' if hint else f'; {listing}'), path)
 
 
-def typed_value(view: Any, key: str, value: Any) -> Any:
-    """The value an override from text/YAML stands for: an option name stays a string, other text is parsed
-    as the declared type, parsed YAML values are fitted to it.
+# plain types and built-in containers: conform() checks their values (True is an int, but not a value of an int item)
+_CHECKED = frozenset({int, float, bool, str, list, tuple, set, frozenset, dict})
+
+
+def typed_value(view: Any, key: str, value: Any, from_text: bool = True) -> Any:
+    """The value a given value stands for, by one set of rules wherever it comes from (command line, YAML,
+    ``_set_values``, assignment, ``set_default``): a string naming one of the item's options stays the option
+    name; other strings are parsed as the declared type (``'False'`` for a bool item is ``False``); other values
+    are fitted to it (an int for a float item). Objects of types that are not plain data pass unchanged when code
+    gives them (``from_text=False``); from text or YAML (``from_text=True``) only an option name can stand for one.
 
     Raises:
-        UnknownOptionError: text that is neither an option nor a value of the type, for an item with options.
-        BadValueError: a value that does not fit the type (names the key, the type and the text).
+        UnknownOptionError: a string that is neither an option nor a value of the type, for an item with options.
+        BadValueError: a value that does not fit the type (names the key, the type and the value).
     """
-    spec = view.spec
+    spec = view._spec  # current: every caller has just read view.spec
     annotation = spec.types[key]
-    options = spec.options.get(key)
-    if isinstance(value, str) and options and value in options:
+    if type(value) is annotation and annotation is not str:  # already a value of the type (an int for an int item)
         return value
+    options = spec.options.get(key)
+    if isinstance(value, str) and (value == AGGREGATE_MARKER or (options and value in options)):
+        return value
+    if not from_text and isinstance(annotation, type) and annotation not in _CHECKED \
+            and isinstance(value, annotation) and not isinstance(value, str):
+        return value  # an object of the declared class, given by code (an optimizer for an Optimizer item)
     try:
-        return coerce_text(value, annotation) if isinstance(value, str) else conform(value, annotation)
+        return coerce_text(value, annotation) if isinstance(value, str) else \
+            conform(value, annotation, strict=from_text)
     except TypeMismatch as e:
         if options and isinstance(value, str):
             check_option_name(view, key, value)
         path = view.path_of(key)
-        raise BadValueError(f'bad value for {path}: {e}, got {value!r}',
-                            path) from None
+        why = f'expected one of its options ({", ".join(options)})' if options and not isinstance(value, str) \
+            else str(e)
+        raise BadValueError(f'bad value for {path}: {why}, got {value!r}', path) from None
 
 
 def check_given(view: Any, key: str, value: Any):
@@ -109,10 +126,11 @@ def check_given(view: Any, key: str, value: Any):
     Raises:
         BadValueError: ``bad value for <path>: must be ≥ 1, got 0``.
     """
-    rule = view.spec.rules.get(key)
+    spec = view._spec  # current: every caller has just read view.spec
+    rule = spec.rules.get(key)
     if rule is None:
         return
-    if isinstance(value, str) and (value == AGGREGATE_MARKER or value in view.spec.options.get(key, ())):
+    if isinstance(value, str) and (value == AGGREGATE_MARKER or value in spec.options.get(key, ())):
         return
     check(rule, view.path_of(key), value)
 
@@ -142,10 +160,7 @@ def plan(view: Any, values: dict[str, Any], from_text: bool) -> Plan:
         if top in view.cache:
             raise AlreadyComputedError(f'cannot set {view.path_of(top)}: it was already computed',
                                        view.path_of(top))
-        if from_text:
-            value = typed_value(view, top, value)
-        else:
-            check_option_name(view, top, value)
+        value = typed_value(view, top, value, from_text)
         check_given(view, top, value)
         result.direct[top] = value
     for top, sub in grouped.items():
@@ -212,13 +227,14 @@ def assign(st: State, key: str, value: Any):
         UnknownItemError: ``key`` is not declared (an AttributeError).
         AlreadyComputedError: the item was already computed (a ValueError, as in labml).
         UnknownOptionError: a string that is not an option (see :func:`check_option_name`).
-        BadValueError: a value that breaks the item's constraints (see :func:`check_given`).
+        BadValueError: a value that does not fit the declared type or breaks the item's constraints (see
+            :func:`typed_value`, :func:`check_given`).
     """
     if key not in st.spec.annotations:
         raise unknown_item(st.class_name, st.path_of(key), key, st.spec.annotations)
     if key in st.cache:
         raise AlreadyComputedError(f'cannot set {st.path_of(key)}: it was already computed', st.path_of(key))
-    check_option_name(st, key, value)
+    value = typed_value(st, key, value, from_text=False)
     check_given(st, key, value)
     st.assigned[key] = value
     note_given(st, (key,), 'assigned')
@@ -240,6 +256,7 @@ def set_default(st: State, item: Any, value: Any = None, func: Any = None):
         raise AlreadyComputedError(f'cannot set the default of {st.path_of(key)}: it was already computed',
                                    st.path_of(key))
     if func is None:
+        value = typed_value(st, key, value, from_text=False)
         check_given(st, key, value)
     st.defaults[key] = (value, func)
     note_given(st, (key,), None)  # a default set by code while computing an item: what it was computed from
@@ -293,3 +310,50 @@ def apply_overrides(configs: Any, values: Mapping[str, Any]):
         AlreadyComputedError: an item that was already computed.
     """
     set_overrides(state_of(configs), dict(values), from_text=True)
+
+
+def declared_paths(configs_or_class: Any) -> list[str]:
+    """Every item's full dotted path: the class's items, then those of the sub-configs its annotations name
+    (``optimizer.learning_rate``), as ``lazylab options`` lists them."""
+    cls = configs_or_class if isinstance(configs_or_class, type) else type(configs_or_class)
+    paths: list[str] = []
+
+    def visit(c: type, prefix: str, seen: frozenset):
+        spec = spec_of(c)
+        subs = []
+        for key in spec.annotations:
+            paths.append(prefix + key)
+            sub = spec.types[key]
+            if isinstance(sub, type) and getattr(sub, '_lazylab_is_configs', False) and sub not in seen:
+                subs.append((key, sub))
+        for key, sub in subs:
+            visit(sub, f'{prefix}{key}.', seen | {sub})
+
+    visit(cls, '', frozenset({cls}))
+    return paths
+
+
+def expand_short_keys(configs: Any, values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with each short key replaced by the one declared path it ends with (for command lines):
+    ``ffn.glu_variant`` → ``transformer.ffn.glu_variant`` when exactly one declared path ends in
+    ``.ffn.glu_variant``. A key whose first part is an item of ``configs`` is left as it is (so is one that
+    matches nothing: applying it names the nearest items); later keys win, as in :func:`parse_overrides`.
+
+    Raises:
+        UnknownItemError: a short key that several declared paths end with (the message lists them).
+    """
+    spec = state_of(configs).spec if not isinstance(configs, type) else spec_of(configs)
+    paths = None
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(key, str) and key and key.partition('.')[0] not in spec.annotations:
+            paths = declared_paths(configs) if paths is None else paths
+            matches = [p for p in paths if p.endswith('.' + key)]
+            if len(matches) > 1:
+                raise UnknownItemError(f'{key!r} is ambiguous: it could be {", ".join(matches)}; give the full key',
+                                       key)
+            if matches:
+                key = matches[0]
+        out.pop(key, None)
+        out[key] = value
+    return out

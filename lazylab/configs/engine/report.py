@@ -83,7 +83,8 @@ def given_paths(st: State, prefix: str = '') -> tuple[dict[str, str], dict[str, 
 
 
 def walk(st: State, prefix: str = '') -> Iterator[tuple[str, State, str]]:
-    """(dotted path, state, key) for every declared item, sub-configs after their parent's items."""
+    """(dotted path, state, key) for every declared item, sub-configs after their parent's items (each state's
+    `spec` is current, so callers may read `st._spec`)."""
     for key in st.spec.annotations:
         yield prefix + key, st, key
     for key, child in st.children.items():
@@ -94,19 +95,20 @@ def labml_json(st: State) -> dict[str, dict[str, Any]]:
     """labml.configs' ``_to_json`` structure (see ``BaseConfigs._to_json``)."""
     out: dict[str, dict[str, Any]] = {}
     for path, s, key in walk(st):
+        spec = s._spec  # (current: walk read s.spec)
         given = s.overrides.get(key, s.assigned.get(key))
-        options = s.spec.option_names(key)
+        options = spec.option_names(key)
         if key in s.from_type:
             options = options + ['from_type']
         out[path] = {
             'name': key,
-            'type': str(s.spec.annotations[key]),
+            'type': str(spec.annotations[key]),
             'value': plain(given),
             'order': s.order.get(key, -1),
             'options': options,
             'computed': plain(s.cache.get(key)),
-            'is_hyperparam': s.spec.hyperparams.get(key),
-            'is_meta': s.spec.meta.get(key),
+            'is_hyperparam': spec.hyperparams.get(key),
+            'is_meta': spec.meta.get(key),
             'is_explicitly_specified': key in s.explicit,
         }
     return out

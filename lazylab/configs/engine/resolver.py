@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 
 from .coerce import describe_type
 from .constraints import check
-from .declarations import AGGREGATE_MARKER, Calculator
+from .declarations import AGGREGATE_MARKER, Calculator, _version
 from .errors import CalculatorError, ConfigError, CycleError, DeclarationError, NoValueError, unknown_item
 from .state import Provenance, State, state_of
 
@@ -94,6 +94,9 @@ def compute(st: State, key: str):
     # Kept in one function (no helper per step): a chain of N items nests N computations, and each Python
     # frame here counts against the recursion limit.
     path = st.path_of(key)
+    spec = st._spec  # the class's current declarations (st.spec, inlined: this runs once per item), which the
+    if spec.version != _version[0]:  # helpers below read as st._spec
+        spec = st.spec
     if key in st.computing:
         start = next(i for i, f in enumerate(ACTIVE) if f.state is st and f.key == key)
         raise CycleError([f.path for f in ACTIVE[start:]] + [path])
@@ -104,7 +107,7 @@ def compute(st: State, key: str):
         if key not in st.order:
             st.order[key] = len(st.order)
         value, source, detail = find_source(st, key, path)
-        calculators = st.spec.options.get(key)
+        calculators = spec.options.get(key)
         if isinstance(value, Calculator):  # constructing the annotated type
             calc, selected_by, source = value, '', 'from_type'
         elif isinstance(value, str) and calculators and value in calculators:
@@ -176,7 +179,7 @@ def find_source(st: State, key: str, path: str, seen: Optional[set[str]] = None)
             return _call_default(path, func), 'set_default', 'func'
         if not (isinstance(value, str) and value == AGGREGATE_MARKER):
             return value, 'set_default', 'value'
-    spec = st.spec
+    spec = st._spec  # current: refreshed by compute (or peek's caller)
     for selector, table in spec.by_target.get(key, ()):
         selected, has = peek(st, selector, set() if seen is None else seen)
         if has and _in(selected, table):
@@ -242,7 +245,7 @@ def store(st: State, key: str, value: Any):
         primary = value.__dict__.get('_primary')
         if primary is not None:
             value = read(state_of(value), primary)
-    rule = st.spec.rules.get(key)
+    rule = st._spec.rules.get(key)  # current: refreshed by compute
     if rule is not None and rule.violation(value) is not None:
         # not stored, so not reported by explain() either
         check(rule, st.path_of(key), value, _computed_by(st.provenance.pop(key, None)))

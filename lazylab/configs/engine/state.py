@@ -5,7 +5,7 @@ pickle and deep-copy like ordinary objects. The resolver reads and fills it.
 """
 from typing import Any, Callable, Optional
 
-from .declarations import Spec, spec_of
+from .declarations import Spec, _version, spec_of
 
 
 class Provenance:
@@ -38,7 +38,8 @@ class State:
 
     Attributes:
         owner: the config object.
-        spec: the merged declarations of its class.
+        spec: the merged declarations of its class, looked up on use (as labml does): an option registered after
+            this object was made is one of its options too.
         path: its dotted path from the root config (``''`` for the root), set when it becomes a sub-config.
         overrides: values given with ``_set_values`` / ``apply_overrides`` (highest precedence).
         assigned: values given by attribute assignment.
@@ -54,7 +55,7 @@ class State:
 
     def __init__(self, owner: Any, primary: Optional[str] = None):
         self.owner = owner
-        self.spec: Spec = spec_of(type(owner))
+        self._spec: Spec = spec_of(type(owner))
         self.path = ''
         self.primary = primary
         self.overrides: dict[str, Any] = {}
@@ -71,16 +72,23 @@ class State:
         self.rescue: Optional[tuple[str, BaseException]] = None
         self.update_callback: Optional[Callable[[], None]] = None
 
+    @property
+    def spec(self) -> Spec:
+        spec = self._spec
+        if spec.version != _version[0]:  # something was registered since: the class's current declarations
+            spec = self._spec = spec_of(type(self.owner))
+        return spec
+
     def __getstate__(self):
         # The merged spec belongs to the class (and holds calculators, often lambdas): not copied or pickled.
         d = dict(self.__dict__)
-        del d['spec']
+        del d['_spec']
         d['rescue'] = None
         return d
 
     def __setstate__(self, d):
         self.__dict__.update(d)
-        self.spec = spec_of(type(self.owner))
+        self._spec = spec_of(type(self.owner))
 
     @property
     def class_name(self) -> str:
