@@ -44,19 +44,25 @@ def _feedback_configs(c: Configs):
 
 
 def check_n_positions(c: Configs):
-    """The relative-position tables must cover the longest memory a training step attends over:
-    seq_len - 1, or the memory span if smaller.
+    """The relative-position tables must cover the longest memory a step attends over: in training (seq_len
+    steps) and in the samples at each validation (the prompt, then sample_tokens - 1 fed back): steps - 1, or the
+    memory span if smaller.
 
     Raises:
         UsageError: feedback.n_positions is smaller (one line naming the keys), before anything is built.
     """
-    needed = c.seq_len - 1
+    uses = {f'seq_len={c.seq_len}': c.seq_len}
+    if c.sample_tokens:
+        uses[f'the validation samples (prompt of {len(c.prompt)} characters, sample_tokens={c.sample_tokens})'] = (
+            len(c.prompt) + c.sample_tokens - 1)
+    use, steps = max(uses.items(), key=lambda item: item[1])
+    needed = steps - 1
     span = c.feedback.memory_span
     if span:
         needed = min(needed, span)
     if c.feedback.n_positions < needed:
-        raise UsageError(f"feedback.n_positions={c.feedback.n_positions} is too small for seq_len={c.seq_len}: a "
-                         f"step attends over up to {needed} memory vectors; set feedback.n_positions ≥ {needed} "
+        raise UsageError(f"feedback.n_positions={c.feedback.n_positions} is too small for {use}: a step attends "
+                         f"over up to {needed} memory vectors; set feedback.n_positions ≥ {needed} "
                          f"(or feedback.memory_span ≤ {c.feedback.n_positions})")
 
 

@@ -30,7 +30,12 @@ class Memory:
                  device: torch.device):
         self.groups, self.batch, self.heads, self.d_k = groups, batch, heads, d_k
         self.n = 0
-        self.data = torch.zeros(groups, batch * heads, max(capacity, 1), d_k, dtype=dtype, device=device)
+        self._set(torch.zeros(groups, batch * heads, max(capacity, 1), d_k, dtype=dtype, device=device))
+
+    def _set(self, data: torch.Tensor):
+        self.data = data
+        # slot τ of every group at once, [groups, batch, heads, d_k], is slots.select(3, τ)
+        self.slots = data.view(self.groups, self.batch, self.heads, -1, self.d_k)
 
     @property
     def capacity(self) -> int:
@@ -45,8 +50,8 @@ class Memory:
         the old buffer to whoever still reads it (a pending backward pass)."""
         if capacity > self.capacity:
             old = self.data
-            self.data = old.new_zeros(self.groups, self.batch * self.heads, max(capacity, 2 * self.capacity),
-                                      self.d_k)
+            self._set(old.new_zeros(self.groups, self.batch * self.heads, max(capacity, 2 * self.capacity),
+                                    self.d_k))
             self.data[:, :, :self.n] = old[:, :, :self.n]
 
     def fork(self, n: int, dtype: torch.dtype) -> 'Memory':
@@ -54,12 +59,11 @@ class Memory:
         time, or under another autocast dtype)."""
         other = copy.copy(self)
         other.n = n
-        other.data = self.data.new_zeros(self.data.shape, dtype=dtype)
+        other._set(self.data.new_zeros(self.data.shape, dtype=dtype))
         other.data[:, :, :n] = self.data[:, :, :n]
         return other
 
     def write(self, kv: torch.Tensor):
         """Store slot n from kv [batch, groups·heads·d_k] (group-major features), then n += 1."""
-        g, b, h, d = self.groups, self.batch, self.heads, self.d_k
-        self.data.view(g, b, h, -1, d)[:, :, :, self.n].copy_(kv.view(b, g, h, d).transpose(0, 1))
+        self.slots.select(3, self.n).copy_(kv.view(self.batch, self.groups, self.heads, self.d_k).transpose(0, 1))
         self.n += 1

@@ -188,6 +188,11 @@ def _linear(x: torch.Tensor, w_t: torch.Tensor, b: Optional[torch.Tensor]) -> to
     return torch.mm(x, w_t) if b is None else torch.addmm(b, x, w_t)
 
 
+def _caster(dtype: torch.dtype, needed: bool):
+    """t ↦ t.to(dtype), or the identity when every tensor has that dtype already (a call saved per use)."""
+    return (lambda t: t.to(dtype)) if needed else (lambda t: t)
+
+
 def _keep_mask(like: torch.Tensor, p: float) -> torch.Tensor:
     """Dropout's multiplier: 0 with probability p, else 1 / (1 - p)."""
     return torch.empty_like(like).bernoulli_(1 - p).div_(1 - p)
@@ -236,37 +241,41 @@ def _forward(plan: SequencePlan, x_seq: torch.Tensor, tensors, saved: Optional[_
     BH, HD = B * H, H * d
     cd, sd, R, n0, training = plan.cd, plan.sd, plan.R, plan.n0, plan.training
     mem = plan.memory
-    kv_data = mem.data                                            # [G, B·H, capacity, d]
+    kv_groups = mem.data.unbind(0)                                # per group [B·H, capacity, d]
     mix, proj_w, proj_b = plan.mix_and_projection(tensors)
     w_row = mix.to(sd)[None]                                      # [1, L+1]
     proj_t = proj_w.t().contiguous().to(cd)
     proj_b = None if proj_b is None else proj_b.to(cd)
     ws = _forward_weights(plan, tensors)
+    to_cd, to_sd = _caster(cd, cd != sd), _caster(sd, x_seq.dtype != sd)
     record = saved is not None
     outputs = []
     for i in range(T):
         t = n0 + i
         lo, n = plan.window(t)
         c0 = R - n                                                # this step's first position column
-        x = x_seq[i].to(sd)
+        x = to_sd(x_seq[i])
         xs = [x]
         for lp, w in zip(plan.layers, ws):
             li = lp.index
             # Attention half: h = x + drop1 ⊙ (W_o Attend(q', memory) + b_o)
             if n:
                 z1, mu1, rs1 = layer_norm_with_statistics(x, *w['ln1'])
-                z1 = z1.to(cd)
+                z1 = to_cd(z1)
                 q = _linear(z1, w['wq'], w['bq'])                                       # [B, H·d]
-                k, v = kv_data[lp.k_group, :, lo:t], kv_data[lp.v_group, :, lo:t]       # [B·H, n, d]
-                position = torch.baddbmm(w['pos_bias'][:, :, c0:], q.view(B, H, d).transpose(0, 1),
-                                         w['pos'][:, :, c0:])                            # [H, B, n]
+                k = kv_groups[lp.k_group].narrow(1, lo, n)                             # [B·H, n, d]
+                v = kv_groups[lp.v_group].narrow(1, lo, n)
+                # (q by head made contiguous first: baddbmm is several times slower on the strided view)
+                position = torch.baddbmm(w['pos_bias'].narrow(2, c0, n),
+                                         q.view(B, H, d).transpose(0, 1).contiguous(),
+                                         w['pos'].narrow(2, c0, n))                       # [H, B, n]
                 scores = torch.bmm(q.view(BH, 1, d), k.transpose(1, 2)).view(B, H, n) + position.transpose(0, 1)
                 a = torch.softmax(scores, dim=-1, dtype=sd)                               # [B, H, n]
                 a_drop, attn_mask = a, None
                 if training and lp.p_attn > 0:
                     attn_mask = _keep_mask(a, lp.p_attn)
                     a_drop = a * attn_mask
-                o = torch.bmm(a_drop.view(BH, 1, n).to(cd), v).view(B, HD)
+                o = torch.bmm(to_cd(a_drop.view(BH, 1, n)), v).view(B, HD)
                 attn_out = _linear(o, w['wo'], w['bo'])
                 drop1 = None
                 if training and lp.p_layer > 0:
@@ -286,7 +295,7 @@ def _forward(plan: SequencePlan, x_seq: torch.Tensor, tensors, saved: Optional[_
                 h = x
             # FFN half: x' = h + drop2 ⊙ FFN(LN2(h))
             z2, mu2, rs2 = layer_norm_with_statistics(h, *w['ln2'])
-            z2 = z2.to(cd)
+            z2 = to_cd(z2)
             if lp.by_hand:
                 u = _linear(z2, w['w1'], w['b1'])                                       # [B, d_ff]
                 act = hidden = _activate(lp.activation, u)
@@ -326,7 +335,7 @@ def _forward(plan: SequencePlan, x_seq: torch.Tensor, tensors, saved: Optional[_
         # The memory vector and its keys and values, into slot t.
         stack = torch.stack(xs)                                                         # [L+1, B, D]
         m = torch.mm(w_row, stack.view(L + 1, B * D)).view(B, D)
-        mem.write(_linear(m.to(cd), proj_t, proj_b))
+        mem.write(_linear(to_cd(m), proj_t, proj_b))
         if record:
             saved.xs.append(stack)
             saved.m.append(m)
@@ -378,8 +387,8 @@ class _SlotGradients:
         self.far = torch.zeros(G * BH, T, d, dtype=plan.sd, device=device)
         self.left = torch.empty(G * BH, rows, width, dtype=plan.sd, device=device)
         self.right = torch.empty(G * BH, rows, d, dtype=plan.sd, device=device)
-        self.left4 = self.left.view(G, BH, rows, width)
-        self.right4 = self.right.view(G, BH, rows, d)
+        self.left_of = self.left.view(G, BH, rows, width).unbind(0)     # per group [B·H, rows, width]
+        self.right_of = self.right.view(G, BH, rows, d).unbind(0)       # per group [B·H, rows, d]
         self.G, self.BH, self.d = G, BH, d
 
     def start_block(self, s0: int, s1: int):
@@ -398,15 +407,20 @@ class _SlotGradients:
         if j0 >= n0 + i:
             return
         row = (i - self.s0) * self.users + user
-        self.left4[group, :, row, j0 - n0 - self.base:i - self.base].copy_(left[:, j0 - lo:])
-        self.right4[group, :, row].copy_(right)
+        if j0 > lo:
+            left = left.narrow(1, j0 - lo, n0 + i - j0)
+        self.left_of[group].select(1, row).narrow(1, j0 - n0 - self.base, n0 + i - j0).copy_(left)
+        self.right_of[group].select(1, row).copy_(right)
 
     def slot(self, i: int) -> torch.Tensor:
         """The finished gradient of slot i (every step after i done): [G, B·H, d]."""
-        c = i - self.base
-        # rightᵀ · left[:, :, c] ([d, rows] · [rows, 1]): both operands as they lie, no copy.
-        near = torch.bmm(self.right.transpose(1, 2), self.left[:, :, c:c + 1])         # [G·B·H, d, 1]
-        return (self.far[:, i] + near.squeeze(2)).view(self.G, self.BH, self.d)
+        left = self.left
+        # left[:, :, c] as [G·B·H, 1, rows] with stride 1 on its size-1 dimension: a column-major block that BLAS
+        # reads in place (as a plain strided view it would be copied, or multiplied by a slow path).
+        row = left.as_strided((left.shape[0], 1, left.shape[1]), (left.stride(0), 1, left.stride(1)),
+                              left.storage_offset() + i - self.base)
+        near = torch.bmm(row, self.right)                                               # [G·B·H, 1, d]
+        return (self.far[:, i] + near.squeeze(1)).view(self.G, self.BH, self.d)
 
     def end_block(self):
         """Add the block's shares to the slots before it."""
@@ -422,22 +436,31 @@ def _backward(plan: SequencePlan, saved: _Saved, kv_data: torch.Tensor, tensors,
     BH, HD = B * H, H * d
     cd, sd, R, n0, first = plan.cd, plan.sd, plan.R, plan.n0, plan.first_attending
     device = grad_y.device
+    kv_groups = kv_data.unbind(0)
     grad_y = grad_y.to(sd)
+    to_cd, to_sd = _caster(cd, cd != sd), _caster(sd, cd != sd)
     if plan.reads_own_slots:
         mix, proj_w, _ = tensors[:3]
         w_mix = mix.tolist()
         proj = proj_w.to(cd)                                                      # [G·H·d, D]
         slots = _SlotGradients(plan, B, BLOCK, device)
-    ws, pos_grad, bias_grad, act_grad = [], [], [], []
+    ws, position_grad, queries, act_grad = [], [], [], []
     for i, lp in enumerate(plan.layers):
         p = plan.layer_tensors(tensors, i)
-        w = {key: None if p[key] is None else p[key].to(cd) for key in _WEIGHTS + ('pos',)}
+        w = {key: None if p[key] is None else p[key].to(cd) for key in _WEIGHTS}
+        # pᵀ per head, contiguous: the product with the strided view is several times slower
+        w['posT'] = None if p['pos'] is None else p['pos'].transpose(1, 2).contiguous().to(cd)
         w['ln1_w'] = None if p['ln1_w'] is None else p['ln1_w'].to(sd)
         w['ln2_w'] = None if p['ln2_w'] is None else p['ln2_w'].to(sd)
         ws.append(w)
         attends = p['pos'] is not None
-        pos_grad.append(torch.zeros(p['pos'].shape, dtype=sd, device=device) if attends else None)
-        bias_grad.append(torch.zeros(p['pos_bias'].shape, dtype=sd, device=device) if attends else None)
+        # ∂ of the position tables, pos and pos_bias in one [H, d+1, R]: the product of g_s with [q; 1]
+        position_grad.append(torch.zeros(H, d + 1, R, dtype=sd, device=device) if attends else None)
+        if attends:  # [q; 1] by head for every attending step: [steps, H, d+1, B]
+            q_all = torch.stack(saved.q[i]).to(sd).view(-1, B, H, d).permute(0, 2, 3, 1)
+            queries.append(torch.cat([q_all, q_all.new_ones(q_all.shape[0], H, 1, B)], dim=2))
+        else:
+            queries.append(None)
         act_grad.append(_activation_derivative(lp, saved, i) if lp.by_hand else None)
 
     # Per layer, over steps (in reverse time): the gradients at the linear maps' outputs, for the products at the
@@ -458,7 +481,7 @@ def _backward(plan: SequencePlan, saved: _Saved, kv_data: torch.Tensor, tensors,
         if plan.reads_own_slots and i < T - 1:
             # Slot t is complete (every later step has added its share): through the projection into m_t.
             g_kv = slots.slot(i).view(G, B, H, d).transpose(0, 1).reshape(B, G * HD)
-            dm = torch.mm(g_kv.to(cd), proj).to(sd)
+            dm = to_sd(torch.mm(to_cd(g_kv), proj))
             g_slots.append(g_kv)
             g_mem.append(dm)
             g = g + w_mix[L] * dm
@@ -468,7 +491,7 @@ def _backward(plan: SequencePlan, saved: _Saved, kv_data: torch.Tensor, tensors,
             drop2 = saved.drop2[li][i]
             g_f = g if drop2 is None else g * drop2
             if lp.by_hand:
-                g_hidden = torch.mm(g_f.to(cd), w['w2'])                                 # [B, d_ff]
+                g_hidden = torch.mm(to_cd(g_f), w['w2'])                                 # [B, d_ff]
                 drop_h = saved.drop_h[li][i]
                 if drop_h is not None:
                     g_hidden = g_hidden * drop_h
@@ -490,34 +513,34 @@ def _backward(plan: SequencePlan, saved: _Saved, kv_data: torch.Tensor, tensors,
                     a + b for a, b in zip(ff_param_grads[li], step_grads)]
             grads['z2'][li].append(g_z)
             mu2, rs2 = saved.stat2[li][i]
-            g_h = g + layer_norm_backward(g_z.to(sd), saved.h[li][i], mu2, rs2, w['ln2_w'])
+            g_h = g + layer_norm_backward(to_sd(g_z), saved.h[li][i], mu2, rs2, w['ln2_w'])
             # Attention half
             if n:
                 j = i - first                                                            # attending-step index
                 drop1 = saved.drop1[li][j]
                 g_attn_out = g_h if drop1 is None else g_h * drop1
-                g_o = torch.mm(g_attn_out.to(cd), w['wo'])                               # [B, H·d]
-                k, v = kv_data[lp.k_group, :, lo:t], kv_data[lp.v_group, :, lo:t]        # [B·H, n, d]
+                g_o = torch.mm(to_cd(g_attn_out), w['wo'])                               # [B, H·d]
+                k = kv_groups[lp.k_group].narrow(1, lo, n)                              # [B·H, n, d]
+                v = kv_groups[lp.v_group].narrow(1, lo, n)
                 g_o_bh = g_o.view(BH, 1, d)
                 g_a = torch.bmm(g_o_bh, v.transpose(1, 2)).view(B, H, n)
                 attn_mask = saved.attn_mask[li][j]
                 if attn_mask is not None:
                     g_a = g_a * attn_mask
-                g_s = softmax_backward(g_a.to(sd), saved.a[li][j], -1)                  # [B, H, n]: ∂(c·A)
-                g_s_c = g_s.to(cd)
+                g_s = softmax_backward(to_sd(g_a), saved.a[li][j], -1)                  # [B, H, n]: ∂(c·A)
+                g_s_c = to_cd(g_s)
                 g_q = (torch.bmm(g_s_c.view(BH, 1, n), k).view(B, H, d)
-                       + torch.bmm(g_s_c.transpose(0, 1), w['pos'][:, :, c0:].transpose(1, 2)).transpose(0, 1))
+                       + torch.bmm(g_s_c.transpose(0, 1), w['posT'].narrow(1, c0, n)).transpose(0, 1))
                 g_q = g_q.reshape(B, HD)
                 q = saved.q[li][j]
                 # (into a new tensor, then added: a product into the strided slice would run per head)
-                pos_grad[li][:, :, c0:] += torch.bmm(q.view(B, H, d).permute(1, 2, 0).to(sd), g_s.transpose(0, 1))
-                bias_grad[li][:, :, c0:] += g_s.sum(0).unsqueeze(1)
+                position_grad[li].narrow(2, c0, n).add_(torch.bmm(queries[li][j], g_s.transpose(0, 1)))
                 if plan.reads_own_slots:
                     slots.add_share(lp.k_group, lp.user, i, lo, g_s.view(BH, n), q.view(BH, d))
                     slots.add_share(lp.v_group, lp.user, i, lo, saved.a_drop[li][j].view(BH, n), g_o.view(BH, d))
                 g_z = torch.mm(g_q, w['wq'])
                 mu1, rs1 = saved.stat1[li][j]
-                g = g_h + layer_norm_backward(g_z.to(sd), saved.xs[i][li], mu1, rs1, w['ln1_w'])
+                g = g_h + layer_norm_backward(to_sd(g_z), saved.xs[i][li], mu1, rs1, w['ln1_w'])
                 grads['attn_out'][li].append(g_attn_out)
                 grads['q'][li].append(g_q)
                 grads['z1'][li].append(g_z)
@@ -529,7 +552,7 @@ def _backward(plan: SequencePlan, saved: _Saved, kv_data: torch.Tensor, tensors,
         if plan.reads_own_slots and i == slots.s0:
             slots.end_block()
 
-    return (grad_x, *_parameter_gradients(plan, saved, tensors, grads, pos_grad, bias_grad, ff_param_grads,
+    return (grad_x, *_parameter_gradients(plan, saved, tensors, grads, position_grad, ff_param_grads,
                                           g_slots, g_mem))
 
 
@@ -549,7 +572,7 @@ def _activation_derivative(lp: _Layer, saved: _Saved, li: int) -> Optional[torch
     return deriv if gate is None else deriv * gate
 
 
-def _parameter_gradients(plan: SequencePlan, saved: _Saved, tensors, grads, pos_grad, bias_grad, ff_param_grads,
+def _parameter_gradients(plan: SequencePlan, saved: _Saved, tensors, grads, position_grad, ff_param_grads,
                          g_slots, g_mem) -> list[Optional[torch.Tensor]]:
     """Every tensor input's gradient, in the node's order; each weight's as one product over all steps' rows."""
     sd, first = plan.sd, plan.first_attending
@@ -592,7 +615,9 @@ def _parameter_gradients(plan: SequencePlan, saved: _Saved, tensors, grads, pos_
             g['wq'], g['bq'] = weight(grads['q'][i], saved.z1[i], p['wq']), bias(grads['q'][i], p['bq'])
             g['wo'] = weight(grads['attn_out'][i], saved.o[i], p['wo'])
             g['bo'] = bias(grads['attn_out'][i], p['bo'])
-            g['pos'], g['pos_bias'] = pos_grad[i].to(p['pos'].dtype), bias_grad[i].to(p['pos_bias'].dtype)
+            d = p['pos'].shape[1]
+            g['pos'] = position_grad[i][:, :d].to(p['pos'].dtype)
+            g['pos_bias'] = position_grad[i][:, d:].to(p['pos_bias'].dtype)
         g['ln2_w'], g['ln2_b'] = norm(grads['z2'][i], saved.h[i], saved.stat2[i], p['ln2_w'], p['ln2_b'])
         if lp.by_hand:
             g['w1'], g['b1'] = weight(grads['u'][i], saved.z2[i], p['w1']), bias(grads['u'][i], p['b1'])
