@@ -279,3 +279,25 @@ def test_bfloat16_autocast_forward_and_backward_are_close_to_float64(kv):
     with torch.autocast('cpu', dtype=torch.bfloat16):
         model(x).sum().backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
+
+
+@pytest.mark.parametrize('kv', [True, False], ids=['kv', 'original'])
+@pytest.mark.parametrize('memory_span', [0, 3])
+@pytest.mark.parametrize('ffn', ['relu', 'module'])
+def test_the_step_function_equals_forward_with_state_token_by_token(kv, memory_span, ffn):
+    # the generation path: weights prepared once, then one token per call, against the plain stateful call
+    model = build(kv, memory_span=memory_span, ffn=ffn).eval()
+    x = torch.randn(12, 3, 8, dtype=torch.float64)
+    step = model.step_function()
+    with torch.no_grad():
+        y, state = model.forward_with_state(x[:4])          # a prompt: several steps at once
+        ys, state_b = y, state
+        y_ref, state_ref = model.forward_with_state(x[:4])
+        for t in range(4, 12):
+            y, state = step(x[t:t + 1], state)
+            y_ref, state_ref = model.forward_with_state(x[t:t + 1], state_ref)
+            torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+            ys = torch.cat([ys, y])
+        full, _ = model.forward_with_state(x)
+    torch.testing.assert_close(ys, full, rtol=1e-10, atol=1e-10)
+    assert state.n == state_ref.n == 12 and state_b.n == 4

@@ -207,6 +207,54 @@ class _FeedbackBase(nn.Module):
         """Memory groups holding layer i's keys and values."""
         raise NotImplementedError
 
+    def _dtypes(self, x_seq: torch.Tensor) -> tuple[torch.dtype, torch.dtype, torch.dtype, bool]:
+        """(matmul dtype, state dtype, output dtype, under autocast) for a call on x_seq."""
+        device_type = x_seq.device.type
+        param_dtype = self.weights.dtype
+        autocast = torch.is_autocast_enabled(device_type) and param_dtype == torch.float32
+        compute_dtype = torch.get_autocast_dtype(device_type) if autocast else param_dtype
+        state_dtype = torch.promote_types(param_dtype, torch.float32)
+        return compute_dtype, state_dtype, state_dtype if autocast else x_seq.dtype, autocast
+
+    def _memory_for(self, x_seq: torch.Tensor, state: Optional[FeedbackState], dtype: torch.dtype) -> Memory:
+        """The memory a call on x_seq continues (a new one without state; a copy when the state was continued
+        before or holds another dtype), with room for its steps."""
+        steps, batch = x_seq.shape[0], x_seq.shape[1]
+        if state is None:
+            attn0 = self.layers[0].attn
+            return Memory(self._groups(), batch, attn0.heads, attn0.d_k, steps, dtype, x_seq.device)
+        memory = state.memory
+        if memory.n != state.n or memory.dtype != dtype:
+            memory = memory.fork(state.n, dtype)
+        memory.reserve(state.n + steps)
+        return memory
+
+    def step_function(self):
+        """`forward_with_state` for generation, one token x [1, batch_size, d_model] at a time in eval mode without
+        autograd (see `lazylab.models.autoregressive`), with the weights prepared once when it is made
+        (transposed, the position tables folded for every distance up to n_positions or the memory span) instead
+        of at every token. Other calls go to `forward_with_state`. Returns f(x, state) → (y, state)."""
+        plans = {}
+        limit = self.layers[0].attn.P
+        positions = min(self.memory_span, limit) if self.memory_span else limit
+
+        def step(x: torch.Tensor, state: Optional[FeedbackState]) -> tuple[torch.Tensor, FeedbackState]:
+            if state is None or x.shape[0] != 1 or self.training or torch.is_grad_enabled():
+                return self.forward_with_state(x, state)
+            if state.memory.batch != x.shape[1]:
+                raise ValueError(f"{type(self).__name__}: state holds batch_size={state.memory.batch}, "
+                                 f"x_seq has batch_size={x.shape[1]}")
+            compute_dtype, state_dtype, out_dtype, autocast = key = self._dtypes(x)
+            memory = self._memory_for(x, state, compute_dtype)
+            plan = plans.get(key)
+            if plan is None:
+                plan = plans[key] = SequencePlan(self, memory, 1, self.memory_span, compute_dtype=compute_dtype,
+                                                 state_dtype=state_dtype, out_dtype=out_dtype, autocast=autocast,
+                                                 positions=positions)
+            y = run_sequence(plan.continued(memory, 1), x)
+            return self.norm(y), FeedbackState(memory, memory.n)
+        return step
+
     def longest_memory(self, steps: int) -> int:
         """The most memory vectors a step attends over in a sequence of `steps` steps: steps - 1, or the memory
         span if that is smaller. The layers' `n_positions` must be at least this."""
@@ -232,7 +280,6 @@ class _FeedbackBase(nn.Module):
             ValueError: x_seq is not [seq_len, batch_size, d_model]; the batch size differs from the state's;
                 a step would attend over more memory than a layer's `n_positions`.
         """
-        attn0 = self.layers[0].attn
         d_model = self.layers[0].size
         if x_seq.dim() != 3 or x_seq.shape[-1] != d_model:
             raise ValueError(f"{type(self).__name__} expects x_seq [seq_len, batch_size, d_model={d_model}], "
@@ -241,21 +288,10 @@ class _FeedbackBase(nn.Module):
         if state is not None and state.memory.batch != batch:
             raise ValueError(f"{type(self).__name__}: state holds batch_size={state.memory.batch}, "
                              f"x_seq has batch_size={batch}")
-        device_type = x_seq.device.type
-        param_dtype = self.weights.dtype
-        autocast = torch.is_autocast_enabled(device_type) and param_dtype == torch.float32
-        compute_dtype = torch.get_autocast_dtype(device_type) if autocast else param_dtype
-        state_dtype = torch.promote_types(param_dtype, torch.float32)
-        if state is None:
-            memory = Memory(self._groups(), batch, attn0.heads, attn0.d_k, steps, compute_dtype, x_seq.device)
-        else:
-            memory = state.memory
-            if memory.n != state.n or memory.dtype != compute_dtype:
-                memory = memory.fork(state.n, compute_dtype)
-            memory.reserve(state.n + steps)
+        compute_dtype, state_dtype, out_dtype, autocast = self._dtypes(x_seq)
+        memory = self._memory_for(x_seq, state, compute_dtype)
         plan = SequencePlan(self, memory, steps, self.memory_span, compute_dtype=compute_dtype,
-                            state_dtype=state_dtype, out_dtype=state_dtype if autocast else x_seq.dtype,
-                            autocast=autocast)
+                            state_dtype=state_dtype, out_dtype=out_dtype, autocast=autocast)
         y = run_sequence(plan, x_seq)
         return self.norm(y), FeedbackState(memory, memory.n)
 

@@ -38,6 +38,7 @@ would give them; the residual stream, LayerNorm, softmax, the memory mix and eve
 steps (memory slots, position tables, weights) are float32. The memory slots are stored in the matmul dtype:
 each is written once and only read by products.
 """
+import copy
 from typing import Optional
 
 import torch
@@ -98,7 +99,6 @@ class _Layer:
             t['bq'] = u.reshape(-1) * c
             if attn.query.linear.bias is not None:
                 t['bq'] = t['bq'] + attn.query.linear.bias * c
-            attn.check_memory_length(R)
             p = attn.key_pos_embeddings[attn.P - R:]                                  # [R, h, d]
             s = attn.key_pos_bias[attn.P - R:]                                        # [R, h]
             t['pos'] = p.permute(1, 2, 0)                                             # [h, d, R]
@@ -125,18 +125,24 @@ class SequencePlan:
         state_dtype: of the residual stream and the accumulated gradients (float32 or wider).
         out_dtype: of the returned outputs.
         autocast: whether the caller runs under autocast (a module FFN is then called under it too).
+        positions: R, the distances the position tables are folded for (default: what this call needs); the step
+            function folds them once for every distance and reuses the plan (`continued`).
+
+    Raises:
+        ValueError: a step would attend over more memory than a layer's n_positions.
     """
 
     def __init__(self, model: nn.Module, memory: Memory, steps: int, span: int, *, compute_dtype: torch.dtype,
-                 state_dtype: torch.dtype, out_dtype: torch.dtype, autocast: bool):
+                 state_dtype: torch.dtype, out_dtype: torch.dtype, autocast: bool, positions: Optional[int] = None):
         layer0 = model.layers[0]
+        self.model = model
         self.memory, self.n0, self.steps, self.span = memory, memory.n, steps, span
         self.heads, self.d_k = layer0.attn.heads, layer0.attn.d_k
         self.groups, self.n_layers = memory.groups, len(model.layers)
         self.training = model.training
         self.cd, self.sd, self.out_dtype, self.autocast = compute_dtype, state_dtype, out_dtype, autocast
-        longest = self.n0 + steps - 1                           # the memory of the call's last step
-        self.R = min(longest, span) if span else longest        # the longest memory a step attends over
+        needed = self._check_memory()                           # the longest memory a step attends over
+        self.R = needed if positions is None else positions
         # The first step of the call that attends (a sequence's first step has no memory), and whether a slot
         # written here is read here (only then do the memory mix and the projection get gradients).
         self.first_attending = 0 if self.n0 > 0 else 1
@@ -155,6 +161,30 @@ class SequencePlan:
         for layer, plan in zip(model.layers, self.layers):
             self.offsets.append(len(self.tensors))
             self.tensors += plan.tensors(layer, self.R)
+        self._prepared = None
+
+    def _check_memory(self) -> int:
+        longest = self.n0 + self.steps - 1                      # the memory of the call's last step
+        needed = min(longest, self.span) if self.span else longest
+        for layer in self.model.layers:
+            layer.attn.check_memory_length(needed)
+        return needed
+
+    def continued(self, memory: Memory, steps: int) -> 'SequencePlan':
+        """This plan (its tensors and their prepared forms) for a later call on `memory` with the same number of
+        steps, when the position tables cover it (used by the step function, one token per call)."""
+        self.forward_weights(self.tensors)  # prepared once, shared by the copies
+        other = copy.copy(self)
+        other.memory, other.n0 = memory, memory.n
+        if other.n0 == 0 or steps != self.steps or other._check_memory() > self.R:
+            raise ValueError('SequencePlan.continued: a plan for another kind of call')
+        return other
+
+    def forward_weights(self, tensors) -> list[dict]:
+        """The layers' weights prepared for the forward loop (`_forward_weights`), once per plan."""
+        if self._prepared is None:
+            self._prepared = _forward_weights(self, tensors)
+        return self._prepared
 
     def mix_and_projection(self, tensors) -> list[Optional[torch.Tensor]]:
         return list(tensors[:3]) if self.reads_own_slots else self.detached
@@ -210,6 +240,7 @@ class _Saved:
         def per_layer():
             return [[] for _ in range(n_layers)]
         self.xs: list[torch.Tensor] = []      # per step: the layer inputs and the last output, [L+1, B, D]
+        self.inputs: list[list[torch.Tensor]] = []  # the same, as the list of its L+1 tensors
         self.m: list[torch.Tensor] = []       # per step: the memory vector m_t [B, D]
         (self.stat1, self.z1, self.q, self.a, self.attn_mask, self.a_drop, self.o, self.drop1) = (
             per_layer() for _ in range(8))
@@ -220,9 +251,11 @@ class _Saved:
 
 def _forward_weights(plan: SequencePlan, tensors) -> list[dict]:
     """Per layer: weights transposed once per call (x Wᵀ with a contiguous Wᵀ) in the matmul dtype, biases in it
-    too, LayerNorm parameters in the state dtype."""
+    too, LayerNorm parameters in the state dtype; then the memory mix and projection."""
     cd, sd = plan.cd, plan.sd
-    out = []
+    mix, proj_w, proj_b = plan.mix_and_projection(tensors)
+    out = [{'mix': mix.to(sd)[None], 'proj': proj_w.t().contiguous().to(cd),
+            'proj_b': None if proj_b is None else proj_b.to(cd)}]
     for i, lp in enumerate(plan.layers):
         p = plan.layer_tensors(tensors, i)
         w = {key: None if p[key] is None else p[key].t().contiguous().to(cd) for key in _WEIGHTS}
@@ -242,11 +275,8 @@ def _forward(plan: SequencePlan, x_seq: torch.Tensor, tensors, saved: Optional[_
     cd, sd, R, n0, training = plan.cd, plan.sd, plan.R, plan.n0, plan.training
     mem = plan.memory
     kv_groups = mem.data.unbind(0)                                # per group [B·H, capacity, d]
-    mix, proj_w, proj_b = plan.mix_and_projection(tensors)
-    w_row = mix.to(sd)[None]                                      # [1, L+1]
-    proj_t = proj_w.t().contiguous().to(cd)
-    proj_b = None if proj_b is None else proj_b.to(cd)
-    ws = _forward_weights(plan, tensors)
+    top, *ws = plan.forward_weights(tensors)
+    w_row, proj_t, proj_b = top['mix'], top['proj'], top['proj_b']   # [1, L+1], [D, G·H·d], [G·H·d]
     to_cd, to_sd = _caster(cd, cd != sd), _caster(sd, x_seq.dtype != sd)
     record = saved is not None
     outputs = []
@@ -338,6 +368,7 @@ def _forward(plan: SequencePlan, x_seq: torch.Tensor, tensors, saved: Optional[_
         mem.write(_linear(to_cd(m), proj_t, proj_b))
         if record:
             saved.xs.append(stack)
+            saved.inputs.append(xs)
             saved.m.append(m)
         outputs.append(x)
     return torch.stack(outputs)
@@ -458,10 +489,11 @@ def _backward(plan: SequencePlan, saved: _Saved, kv_data: torch.Tensor, tensors,
         position_grad.append(torch.zeros(H, d + 1, R, dtype=sd, device=device) if attends else None)
         if attends:  # [q; 1] by head for every attending step: [steps, H, d+1, B]
             q_all = torch.stack(saved.q[i]).to(sd).view(-1, B, H, d).permute(0, 2, 3, 1)
-            queries.append(torch.cat([q_all, q_all.new_ones(q_all.shape[0], H, 1, B)], dim=2))
+            queries.append(torch.cat([q_all, q_all.new_ones(q_all.shape[0], H, 1, B)], dim=2).unbind(0))
         else:
             queries.append(None)
-        act_grad.append(_activation_derivative(lp, saved, i) if lp.by_hand else None)
+        deriv = _activation_derivative(lp, saved, i) if lp.by_hand else None
+        act_grad.append(None if deriv is None else deriv.unbind(0))
 
     # Per layer, over steps (in reverse time): the gradients at the linear maps' outputs, for the products at the
     # end; and the module FFNs' parameter gradients, summed.
@@ -484,7 +516,7 @@ def _backward(plan: SequencePlan, saved: _Saved, kv_data: torch.Tensor, tensors,
             dm = to_sd(torch.mm(to_cd(g_kv), proj))
             g_slots.append(g_kv)
             g_mem.append(dm)
-            g = g + w_mix[L] * dm
+            g = torch.add(g, dm, alpha=w_mix[L])
         for lp, w in zip(reversed(plan.layers), reversed(ws)):
             li = lp.index
             # FFN half
@@ -495,7 +527,7 @@ def _backward(plan: SequencePlan, saved: _Saved, kv_data: torch.Tensor, tensors,
                 drop_h = saved.drop_h[li][i]
                 if drop_h is not None:
                     g_hidden = g_hidden * drop_h
-                g_u = g_hidden if act_grad[li] is None else g_hidden * act_grad[li][i]
+                g_u = g_hidden if act_grad[li] is None else g_hidden * act_grad[li][i]    # (a list over steps)
                 g_z = torch.mm(g_u, w['w1'])
                 if lp.is_gated:
                     g_gate = g_hidden * saved.act[li][i]
@@ -540,14 +572,14 @@ def _backward(plan: SequencePlan, saved: _Saved, kv_data: torch.Tensor, tensors,
                     slots.add_share(lp.v_group, lp.user, i, lo, saved.a_drop[li][j].view(BH, n), g_o.view(BH, d))
                 g_z = torch.mm(g_q, w['wq'])
                 mu1, rs1 = saved.stat1[li][j]
-                g = g_h + layer_norm_backward(to_sd(g_z), saved.xs[i][li], mu1, rs1, w['ln1_w'])
+                g = g_h + layer_norm_backward(to_sd(g_z), saved.inputs[i][li], mu1, rs1, w['ln1_w'])
                 grads['attn_out'][li].append(g_attn_out)
                 grads['q'][li].append(g_q)
                 grads['z1'][li].append(g_z)
             else:
                 g = g_h
             if dm is not None:
-                g = g + w_mix[li] * dm
+                g = torch.add(g, dm, alpha=w_mix[li])
         grad_x[i] = g
         if plan.reads_own_slots and i == slots.s0:
             slots.end_block()
