@@ -3,6 +3,7 @@ characters.
 
     lazylab train feedback [key=value …]          ≡  python -m lazylab.experiments.feedback …
     lazylab train feedback model=feedback_transformer      # the original (keys and values computed per step)
+    lazylab train feedback feedback.memory_span=64         # attend to the last 64 memory vectors only
 
 `model` picks the variant: 'feedback_transformer_kv' (default; keys and values of the memory are computed once
 per step and shared by the layers, labml_nn's faster variant) or 'feedback_transformer' (the paper's original).
@@ -14,13 +15,15 @@ from torch import nn
 from lazylab.configs import option
 from lazylab.configs.feedback import FeedbackConfigs
 from lazylab.configs.types import NonNegativeInt, PositiveInt, Probability
+from lazylab.errors import UsageError
 from lazylab.experiments.nlp_autoregression import LABML_NN_PRESET, NLPAutoRegressionConfigs, device_of
 
 
 class Configs(NLPAutoRegressionConfigs):
     """Feedback-transformer language model; `model=feedback_transformer_kv|feedback_transformer`. The common keys
     (d_model, heads, d_ff, n_layers, dropout) are the defaults of `feedback` (a FeedbackConfigs), whose own items
-    select the rest, e.g. `feedback.ffn.glu_variant=SwiGLU`, `feedback.n_positions=1024`."""
+    select the rest, e.g. `feedback.ffn.glu_variant=SwiGLU`, `feedback.n_positions=1024`,
+    `feedback.memory_span=64`."""
     model: nn.Module = 'feedback_transformer_kv'
     feedback: FeedbackConfigs     # the model's parts
     batch_size: PositiveInt = 64  # a wide batch: the memory makes each step sequential over seq_len
@@ -40,7 +43,31 @@ def _feedback_configs(c: Configs):
     return conf
 
 
+def check_n_positions(c: Configs):
+    """The relative-position tables must cover the longest memory a step attends over: in training (seq_len
+    steps) and in the samples at each validation (the prompt, then sample_tokens - 1 fed back): steps - 1, or the
+    memory span if smaller.
+
+    Raises:
+        UsageError: feedback.n_positions is smaller (one line naming the keys), before anything is built.
+    """
+    uses = {f'seq_len={c.seq_len}': c.seq_len}
+    if c.sample_tokens:
+        uses[f'the validation samples (prompt of {len(c.prompt)} characters, sample_tokens={c.sample_tokens})'] = (
+            len(c.prompt) + c.sample_tokens - 1)
+    use, steps = max(uses.items(), key=lambda item: item[1])
+    needed = steps - 1
+    span = c.feedback.memory_span
+    if span:
+        needed = min(needed, span)
+    if c.feedback.n_positions < needed:
+        raise UsageError(f"feedback.n_positions={c.feedback.n_positions} is too small for {use}: a step attends "
+                         f"over up to {needed} memory vectors; set feedback.n_positions ≥ {needed} "
+                         f"(or feedback.memory_span ≤ {c.feedback.n_positions})")
+
+
 def _build(c: Configs, variant: str):
+    check_n_positions(c)
     c.feedback._set_values({'model': variant})
     return c.feedback.model.to(device_of(c))
 

@@ -52,3 +52,27 @@ def untracked_alias(tensor: torch.Tensor) -> torch.Tensor:
     `.data`, which `Tensor.detach()` deliberately does not share).
     """
     return tensor.data
+
+
+def layer_norm_with_statistics(x: torch.Tensor, weight, bias, eps: float):
+    """LayerNorm over the last dimension, returning (y, mean, rstd), mean and rstd = 1/√(var + eps) of shape
+    [..., 1], which `layer_norm_backward` takes.
+
+    Relies on `torch.native_layer_norm(input, normalized_shape, weight, bias, eps)`, the kernel
+    `F.layer_norm` calls (it is in the torch namespace but undocumented). weight and bias may be None.
+    """
+    return torch.native_layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def layer_norm_backward(grad_y: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+                        weight) -> torch.Tensor:
+    """∂L/∂x of y = LayerNorm(x) over the last dimension, from ∂L/∂y, x and the forward's mean and rstd:
+
+        x̂ = (x − mean)·rstd,  ĝ = ∂L/∂y ⊙ weight,  ∂L/∂x = rstd · (ĝ − mean(ĝ) − x̂ · mean(ĝ ⊙ x̂))
+
+    (the weight's and bias's gradients are not computed). Relies on
+    `torch.ops.aten.native_layer_norm_backward.default(grad_out, input, normalized_shape, mean, rstd, weight,
+    bias, output_mask)`, the kernel autograd uses for layer_norm, in one fused pass. weight may be None.
+    """
+    return torch.ops.aten.native_layer_norm_backward.default(
+        grad_y, x, (x.shape[-1],), mean, rstd, weight, None, [True, False, False])[0]

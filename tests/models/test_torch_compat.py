@@ -119,3 +119,24 @@ def test_writes_to_the_buffer_leave_saved_views_of_the_alias_usable():
         buffer[2:] = 8.0
     with pytest.raises(RuntimeError, match='modified by an inplace operation'):
         loss.backward()
+
+
+@pytest.mark.parametrize('affine', [True, False], ids=['affine', 'plain'])
+def test_layer_norm_with_statistics_and_its_backward_equal_autograd_and_the_closed_form(affine):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 7, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(16, generator=g, dtype=torch.float64) if affine else None
+    bias = torch.randn(16, generator=g, dtype=torch.float64) if affine else None
+    y, mean, rstd = compat.layer_norm_with_statistics(x, weight, bias, 1e-5)
+    expected = torch.nn.functional.layer_norm(x, (16,), weight, bias, 1e-5)
+    torch.testing.assert_close(y, expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(mean, x.mean(-1, keepdim=True))
+    torch.testing.assert_close(rstd, (x.var(-1, unbiased=False, keepdim=True) + 1e-5).rsqrt())
+    grad_y = torch.randn(y.shape, generator=g, dtype=torch.float64)
+    (autograd,) = torch.autograd.grad(expected, [x], grad_y)
+    x_hat = (x - mean) * rstd
+    g_hat = grad_y * (weight if affine else 1)
+    closed_form = rstd * (g_hat - g_hat.mean(-1, keepdim=True) - x_hat * (g_hat * x_hat).mean(-1, keepdim=True))
+    ours = compat.layer_norm_backward(grad_y, x.detach(), mean, rstd, weight)
+    torch.testing.assert_close(ours, autograd, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ours, closed_form.detach(), rtol=1e-12, atol=1e-12)

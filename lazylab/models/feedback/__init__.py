@@ -17,10 +17,14 @@ sequence-first layout [seq_len, batch_size, d_model]:
   k_τ^l = W_k^l m_τ and v_τ^l = W_v^l m_τ + b_v^l.
 - `FeedbackTransformerKV`: one key and one value projection shared by all layers, k_τ = W_k m_τ, v_τ = W_v m_τ.
 
-The modules' `forward` is the fast step loop of `memory.py`: each memory vector's keys and values are computed
-once, into a buffer that grows (no 512-step limit), with hand-written gradients of the memory; `reference.py` is
-the plain loop it equals (re-stack the memory, call each layer's `forward`), which the tests compare against,
-besides labml-nn itself.
+The modules' `forward` is the fast path of `sequence.py`: the whole sequence is one autograd node with
+backpropagation through time written out, and each memory vector's keys and values are computed once, into the
+buffer of `memory.py` that grows (no 512-step limit); `reference.py` is the plain loop it equals (re-stack the
+memory, call each layer's `forward`), which the tests compare against, besides labml-nn itself.
+
+Memory span (`memory_span` N, an addition): each step attends only to the last N memory vectors, as the
+official implementation's attention limit does, so the cost per token stops growing with the sequence and
+n_positions need only be ≥ N. N = 0 (the default, labml-nn's behaviour) is every earlier step.
 
 Relative positions (Transformer-XL style, as in labml-nn): a key at distance δ = t - τ ∈ [1, P] from the query
 uses row P - δ of `key_pos_embeddings [P, heads, d_k]` and `key_pos_bias [P, heads]`. P = `n_positions` (4096 by
@@ -35,15 +39,17 @@ import math
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from lazylab.models.feedback.memory import LayerStep, Memory, ReadMemory, Tape
+from lazylab.errors import DataError
+from lazylab.models.autoregressive import AutoregressiveModel
+from lazylab.models.feedback.memory import Memory
+from lazylab.models.feedback.sequence import SequencePlan, run_sequence
 from lazylab.models.mha import PrepareForMultiHeadAttention
 from lazylab.models.utils import check_heads, check_n_layers, clone_module_list
 
 __all__ = ['FeedbackAttention', 'FeedbackTransformerLayer', 'FeedbackTransformer', 'FeedbackTransformerKV',
-           'FeedbackState', 'DEFAULT_N_POSITIONS']
+           'FeedbackState', 'FeedbackLanguageModel', 'DEFAULT_N_POSITIONS']
 
 # labml-nn 0.5.1's fixed number of relative positions.
 DEFAULT_N_POSITIONS = 2 ** 12
@@ -107,7 +113,8 @@ class FeedbackAttention(nn.Module):
             raise ValueError(
                 f"FeedbackAttention: a step attends over {mem_len} memory steps but the relative-position "
                 f"tables have n_positions={self.P} rows; build FeedbackAttention(..., n_positions≥{mem_len}) "
-                f"(config key 'n_positions') or use sequences of at most {self.P + 1} steps")
+                f"(config key 'n_positions'), use sequences of at most {self.P + 1} steps, or a memory_span "
+                f"≤ {self.P}")
 
     def get_scores(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         """A (unscaled) for query [batch, heads, d_k], keys [mem_len, batch, heads, d_k] → [mem_len, batch, heads]."""
@@ -172,18 +179,22 @@ class FeedbackState:
 
 
 class _FeedbackBase(nn.Module):
-    """What the two variants share: the layer stack, the memory weights w and the final LayerNorm."""
+    """What the two variants share: the layer stack, the memory weights w, the final LayerNorm and the step loop."""
 
     layers: nn.ModuleList
 
-    def __init__(self, layer: FeedbackTransformerLayer, n_layers: int):
+    def __init__(self, layer: FeedbackTransformerLayer, n_layers: int, memory_span: int = 0):
         super().__init__()
         check_n_layers(n_layers, type(self).__name__)
+        if memory_span < 0:
+            raise ValueError(f"{type(self).__name__}: memory_span must be ≥ 0 (0: every earlier step), "
+                             f"got {memory_span}")
         self.layers = clone_module_list(layer, n_layers)
         self.norm = nn.LayerNorm([layer.size])
         # m_τ = Σ_l softmax(weights)_l x_τ^l over the embedding (l = 0) and each layer's output.
         self.weights = nn.Parameter(torch.ones(n_layers + 1))
         self.softmax = nn.Softmax(0)
+        self.memory_span = memory_span
 
     # Subclasses: the projections of a memory vector, as one affine map m [b, d_model] → [b, groups·heads·d_k].
     def _memory_projection(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -195,6 +206,60 @@ class _FeedbackBase(nn.Module):
     def _kv_groups(self, i: int) -> tuple[int, int]:
         """Memory groups holding layer i's keys and values."""
         raise NotImplementedError
+
+    def _dtypes(self, x_seq: torch.Tensor) -> tuple[torch.dtype, torch.dtype, torch.dtype, bool]:
+        """(matmul dtype, state dtype, output dtype, under autocast) for a call on x_seq."""
+        device_type = x_seq.device.type
+        param_dtype = self.weights.dtype
+        autocast = torch.is_autocast_enabled(device_type) and param_dtype == torch.float32
+        compute_dtype = torch.get_autocast_dtype(device_type) if autocast else param_dtype
+        state_dtype = torch.promote_types(param_dtype, torch.float32)
+        return compute_dtype, state_dtype, state_dtype if autocast else x_seq.dtype, autocast
+
+    def _memory_for(self, x_seq: torch.Tensor, state: Optional[FeedbackState], dtype: torch.dtype) -> Memory:
+        """The memory a call on x_seq continues (a new one without state; a copy when the state was continued
+        before or holds another dtype), with room for its steps."""
+        steps, batch = x_seq.shape[0], x_seq.shape[1]
+        if state is None:
+            attn0 = self.layers[0].attn
+            return Memory(self._groups(), batch, attn0.heads, attn0.d_k, steps, dtype, x_seq.device)
+        memory = state.memory
+        if memory.n != state.n or memory.dtype != dtype:
+            memory = memory.fork(state.n, dtype)
+        memory.reserve(state.n + steps)
+        return memory
+
+    def step_function(self):
+        """`forward_with_state` for generation, one token x [1, batch_size, d_model] at a time in eval mode without
+        autograd (see `lazylab.models.autoregressive`), with the weights prepared once when it is made
+        (transposed, the position tables folded for every distance up to n_positions or the memory span) instead
+        of at every token. Other calls go to `forward_with_state`. Returns f(x, state) → (y, state)."""
+        plans = {}
+        limit = self.layers[0].attn.P
+        positions = min(self.memory_span, limit) if self.memory_span else limit
+
+        def step(x: torch.Tensor, state: Optional[FeedbackState]) -> tuple[torch.Tensor, FeedbackState]:
+            if state is None or x.shape[0] != 1 or self.training or torch.is_grad_enabled():
+                return self.forward_with_state(x, state)
+            if state.memory.batch != x.shape[1]:
+                raise ValueError(f"{type(self).__name__}: state holds batch_size={state.memory.batch}, "
+                                 f"x_seq has batch_size={x.shape[1]}")
+            compute_dtype, state_dtype, out_dtype, autocast = key = self._dtypes(x)
+            memory = self._memory_for(x, state, compute_dtype)
+            plan = plans.get(key)
+            if plan is None:
+                plan = plans[key] = SequencePlan(self, memory, 1, self.memory_span, compute_dtype=compute_dtype,
+                                                 state_dtype=state_dtype, out_dtype=out_dtype, autocast=autocast,
+                                                 positions=positions)
+            y = run_sequence(plan.continued(memory, 1), x)
+            return self.norm(y), FeedbackState(memory, memory.n)
+        return step
+
+    def longest_memory(self, steps: int) -> int:
+        """The most memory vectors a step attends over in a sequence of `steps` steps: steps - 1, or the memory
+        span if that is smaller. The layers' `n_positions` must be at least this."""
+        longest = max(steps - 1, 0)
+        return min(longest, self.memory_span) if self.memory_span else longest
 
     def forward(self, x_seq: torch.Tensor) -> torch.Tensor:
         """x_seq [seq_len, batch_size, d_model] → LayerNorm of the last layer's outputs, same shape."""
@@ -208,55 +273,27 @@ class _FeedbackBase(nn.Module):
         over the concatenated sequence. A state may be continued more than once (it is copied when needed);
         gradients do not flow into it.
 
+        Under autocast the matrix products run in the autocast dtype and the rest in float32 (`sequence.py`,
+        "Precision"); the outputs are then float32.
+
         Raises:
             ValueError: x_seq is not [seq_len, batch_size, d_model]; the batch size differs from the state's;
-                the memory would exceed a layer's `n_positions`.
+                a step would attend over more memory than a layer's `n_positions`.
         """
-        attn0 = self.layers[0].attn
         d_model = self.layers[0].size
         if x_seq.dim() != 3 or x_seq.shape[-1] != d_model:
             raise ValueError(f"{type(self).__name__} expects x_seq [seq_len, batch_size, d_model={d_model}], "
                              f"got {tuple(x_seq.shape)}")
         steps, batch = x_seq.shape[0], x_seq.shape[1]
-        n0 = 0 if state is None else state.n
         if state is not None and state.memory.batch != batch:
             raise ValueError(f"{type(self).__name__}: state holds batch_size={state.memory.batch}, "
                              f"x_seq has batch_size={batch}")
-        layer_steps = [LayerStep(layer, i, n0 + steps - 1, *self._kv_groups(i))
-                       for i, layer in enumerate(self.layers)]
-        if state is None:
-            memory = Memory(self._groups(), batch, attn0.heads, attn0.d_k, steps, x_seq)
-        else:
-            memory = state.memory if state.memory.n == n0 else state.memory.fork(n0)
-            memory.reserve(n0 + steps)
-
-        training = self.training
-        w = torch.softmax(self.weights, dim=0)
-        proj_w, proj_b = self._memory_projection()
-        grad = torch.is_grad_enabled()
-        tape = Tape(memory, n0, steps, layer_steps) if grad and n0 + steps > 1 else None
-        anchor = None
-        outputs = []
-        for i, x in enumerate(x_seq.unbind(0)):
-            t = n0 + i
-            token = None
-            if tape is not None and anchor is not None:
-                positions = [p for s in layer_steps for p in (s.pos, s.bias)] if t == n0 + 1 else []
-                token = ReadMemory.apply(tape, t, anchor, *positions)
-            views = memory.views(t) if t > 0 else None
-            layer_outputs = [x]
-            for step in layer_steps:
-                if views is None:
-                    k = v = None
-                else:
-                    k, v = views[step.k_group], views[step.v_group]
-                x = step(x, k, v, t, training, tape, token)
-                layer_outputs.append(x)
-            mem = torch.stack(layer_outputs, dim=-1) @ w                         # [b, d_model]
-            anchor = F.linear(mem, proj_w, proj_b)
-            memory.write(anchor)
-            outputs.append(x)
-        return self.norm(torch.stack(outputs)), FeedbackState(memory, memory.n)
+        compute_dtype, state_dtype, out_dtype, autocast = self._dtypes(x_seq)
+        memory = self._memory_for(x_seq, state, compute_dtype)
+        plan = SequencePlan(self, memory, steps, self.memory_span, compute_dtype=compute_dtype,
+                            state_dtype=state_dtype, out_dtype=out_dtype, autocast=autocast)
+        y = run_sequence(plan, x_seq)
+        return self.norm(y), FeedbackState(memory, memory.n)
 
 
 class FeedbackTransformer(_FeedbackBase):
@@ -266,6 +303,7 @@ class FeedbackTransformer(_FeedbackBase):
         layer: a `FeedbackTransformerLayer` whose attention has its own `key`/`value` (is_kv_precomputed=False);
             it is deep-copied n_layers times.
         n_layers: L.
+        memory_span: N, attend only to the last N memory vectors (0: every earlier step; see the module docstring).
 
     Parameters (labml-nn names): `layers.*`, `norm` (final LayerNorm), `weights [L+1]` (memory mixing logits).
 
@@ -273,14 +311,14 @@ class FeedbackTransformer(_FeedbackBase):
         x_seq: [seq_len, batch_size, d_model] → [seq_len, batch_size, d_model]
 
     Raises:
-        ValueError: n_layers < 1; a layer whose attention has no key/value projections.
+        ValueError: n_layers < 1; memory_span < 0; a layer whose attention has no key/value projections.
     """
 
-    def __init__(self, layer: FeedbackTransformerLayer, n_layers: int):
+    def __init__(self, layer: FeedbackTransformerLayer, n_layers: int, *, memory_span: int = 0):
         if layer.attn.key is None:
             raise ValueError("FeedbackTransformer needs FeedbackAttention(..., is_kv_precomputed=False); "
                              "use FeedbackTransformerKV for precomputed keys and values")
-        super().__init__(layer, n_layers)
+        super().__init__(layer, n_layers, memory_span)
 
     def _groups(self) -> int:
         return 2 * len(self.layers)
@@ -305,6 +343,7 @@ class FeedbackTransformerKV(_FeedbackBase):
         n_layers: L.
         d_model: model width.
         heads: number of heads (d_k = d_model // heads).
+        memory_span: N, attend only to the last N memory vectors (0: every earlier step; see the module docstring).
 
     Parameters (labml-nn names): `layers.*`, `norm`, `weights [L+1]`, `key.linear.weight`, `value.linear.weight`
     (no biases).
@@ -313,14 +352,16 @@ class FeedbackTransformerKV(_FeedbackBase):
         x_seq: [seq_len, batch_size, d_model] → [seq_len, batch_size, d_model]
 
     Raises:
-        ValueError: n_layers < 1; d_model not divisible by heads; a layer whose attention projects keys itself.
+        ValueError: n_layers < 1; memory_span < 0; d_model not divisible by heads; a layer whose attention
+            projects keys itself.
     """
 
-    def __init__(self, layer: FeedbackTransformerLayer, n_layers: int, d_model: int, heads: int):
+    def __init__(self, layer: FeedbackTransformerLayer, n_layers: int, d_model: int, heads: int, *,
+                 memory_span: int = 0):
         if layer.attn.key is not None:
             raise ValueError("FeedbackTransformerKV needs FeedbackAttention(..., is_kv_precomputed=True)")
         check_heads(d_model, heads, 'FeedbackTransformerKV')
-        super().__init__(layer, n_layers)
+        super().__init__(layer, n_layers, memory_span)
         d_k = d_model // heads
         self.key = PrepareForMultiHeadAttention(d_model, heads, d_k, bias=False)
         self.value = PrepareForMultiHeadAttention(d_model, heads, d_k, bias=False)
@@ -336,3 +377,27 @@ class FeedbackTransformerKV(_FeedbackBase):
 
     def free(self):
         """No-op, for labml-nn compatibility (its KV model keeps a stack between calls; ours keeps nothing)."""
+
+
+class FeedbackLanguageModel(AutoregressiveModel):
+    """`AutoregressiveModel` (labml-nn's layout and state-dict keys) around a feedback core, whose `generate`
+    refuses up front a sequence longer than the core's relative positions can hold (instead of failing at the
+    token that crosses the limit).
+
+    Raises (generate):
+        DataError (a ValueError): the prompt and the new tokens need a memory longer than the layers'
+            n_positions; the message names the sizes and what to change.
+    """
+
+    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, *args, **kwargs) -> torch.Tensor:
+        core = self.transformer
+        if max_new_tokens > 0 and prompt_ids.dim() >= 1:
+            prompt_len = prompt_ids.shape[0]
+            needed = core.longest_memory(prompt_len + max_new_tokens - 1)  # the last new token is not fed back
+            limit = core.layers[0].attn.P
+            if needed > limit:
+                raise DataError(f"generating {max_new_tokens} tokens after a {prompt_len}-token prompt needs "
+                                f"a memory of {needed} steps, but the model has n_positions={limit} (the run's "
+                                f"feedback.n_positions); generate at most {limit + 2 - prompt_len} tokens, or "
+                                f"train with feedback.memory_span ≤ {limit}")
+        return super().generate(prompt_ids, max_new_tokens, *args, **kwargs)

@@ -5,7 +5,8 @@ steps before t, stacked afresh, and the step's memory vector m_t = Σ_l softmax(
 `FeedbackTransformerKV` the memory holds each m_τ's shared key and value W_k m_τ, W_v m_τ; for
 `FeedbackTransformer` it holds m_τ itself, which every layer projects with its own key and value weights.
 Slow on purpose: the memory is re-stacked (and, for `FeedbackTransformer`, re-projected by every layer) at every
-step. No limit on seq_len but the relative-position tables' `n_positions`.
+step. With a memory span N (`model.memory_span` > 0) each step sees only the last N memory vectors. No limit on
+seq_len but the relative-position tables' `n_positions`.
 """
 import torch
 
@@ -18,21 +19,23 @@ def reference_forward(model: torch.nn.Module, x_seq: torch.Tensor) -> torch.Tens
     """What `model(x_seq)` computes, step by step through the modules' own `forward`.
 
     Args:
-        model: a `FeedbackTransformer` or `FeedbackTransformerKV` (its parameters and mode are used as they are;
-            dropout too, in training mode).
+        model: a `FeedbackTransformer` or `FeedbackTransformerKV` (its parameters, mode and `memory_span` are used
+            as they are; dropout too, in training mode).
         x_seq: [seq_len, batch_size, d_model].
 
     Returns:
         [seq_len, batch_size, d_model]: the final LayerNorm of the last layer's output at every step.
     """
     w = model.softmax(model.weights)
+    span = getattr(model, 'memory_span', 0)
     memory: list[tuple[torch.Tensor, torch.Tensor]] = []  # per earlier step: what the layers take as key, value
     outputs = []
     for x in x_seq.unbind(0):
         key = value = None
-        if memory:
-            key = torch.stack([k for k, _ in memory])
-            value = torch.stack([v for _, v in memory])
+        seen = memory[-span:] if span else memory
+        if seen:
+            key = torch.stack([k for k, _ in seen])
+            value = torch.stack([v for _, v in seen])
         layer_outputs = [x]
         for layer in model.layers:
             x = layer(x=x, key=key, value=value)
