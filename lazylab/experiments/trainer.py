@@ -197,7 +197,8 @@ def train(c, run_dir: Path, *, resume: bool = False, checkpoint: Optional[dict[s
             if pos.step % valid_every == 0 or done or budget.calibration_due(pos):
                 valid_started = time.time()
                 valid = validate(task, model, autocast, final=done, pos=pos, ckpt=ckpt)
-                done = done or task.converged(valid)  # the task's own stopping rule (e.g. a target loss)
+                if not done and task.converged(valid):  # the task's own stopping rule (e.g. a target loss):
+                    done, pos.total_steps = True, pos.step  # the run ends here, and a resume finds it finished
                 last = log.write(metrics.record(pos, task.batches_per_epoch, valid), pos, budget.eta(pos))
                 log.sample(pos, sample(task, model, autocast, pos.step) if log.enabled else None)
                 if not done and budget.validated(pos, seconds=time.time() - valid_started):

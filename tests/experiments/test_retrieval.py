@@ -168,6 +168,21 @@ def test_training_stops_at_the_target_loss(tmp_path):
     last = records[-1]
     assert last['loss.valid'] <= 0.01 and last['step'] < 3000
     assert all(r['loss.valid'] > 0.01 for r in records[:-1] if 'loss.valid' in r)  # stopped at the first
+    run = next((tmp_path / 'runs' / 'retrieval').iterdir())
+    before = (run / 'metrics.jsonl').read_bytes()
+    with redirect_stdout(io.StringIO()):
+        assert cli.main(['resume', str(run)]) == 0       # the run has ended: a resume does not train on
+    assert (run / 'metrics.jsonl').read_bytes() == before
+    assert json.loads((run / 'run.json').read_text())['steps'] == last['step']
+
+
+def test_generate_on_a_retrieval_run_is_one_line(tmp_path, capsys):
+    train(tmp_path, 'n_keys=4', 'max_steps=2', 'valid_interval=2', 'log_interval=1')
+    run = next((tmp_path / 'runs' / 'retrieval').iterdir())
+    assert cli.main(['generate', str(run), '--prompt', 'a', '--tokens', '3']) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f'lazylab: error: {run} is a retrieval run, which does not generate text; lazylab generate '
+                   f'takes a run of a language model (feedback, fast_weights, transformer)')
 
 
 def test_keys_reach_the_model_and_defaults_follow_the_rule():
