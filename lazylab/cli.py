@@ -133,18 +133,27 @@ def _sweep(argv: list[str]) -> int:
 
 def _compare(argv: list[str]) -> None:
     from lazylab.sweeps.compare import compare_main
-    p = _Parser(prog='lazylab compare', add_help=False, allow_abbrev=False)
-    p.add_argument('paths', nargs='+')
-    p.add_argument('--sort')
-    p.add_argument('--metric', default='loss.valid')
-    p.add_argument('--csv')
-    p.add_argument('--plot')
+    p = _Parser(prog='lazylab compare', allow_abbrev=False,
+                description='Runs and sweeps side by side: one row per run, a column for each key whose value '
+                            'differs between them, the final metric.')
+    p.add_argument('paths', nargs='+', metavar='PATH', help='run directories and sweep directories')
+    p.add_argument('--sort', metavar='KEY', help='a column to sort the rows by')
+    p.add_argument('--metric', default='loss.valid', metavar='KEY', help='the metric to show (default loss.valid)')
+    p.add_argument('--csv', metavar='FILE', help='also write the table as CSV')
+    p.add_argument('--plot', metavar='FILE.png', help='also plot the metric against tokens seen, a line per run')
+    if _asks_help(argv):
+        print(p.format_help().rstrip())
+        return
     a = p.parse_args(argv)
     compare_main(a.paths, a.metric, a.sort, a.csv, a.plot)
 
 
 def _diff(argv: list[str]) -> None:
     from lazylab.sweeps.compare import diff_text
+    if _asks_help(argv):
+        print('usage: lazylab diff RUN_A RUN_B\n\nThe keys whose values differ between two runs, with where each '
+              'value came from (user, preset, --config, sweep, or how it was computed).')
+        return
     if len(argv) != 2 or any(a.startswith('-') for a in argv):
         raise UsageError('usage: lazylab diff RUN_A RUN_B')
     print(diff_text(argv[0], argv[1]))

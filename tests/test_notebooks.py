@@ -111,7 +111,7 @@ def test_shared_cells_are_the_same_in_every_notebook():
     setups = {name: _code_cell(nb, '# Setup: install lazylab') for name, nb in notebooks.items()}
     assert len(set(setups.values())) == 1, 'the set-up cells differ between ' + ', '.join(NAMES)
     models = [notebooks['fast_weights_transformer.ipynb'], notebooks['feedback_transformer.ipynb']]
-    for first_line in ['import matplotlib.pyplot as plt', 'from contextlib import nullcontext',
+    for first_line in ['from lazylab.experiments.plot import LiveLossPlot', 'from contextlib import nullcontext',
                        '# the command-line path: `lazylab generate']:
         fast_weights, feedback = (_code_cell(nb, first_line) for nb in models)
         assert fast_weights == feedback, f'the cell starting {first_line!r} differs between the model notebooks'
@@ -185,6 +185,10 @@ def test_configs_tour_runs(tmp_path):
                   'replayed model has identical parameters: True', 'device cpu')
 
 
+#: the class of each model notebook's trained model (the feedback experiment's checks its memory before generating)
+MODEL_CLASS = {'feedback': 'FeedbackLanguageModel', 'fast_weights': 'AutoregressiveModel'}
+
+
 def _check_training_run(nb, experiment, runs_dir):
     """What every model notebook must have done: a live plot, a finished run in RUNS_DIR, a reloaded checkpoint."""
     from lazylab.experiments.trainer import read_metrics
@@ -203,7 +207,7 @@ def _check_training_run(nb, experiment, runs_dir):
     assert len(records) >= 2 and sum('loss.valid' in r for r in records) >= 2
     _assert_shows(text, f'the plot was redrawn {len(records)} times')
     _assert_shows(text, f"validation loss {records[-1]['loss.valid']:.4f} nats/char",
-                  f'reloaded the checkpoint of step {steps} into a new AutoregressiveModel',
+                  f'reloaded the checkpoint of step {steps} into a new {MODEL_CLASS[experiment]}',
                   'max |whole − step by step|')
     return text
 

@@ -421,22 +421,36 @@ def train_main(name: str, argv: Sequence[str], *, run_dir: Optional[Path] = None
         changes = check_replay(conf, allow_changes)
         given_dir, run_dir = run_dir, None
         if distributed.is_main_process():  # rank 0 creates the run directory; the others learn its name
-            made: list[Path] = []
-            run_dir = new_run_dir(conf, name, made) if given_dir is None else _use_run_dir(Path(given_dir))
-            try:
-                dump(conf, run_dir / 'configs.yaml')
-                record = {'experiment': name, 'run_id': run_dir.name, 'uuid': uuid_lib.uuid4().hex,
-                          'argv': list(argv), 'created': time.strftime('%Y-%m-%dT%H:%M:%S'),
-                          **run_environment(conf), 'parameters': parameter_count(conf.model), 'status': 'running'}
-                if changes:
-                    record['replay_changes'] = changes
-                record.update(info or {})
-                write_run_json(run_dir, record)
-            except OSError as e:  # e.g. a full disk: no half-written run directory stays
-                remove_made(made)
-                raise UsageError(f'cannot write the run directory {run_dir}: {e.strerror or e}') from None
+            run_dir = start_run(conf, name, argv, run_dir=given_dir, changes=changes, info=info)
         run_dir = Path(distributed.broadcast_object(str(run_dir) if run_dir else None))
         execute(name, conf, run_dir, resume=False, on_validation=on_validation)
+    return run_dir
+
+
+def start_run(conf, name: str, argv: Sequence[str], *, run_dir: Optional[Path] = None,
+              changes: Optional[list] = None, info: Optional[dict[str, Any]] = None) -> Path:
+    """Make a new run's directory (RUNS_DIR/NAME/RUN_ID, or `run_dir`) with its configs.yaml and run.json, as
+    `lazylab train` does, for a prepared `conf` (see `prepare`); returns the directory. `argv`: the overrides the
+    configuration was made from (recorded); `changes`: the replay's accepted changes; `info`: more for run.json.
+    A notebook that runs `trainer.train` itself starts its run with this.
+
+    Raises:
+        UsageError: the folder cannot be made or written (what this call made is removed again).
+    """
+    made: list[Path] = []
+    run_dir = new_run_dir(conf, name, made) if run_dir is None else _use_run_dir(Path(run_dir))
+    try:
+        dump(conf, run_dir / 'configs.yaml')
+        record = {'experiment': name, 'run_id': run_dir.name, 'uuid': uuid_lib.uuid4().hex,
+                  'argv': list(argv), 'created': time.strftime('%Y-%m-%dT%H:%M:%S'),
+                  **run_environment(conf), 'parameters': parameter_count(conf.model), 'status': 'running'}
+        if changes:
+            record['replay_changes'] = changes
+        record.update(info or {})
+        write_run_json(run_dir, record)
+    except OSError as e:  # e.g. a full disk: no half-written run directory stays
+        remove_made(made)
+        raise UsageError(f'cannot write the run directory {run_dir}: {e.strerror or e}') from None
     return run_dir
 
 
@@ -484,8 +498,9 @@ def resume_main(run_dir: str, *, allow_changes: bool = False, on_validation=None
     checkpoint = load_checkpoint(path / CHECKPOINT)  # CheckpointError before anything else happens
     with distributed.process_group(_device(conf)):
         prepare(conf)
-        changes = check_replay(conf, allow_changes)
+        # first the checkpoint (another text says which characters differ), then the replay's computed values
         check_resume(conf, path / CHECKPOINT, checkpoint)  # vocabulary, model shapes, processes: before any write
+        changes = check_replay(conf, allow_changes)
         position = checkpoint.get('position', {})
         if distributed.is_main_process() and position.get('step', 0) < position.get('total_steps', 0):
             update_run_json(path, status='running', **({'replay_changes': changes} if changes else {}))
@@ -505,6 +520,7 @@ def generate(run_dir: str, prompt: str, tokens: int, temperature: float = 1.0, t
     from lazylab.data import CharTokenizer
     from lazylab.errors import CheckpointError, TrainingError
     from lazylab.experiments.checkpoint import CHECKPOINT, load_checkpoint
+    from lazylab.experiments.nlp_autoregression import NLPAutoRegressionConfigs
     from lazylab.models.sampling import NonFiniteLogitsError, check_generate_arguments
     try:
         check_generate_arguments(tokens, temperature, top_k, names=('--tokens', '--temperature', '--top-k'))
@@ -516,6 +532,9 @@ def generate(run_dir: str, prompt: str, tokens: int, temperature: float = 1.0, t
         raise UsageError('--prompt must not be empty')
     name, conf, path = open_run(run_dir)
     ck = load_checkpoint(path / CHECKPOINT)
+    if 'vocabulary' not in ck and not isinstance(conf, NLPAutoRegressionConfigs):  # retrieval: no text
+        raise UsageError(f'{run_dir} is a {name} run, which does not generate text; lazylab generate takes a run '
+                         f'of a language model (feedback, fast_weights, transformer)')
     try:
         tokenizer = CharTokenizer(ck['vocabulary'])
     except (KeyError, TypeError, ValueError):

@@ -213,8 +213,9 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
 def sweep_main(argv: list[str]) -> int:
     """`lazylab sweep …` (or `--resume SWEEP_DIR`); returns the exit code of the module docstring."""
     a = _parser().parse_intermixed_args(argv)
-    if a.help:
-        print(__doc__)
+    if a.help:  # the usage lines, then the rest of the module docstring
+        title, _, body = __doc__.partition('\n\n')
+        print('usage: ' + body.strip() + '\n')
         return 0
     if a.resume is not None:
         return resume_main(a.resume, argv)

@@ -184,8 +184,10 @@ def _copy_with(run: Path, folder: Path, **values) -> Path:
     shutil.copytree(run, copy)
     doc = yaml.safe_load((copy / 'configs.yaml').read_text(encoding='utf-8'))
     doc['values'].update(values)
+    doc['given'].update({k: 'user' for k in values})  # as if the run had been started with key=value
     for key in [k for k, v in values.items() if v is None]:
         doc['values'].pop(key)
+        doc['given'].pop(key)
     (copy / 'configs.yaml').write_text(yaml.safe_dump(doc, allow_unicode=True), encoding='utf-8')
     return copy
 
@@ -321,7 +323,7 @@ def test_every_command_answers_help_with_exit_0(capsys, command, flag):
 
 def test_train_without_a_name_asks_for_one_and_help_names_the_experiments(capsys):
     assert cli.main(['train', '--help']) == 0
-    assert 'Train experiment NAME (feedback, fast_weights, transformer)' in capsys.readouterr().out
+    assert 'Train experiment NAME (feedback, fast_weights, transformer, retrieval)' in capsys.readouterr().out
     assert _error(capsys, ['train']) == 'usage: lazylab train NAME [key=value …] [--config FILE.yaml]'
 
 

@@ -76,9 +76,10 @@ def _labml_configs(path: Path) -> dict:
 
 
 def _plain(value):
-    """Object addresses (`<function f at 0x7f…>`) differ between processes; nothing else may."""
+    """Object addresses (`<function f at 0x7f…>`) differ between processes; nothing else may (lazylab's reports
+    leave them out: `<function f>`)."""
     if isinstance(value, str):
-        return re.sub(r' at 0x[0-9a-f]+', ' at 0x…', value)
+        return re.sub(r' at 0x[0-9a-f]+', '', value)
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, dict):

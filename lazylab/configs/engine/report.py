@@ -30,11 +30,12 @@ def plain(value: Any, depth: int = 0) -> Any:
 
 
 def object_name(value: Any) -> str:
-    """``str(value)``, or the type's name where that text would only be Python's default ``<… at 0x…>``
-    (a memory address makes a report differ from run to run)."""
+    """``str(value)`` without a memory address, which would make a report differ from run to run: the type's name
+    for Python's default ``<module.Class object at 0x…>``, and ``<function f>`` for ``<function f at 0x…>`` (so a
+    function, method or generator keeps its name, as labml shows it)."""
     text = str(value)
     if text.startswith('<') and _ADDRESS.search(text):
-        return type_name(value)
+        return type_name(value) if ' object at 0x' in text else _ADDRESS.sub('', text)
     return text if len(text) <= _MAX_TEXT else text[:_MAX_TEXT] + ' [[...]]'
 
 
