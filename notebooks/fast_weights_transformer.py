@@ -100,12 +100,10 @@ RUNS_DIR = ''                         # where runs go ('' → a new temporary fo
 # override fails here, before anything is written. The run directory goes under `RUNS_DIR`.
 
 # %%
-import json
 import tempfile
 import time
 
-from lazylab.configs import dump
-from lazylab.experiments.runner import make_configs, new_run_dir, parameter_count, prepare
+from lazylab.experiments.runner import make_configs, parameter_count, prepare, start_run
 
 EXPERIMENT = 'fast_weights'
 if not RUNS_DIR:
@@ -137,55 +135,10 @@ print(f'{type(getattr(model, "transformer", model)).__name__}: {parameter_count(
 # generated text) and writes `checkpoint.pt` then.
 
 # %%
-import matplotlib.pyplot as plt
-from IPython.display import display
-
-
-class LiveLossPlot:
-    """Train and validation loss, redrawn in place in one output.
-
-    The trainer hands every metrics record to `log(step, values)`: this object is passed as the `labml_run`
-    argument of `lazylab.experiments.trainer.train`, whose only use of it is that call.
-    """
-
-    def __init__(self, title: str):
-        self.fig, self.ax = plt.subplots(figsize=(7.5, 3.6))
-        plt.close(self.fig)  # shown only through the display handle below, not again at the end of the cell
-        self.title = title
-        self.train, self.valid = ([], []), ([], [])
-        self.updates = 0
-        self.handle = display(self.fig, display_id=True)
-
-    def log(self, step: int, values: dict) -> None:
-        for key, (steps, losses) in (('loss.train', self.train), ('loss.valid', self.valid)):
-            if key in values:
-                steps.append(step)
-                losses.append(values[key])
-        ax = self.ax
-        ax.clear()
-        ax.plot(*self.train, linewidth=1, alpha=0.7, label='train')
-        ax.plot(*self.valid, marker='o', markersize=3, label='validation')
-        ax.set_xlabel('step')
-        ax.set_ylabel('cross-entropy (nats/char)')
-        last = f'train {self.train[1][-1]:.3f}' if self.train[1] else ''
-        if self.valid[1]:
-            last += f', valid {self.valid[1][-1]:.3f}'
-        ax.set_title(f'{self.title} — step {step}: {last}', fontsize=10)
-        ax.grid(alpha=0.3)
-        ax.legend(loc='upper right')
-        self.fig.tight_layout()
-        self.handle.update(self.fig)
-        self.updates += 1
-
-
-# %%
+from lazylab.experiments.plot import LiveLossPlot  # the loss plot, redrawn at every metrics record
 from lazylab.experiments.trainer import train
 
-run_dir = new_run_dir(conf, EXPERIMENT)
-dump(conf, run_dir / 'configs.yaml')  # what `lazylab train` writes: the replayable configuration …
-(run_dir / 'run.json').write_text(json.dumps(  # … and the run's identity
-    {'experiment': EXPERIMENT, 'run_id': run_dir.name, 'argv': OVERRIDES,
-     'created': time.strftime('%Y-%m-%dT%H:%M:%S')}, indent=1) + '\n')
+run_dir = start_run(conf, EXPERIMENT, OVERRIDES)  # as `lazylab train`: configs.yaml and run.json
 
 plot = LiveLossPlot(f'{EXPERIMENT}, d_model {D_MODEL}, {N_LAYERS} layers')
 started = time.time()

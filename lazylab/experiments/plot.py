@@ -53,3 +53,48 @@ def _label(run_dir: Path) -> str:
     run_dir = run_dir.resolve()
     return f'{run_dir.parent.name}/{run_dir.name}'
 
+
+
+class LiveLossPlot:
+    """Train and validation loss against the step, redrawn in place in one notebook output (Jupyter, Colab).
+
+    Pass it as the `labml_run` argument of `lazylab.experiments.trainer.train`, which hands it every metrics
+    record through `log(step, values)` (its only use of that argument); `updates` counts the redraws. Needs
+    matplotlib and IPython (the `notebooks` extra).
+
+    Args:
+        title: the plot's title; the latest losses are added to it at each redraw.
+    """
+
+    def __init__(self, title: str):
+        import matplotlib.pyplot as plt
+        from IPython.display import display
+
+        self.fig, self.ax = plt.subplots(figsize=(7.5, 3.6))
+        plt.close(self.fig)  # shown only through the display handle below, not again at the end of the cell
+        self.title = title
+        self.train: tuple[list, list] = ([], [])
+        self.valid: tuple[list, list] = ([], [])
+        self.updates = 0
+        self.handle = display(self.fig, display_id=True)
+
+    def log(self, step: int, values: dict) -> None:
+        for key, (steps, losses) in (('loss.train', self.train), ('loss.valid', self.valid)):
+            if key in values:
+                steps.append(step)
+                losses.append(values[key])
+        ax = self.ax
+        ax.clear()
+        ax.plot(*self.train, linewidth=1, alpha=0.7, label='train')
+        ax.plot(*self.valid, marker='o', markersize=3, label='validation')
+        ax.set_xlabel('step')
+        ax.set_ylabel('cross-entropy (nats/char)')
+        last = f'train {self.train[1][-1]:.3f}' if self.train[1] else ''
+        if self.valid[1]:
+            last += f', valid {self.valid[1][-1]:.3f}'
+        ax.set_title(f'{self.title} — step {step}: {last}', fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(loc='upper right')
+        self.fig.tight_layout()
+        self.handle.update(self.fig)
+        self.updates += 1
