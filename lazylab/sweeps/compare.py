@@ -69,29 +69,52 @@ class Run:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    """The JSON object in `path`; {} when the file is missing, damaged or holds no object."""
     try:
-        return json.loads(path.read_text(encoding='utf-8'))
-    except (OSError, ValueError):
+        doc = json.loads(path.read_text(encoding='utf-8'))
+    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
         return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _read_dump(path: Path) -> dict[str, Any]:
+    """A run's configs.yaml as a mapping.
+
+    Raises:
+        UsageError: the file is not UTF-8, not YAML, or not a mapping (it names the file).
+    """
+    import yaml
+    try:
+        doc = yaml.safe_load(path.read_text(encoding='utf-8'))
+    except (UnicodeDecodeError, yaml.YAMLError):
+        raise UsageError(f'{path} is damaged (not a YAML configuration dump)') from None
+    sections = ('values', 'given', 'computed', 'objects')
+    if doc is not None and (not isinstance(doc, dict) or
+                            any(not isinstance(doc.get(k) or {}, dict) for k in sections)):
+        raise UsageError(f'{path} is damaged (not a YAML configuration dump)')
+    return doc or {}
 
 
 def load_run(path: Path) -> Run:
     """A run directory (or a sweep trial's folder, which may hold only trial.json and output.log when the trial
-    failed before its run started)."""
-    import yaml
+    failed before its run started).
 
+    Raises:
+        UsageError: a damaged configs.yaml.
+    """
     from lazylab.experiments.metrics import METRICS, read_metrics
     trial = _read_json(path / 'trial.json')
-    label = f'{trial["number"]:04d}' if 'number' in trial else path.name
+    number = trial.get('number')
+    label = f'{number:04d}' if isinstance(number, int) and not isinstance(number, bool) else path.name
     run = Run(path, label, bool(trial), info=_read_json(path / 'run.json'), trial=trial)
     if (path / 'configs.yaml').is_file():
-        doc = yaml.safe_load((path / 'configs.yaml').read_text(encoding='utf-8')) or {}
+        doc = _read_dump(path / 'configs.yaml')
         run.values = dict(doc.get('values') or {})
         run.given = dict(doc.get('given') or {k: '' for k in run.values})  # an older dump: all count as given
         run.computed = dict(doc.get('computed') or {})
         run.objects = dict(doc.get('objects') or {})
     elif trial:
-        run.values = dict(trial.get('params') or {})
+        run.values = dict(trial.get('params') if isinstance(trial.get('params'), dict) else {})
         run.given = {k: 'sweep' for k in run.values}
     if (path / METRICS).is_file():
         run.records = read_metrics(path / METRICS)
@@ -152,7 +175,12 @@ def _direction(paths: list[str], metric: str) -> str:
     import yaml
     for p in map(Path, paths):
         if (p / 'sweep.yaml').is_file():
-            record = yaml.safe_load((p / 'sweep.yaml').read_text(encoding='utf-8')) or {}
+            try:
+                record = yaml.safe_load((p / 'sweep.yaml').read_text(encoding='utf-8'))
+            except (UnicodeDecodeError, yaml.YAMLError):
+                record = None
+            if not isinstance(record, dict):
+                raise UsageError(f'{p / "sweep.yaml"} is damaged (not a YAML mapping)')
             if record.get('metric') == metric and record.get('direction'):
                 return record['direction']
     return 'maximize' if metric.startswith(('accuracy', 'tokens')) else 'minimize'

@@ -1,0 +1,68 @@
+"""`lazylab compare` and `lazylab diff` on run directories whose files are damaged or not what they expect: one
+error line naming the file, or (for metrics.jsonl, whose torn lines are expected) the readable records only.
+
+The run directories are written by hand (compare reads files only), so no training is needed."""
+import json
+from pathlib import Path
+
+import pytest
+
+from lazylab import cli
+from lazylab.sweeps import compare
+
+
+def make_run(folder: Path, d_model: int, losses: list[float]) -> Path:
+    """A finished run directory as `lazylab train` leaves it, as far as compare reads it."""
+    folder.mkdir(parents=True)
+    (folder / 'run.json').write_text(json.dumps({'experiment': 'transformer', 'status': 'completed',
+                                                 'parameters': 100 * d_model, 'steps': len(losses)}))
+    (folder / 'configs.yaml').write_text(f'values:\n  d_model: {d_model}\n  seq_len: 16\n'
+                                         f'given:\n  d_model: user\n  seq_len: user\n')
+    (folder / 'metrics.jsonl').write_text(''.join(
+        json.dumps({'step': i + 1, 'tokens': 64 * (i + 1), 'loss.valid': v, 'time': i + 1.0}) + '\n'
+        for i, v in enumerate(losses)))
+    return folder
+
+
+def _error(capsys, argv) -> str:
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('lazylab: error: '), err
+    return err[0][len('lazylab: error: '):]
+
+
+@pytest.mark.parametrize('content', [b'\xff\xfe not utf-8', b'values: [1, 2\n', b'- 1\n- 2\n', b'values: [1]\n'],
+                         ids=['not UTF-8', 'not YAML', 'a list', 'values not a mapping'])
+def test_a_damaged_configs_yaml_is_one_error_line_naming_it(tmp_path, capsys, content):
+    a = make_run(tmp_path / 'a', 16, [2.0, 1.5])
+    b = make_run(tmp_path / 'b', 32, [2.0, 1.4])
+    (a / 'configs.yaml').write_bytes(content)
+    assert _error(capsys, ['compare', str(a), str(b)]) == f'{a / "configs.yaml"} is damaged (not a YAML ' \
+                                                           f'configuration dump)'
+    assert _error(capsys, ['diff', str(b), str(a)]) == f'{a / "configs.yaml"} is damaged (not a YAML ' \
+                                                        f'configuration dump)'
+
+
+def test_unreadable_lines_of_metrics_jsonl_are_skipped(tmp_path):
+    a = make_run(tmp_path / 'a', 16, [2.0, 1.5])
+    with open(a / 'metrics.jsonl', 'ab') as f:
+        f.write(b'\xff\xfe\n[1]\n5\n{"step": 3, "loss.va')  # a byte that is not UTF-8, non-objects, a torn line
+    table = compare.compare([str(a)])
+    assert table.rows[0]['final'] == 1.5 and table.rows[0]['best'] == 1.5
+
+
+def test_run_json_and_trial_json_that_are_not_objects_count_as_missing(tmp_path):
+    a = make_run(tmp_path / 'a', 16, [2.0, 1.5])
+    b = make_run(tmp_path / 'b', 32, [2.0, 1.4])
+    (a / 'run.json').write_text('[1, 2]')
+    (b / 'trial.json').write_text('{"number": "x", "params": [1]}')
+    rows = {row['run']: row for row in compare.compare([str(a), str(b)]).rows}
+    assert rows[f'{tmp_path.name}/a']['params'] is None
+    assert rows[f'{tmp_path.name}/b']['d_model'] == 32  # from configs.yaml; the trial's label is its folder's name
+
+
+def test_a_damaged_sweep_yaml_is_one_error_line_naming_it(tmp_path, capsys):
+    sweep = tmp_path / 'sweep-x'
+    make_run(sweep / 'trial-0000', 16, [2.0])
+    (sweep / 'sweep.yaml').write_bytes(b'- not a mapping\n')
+    assert _error(capsys, ['compare', str(sweep)]) == f'{sweep / "sweep.yaml"} is damaged (not a YAML mapping)'
