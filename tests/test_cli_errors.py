@@ -71,6 +71,9 @@ CASES = [
     (['resume', '{tmp}'], r'is not a lazylab run directory'),
     (['generate', '{tmp}', '--prompt', 'a'], r'required: --tokens'),
     (['plot', '{tmp}', '-o', '{tmp}/x.png'], r'has no metrics.jsonl'),
+    (['plot', '{tmp}', '-o', '{tmp}/x.txt'], r'x.txt: the file name must end in a figure format .*\.png'),
+    (['plot', '{tmp}', '-o', '{tmp}'], r'-o .* is a folder; give a file name'),
+    (['plot', '{tmp}', '-o', ''], r'^-o needs a file name$'),
     (['trian', 'transformer'], r"unknown command 'trian'; did you mean 'train'\?"),
 ]
 

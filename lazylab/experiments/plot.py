@@ -6,16 +6,42 @@ from lazylab.errors import UsageError
 from lazylab.experiments.metrics import METRICS, read_metrics
 
 
-def plot_runs(run_dirs: Sequence[str], output: str) -> Path:
-    """Draw loss.train (thin line) and loss.valid (line with dots) of each run against `tokens`; save a PNG.
+def check_output(path: str, flag: str, figure: bool = False) -> Path:
+    """The file a command is asked to write (`flag` names the option in messages), checked before anything is
+    computed or written: a file name, not a folder, in a folder that exists; for a figure, a format matplotlib
+    writes (by the suffix: .png, .pdf, .svg, …).
 
     Raises:
-        UsageError: a folder has no metrics.jsonl, or no loss values yet.
+        UsageError: any of those is not so.
+    """
+    if not path:
+        raise UsageError(f'{flag} needs a file name')
+    out = Path(path)
+    if out.is_dir():
+        raise UsageError(f'{flag} {path} is a folder; give a file name')
+    if not out.parent.is_dir():
+        raise UsageError(f'{flag} {path}: folder {out.parent} does not exist')
+    if figure:
+        from matplotlib.backend_bases import FigureCanvasBase
+        formats = FigureCanvasBase.get_supported_filetypes()
+        if out.suffix[1:].lower() not in formats:
+            raise UsageError(f'{flag} {path}: the file name must end in a figure format matplotlib writes '
+                             f'({", ".join("." + f for f in sorted(formats))})')
+    return out
+
+
+def plot_runs(run_dirs: Sequence[str], output: str) -> Path:
+    """Draw loss.train (thin line) and loss.valid (line with dots) of each run against `tokens`; save a PNG (or
+    another format matplotlib writes, by the suffix of `output`).
+
+    Raises:
+        UsageError: a bad output file (see `check_output`), a folder has no metrics.jsonl, or no loss values yet.
     """
     import matplotlib
     matplotlib.use('Agg')  # files only; never needs a display
     import matplotlib.pyplot as plt
 
+    out = check_output(output, '-o', figure=True)
     runs = []
     for d in run_dirs:
         path = Path(d) / METRICS
@@ -40,9 +66,6 @@ def plot_runs(run_dirs: Sequence[str], output: str) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    out = Path(output)
-    if out.parent and not out.parent.exists():
-        raise UsageError(f'output folder {out.parent} does not exist')
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out

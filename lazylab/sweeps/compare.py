@@ -304,9 +304,8 @@ def compare_text(paths: list[str], metric: str = 'loss.valid', sort: Optional[st
 
 def write_csv(t: Table, path: str) -> Path:
     """Every column at full precision, plus each run's path and error."""
-    out = Path(path)
-    if not out.parent.is_dir():
-        raise UsageError(f'--csv {path}: folder {out.parent} does not exist')
+    from lazylab.experiments.plot import check_output
+    out = check_output(path, '--csv')
     columns = [t.metric if c == 'final' else c for c in t.columns]
     by_label = {(r.label if t.columns[0] == 'trial' else _run_label(r)): r for r in t.runs}
     with open(out, 'w', newline='', encoding='utf-8') as f:
@@ -322,14 +321,14 @@ def plot(t: Table, path: str) -> list[str]:
     """The metric against tokens seen, one labelled line per run that has the metric; returns the labels.
 
     Raises:
-        UsageError: the output folder does not exist, or no run has the metric yet.
+        UsageError: a bad output file (see `lazylab.experiments.plot.check_output`), or no run has the metric yet.
     """
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    out = Path(path)
-    if not out.parent.is_dir():
-        raise UsageError(f'--plot {path}: folder {out.parent} does not exist')
+
+    from lazylab.experiments.plot import check_output
+    out = check_output(path, '--plot', figure=True)
     short = _short_names(t.keys)
     by_label = {(r.label if t.columns[0] == 'trial' else _run_label(r)): r for r in t.runs}
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -365,12 +364,17 @@ def _short_names(keys: list[str]) -> dict[str, str]:
 
 def compare_main(paths: list[str], metric: str, sort: Optional[str], csv_file: Optional[str],
                  plot_file: Optional[str]) -> None:
-    """`lazylab compare …`: print the table; write the CSV and the plot when asked."""
+    """`lazylab compare …`: print the table; write the CSV and the plot when asked (both files checked first)."""
+    from lazylab.experiments.plot import check_output
+    if csv_file is not None:
+        check_output(csv_file, '--csv')
+    if plot_file is not None:
+        check_output(plot_file, '--plot', figure=True)
     t = compare(paths, metric, sort)
     print(format_table(t))
-    if csv_file:
+    if csv_file is not None:
         print(f'wrote {write_csv(t, csv_file)}')
-    if plot_file:
+    if plot_file is not None:
         plot(t, plot_file)
         print(f'wrote {plot_file}')
 

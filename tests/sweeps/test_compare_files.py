@@ -66,3 +66,30 @@ def test_a_damaged_sweep_yaml_is_one_error_line_naming_it(tmp_path, capsys):
     make_run(sweep / 'trial-0000', 16, [2.0])
     (sweep / 'sweep.yaml').write_bytes(b'- not a mapping\n')
     assert _error(capsys, ['compare', str(sweep)]) == f'{sweep / "sweep.yaml"} is damaged (not a YAML mapping)'
+
+
+@pytest.mark.parametrize('flag, name, message', [
+    ('--csv', 'folder', '--csv {out} is a folder; give a file name'),
+    ('--csv', '', '--csv needs a file name'),
+    ('--plot', 'folder', '--plot {out} is a folder; give a file name'),
+    ('--plot', '', '--plot needs a file name'),
+    ('--plot', 'table.txt', '--plot {out}: the file name must end in a figure format matplotlib writes'),
+], ids=['csv folder', 'csv empty', 'plot folder', 'plot empty', 'plot format'])
+def test_a_bad_output_file_is_an_error_before_anything_is_written(tmp_path, capsys, flag, name, message):
+    a = make_run(tmp_path / 'a', 16, [2.0, 1.5])
+    out_dir = tmp_path / 'out'
+    (out_dir / 'folder').mkdir(parents=True)
+    out = str(out_dir / name) if name else ''
+    good = ['--csv', str(out_dir / 'ok.csv')] if flag == '--plot' else ['--plot', str(out_dir / 'ok.png')]
+    assert cli.main(['compare', str(a), flag, out, *good]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('lazylab: error: ' + message.format(out=out)), err
+    assert captured.out == ''  # not even the table
+    assert sorted(p.name for p in out_dir.iterdir()) == ['folder'] and not list((out_dir / 'folder').iterdir())
+
+
+def test_compare_writes_a_pdf_when_asked(tmp_path, capsys):
+    a = make_run(tmp_path / 'a', 16, [2.0, 1.5])
+    assert cli.main(['compare', str(a), '--plot', str(tmp_path / 'losses.pdf')]) == 0
+    assert (tmp_path / 'losses.pdf').read_bytes()[:5] == b'%PDF-'
