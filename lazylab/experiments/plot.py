@@ -31,8 +31,9 @@ def check_output(path: str, flag: str, figure: bool = False) -> Path:
 
 
 def plot_runs(run_dirs: Sequence[str], output: str) -> Path:
-    """Draw loss.train (thin line) and loss.valid (line with dots) of each run against `tokens`; save a PNG (or
-    another format matplotlib writes, by the suffix of `output`).
+    """Draw loss.train (thin line) and loss.valid (line with dots) of each run against `tokens` (against `step` when
+    a run does not record tokens: a `lazylab labml` run); save a PNG (or another format matplotlib writes, by the
+    suffix of `output`).
 
     Raises:
         UsageError: a bad output file (see `check_output`), a folder has no metrics.jsonl, or no loss values yet.
@@ -52,16 +53,19 @@ def plot_runs(run_dirs: Sequence[str], output: str) -> Path:
             raise UsageError(f'{path} has no loss values yet')
         runs.append((_label(Path(d)), records))
 
+    # `lazylab labml` runs record labml's global step, not the tokens seen: then every run is drawn against its step
+    x = 'tokens' if all('tokens' in r for _, records in runs for r in records
+                        if 'loss.train' in r or 'loss.valid' in r) else 'step'
     fig, ax = plt.subplots(figsize=(8, 5))
     for i, (label, records) in enumerate(runs):
         color = f'C{i % 10}'
-        train = [(r['tokens'], r['loss.train']) for r in records if 'loss.train' in r]
-        valid = [(r['tokens'], r['loss.valid']) for r in records if 'loss.valid' in r]
+        train = [(r[x], r['loss.train']) for r in records if 'loss.train' in r and x in r]
+        valid = [(r[x], r['loss.valid']) for r in records if 'loss.valid' in r and x in r]
         if train:
             ax.plot(*zip(*train), color=color, alpha=0.45, linewidth=1, label=f'{label} train')
         if valid:
             ax.plot(*zip(*valid), color=color, marker='o', markersize=3, linewidth=1.6, label=f'{label} valid')
-    ax.set_xlabel('tokens seen')
+    ax.set_xlabel('tokens seen' if x == 'tokens' else 'step')
     ax.set_ylabel('cross-entropy (nats/char)')
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
