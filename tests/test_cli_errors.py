@@ -115,6 +115,24 @@ def test_damaged_checkpoint_is_reported_by_resume_and_generate(short_run, tmp_pa
     assert '--tokens must be ≥ 0' in _error(capsys, ['generate', str(short_run), '--prompt', 'a', '--tokens', '-1'])
 
 
+@pytest.mark.parametrize('content, message', [
+    (b'values:\n  d_model: \xff16\n', 'configs.yaml: not UTF-8 text (invalid byte at offset 19)'),
+    (b'values: [1, 2\n', 'configs.yaml: while parsing a flow sequence'),
+    (b'- 1\n', 'a configuration YAML must be a mapping of keys to values: {run}/configs.yaml'),
+], ids=['not UTF-8', 'not YAML', 'a list'])
+def test_damaged_configs_yaml_is_reported_by_resume_and_generate_naming_it(short_run, tmp_path, capsys, content,
+                                                                           message):
+    import shutil
+    run = tmp_path / 'run'
+    shutil.copytree(short_run, run)
+    (run / 'configs.yaml').write_bytes(content)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    for argv in (['resume', str(run)], ['generate', str(run), '--prompt', 'a', '--tokens', '3']):
+        text = _error(capsys, argv)
+        assert str(run / 'configs.yaml') in text and message.format(run=run) in text, text
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
 def test_nan_loss_stops_with_exit_2_naming_the_step(tmp_path, capsys):
     runs = tmp_path / 'runs'
     # an infinite learning rate makes the parameters inf/NaN in the first update, so step 2's loss is NaN
