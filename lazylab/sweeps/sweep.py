@@ -221,9 +221,9 @@ def sweep_main(argv: list[str]) -> int:
         return resume_main(a.resume, argv)
     plan = make_plan(argv)
     store = None
-    if plan.storage is not None and '://' in plan.storage:
+    if plan.storage is not None:
         from lazylab.sweeps.study import open_storage
-        store = open_storage(plan.storage)  # a bad URL or an unreachable server: an error before any file
+        store = open_storage(plan.storage)  # a bad URL, server or journal file: an error before any file
     return Sweep(plan, store).run()
 
 
@@ -256,7 +256,7 @@ def resume_main(sweep_dir: str, argv: list[str]) -> int:
         raise UsageError(f'{sweep_dir}: {SWEEP_YAML} describes {plan.sweep_dir} (was the folder moved? run the '
                          f'command of {SWEEP_YAML} from the folder it was started in)')
     store = None
-    if plan.storage is not None and '://' in plan.storage:
+    if plan.storage is not None:
         from lazylab.sweeps.study import open_storage
         store = open_storage(plan.storage)
     return Sweep(plan, store, resuming=True).run()

@@ -284,6 +284,25 @@ def test_a_bad_sweep_is_one_error_line_and_writes_nothing(tmp_path, capsys, args
     assert captured.out == '' and not runs.exists()
 
 
+@pytest.mark.parametrize('storage, message', [
+    ('folder', '--storage {path} is a folder; give a journal file or a database URL'),
+    ('notes.txt', 'cannot open the study storage {path}: not an Optuna journal file'),
+    ('binary.journal', 'cannot open the study storage {path}: not an Optuna journal file'),
+], ids=['a folder', 'a text file', 'a binary file'])
+def test_a_storage_that_is_not_a_journal_file_is_one_error_line_and_writes_nothing(tmp_path, capsys, storage,
+                                                                                   message):
+    runs = tmp_path / 'runs'
+    (tmp_path / 'folder').mkdir()
+    (tmp_path / 'notes.txt').write_text('my notes, not a journal\n')
+    (tmp_path / 'binary.journal').write_bytes(b'\x80\x02 not a journal')
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    path = tmp_path / storage
+    assert cli.main(['sweep', 'transformer', 'd_model=16,32', '--storage', str(path), f'runs_dir={runs}']) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == 'lazylab: error: ' + message.format(path=path) and captured.out == ''
+    assert not runs.exists() and {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+
+
 def test_resume_of_a_folder_that_is_not_a_sweep_is_an_error(tmp_path, capsys):
     assert cli.main(['sweep', '--resume', str(tmp_path)]) == 2
     assert 'is not a sweep directory' in capsys.readouterr().err
