@@ -197,9 +197,15 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
         if space.zips:
             raise UsageError('--zip is for the grid sampler')
         points, trials = [{}] * a.trials, a.trials
-    launcher = shlex.split(a.launcher) if a.launcher else [sys.executable]
+    try:
+        launcher = shlex.split(a.launcher) if a.launcher is not None else [sys.executable]
+    except ValueError as e:  # an unclosed quote
+        raise UsageError(f'--launcher {a.launcher!r}: {e}') from None
     if not launcher:
         raise UsageError('--launcher is empty')
+    import shutil
+    if shutil.which(launcher[0]) is None:
+        raise UsageError(f'--launcher {a.launcher!r}: no program {launcher[0]!r} (not on PATH, or not executable)')
     default_threads = module.Configs().threads if not any(t.startswith('threads=') for t in fixed) else -1
     return Plan(name=name, argv=list(argv), fixed=fixed, config_file=a.config, space=space, sampler=sampler,
                 trials=trials, metric=a.metric, direction=direction, prune=a.prune, storage=storage,

@@ -272,9 +272,14 @@ def test_readme_tpe_sweep_draws_log_uniform_learning_rates(tools, tmp_path):
     (['d_model=16,32', '--study', 'a b'], '--study'),
     (['d_model=16,32', '--sampler', 'grdi'], "invalid choice: 'grdi'"),
     (['d_model=16,32', 'd_model=8'], 'd_model is given twice'),
+    (['d_model=16,32', '--launcher', ''], '--launcher is empty'),
+    (['d_model=16,32', '--launcher', '/no/such/torchrun --standalone'],
+     "--launcher '/no/such/torchrun --standalone': no program '/no/such/torchrun' (not on PATH, or not executable)"),
+    (['d_model=16,32', '--launcher', "torchrun '--standalone"], "--launcher \"torchrun '--standalone\": No closing"),
 ], ids=['unknown key', 'misspelt option', 'unknown sub-config key', 'bad range', 'zip lengths', 'zip unswept',
         'interval on grid', 'interval without trials', 'empty interval', 'glob', 'duplicate', 'constraint',
-        'metric', 'trials on grid', 'workers', 'study name', 'sampler', 'key twice'])
+        'metric', 'trials on grid', 'workers', 'study name', 'sampler', 'key twice', 'empty launcher',
+        'launcher not found', 'launcher quote'])
 def test_a_bad_sweep_is_one_error_line_and_writes_nothing(tmp_path, capsys, args, message):
     runs = tmp_path / 'runs'
     assert cli.main(['sweep', 'transformer', *args, f'runs_dir={runs}']) == 2
