@@ -244,7 +244,13 @@ def resume_main(sweep_dir: str, argv: list[str]) -> int:
                          f'{SWEEP_YAML}')
     if not (path / SWEEP_YAML).is_file():
         raise UsageError(f'{sweep_dir} is not a sweep directory (no {SWEEP_YAML})')
-    record = yaml.safe_load((path / SWEEP_YAML).read_text(encoding='utf-8'))
+    try:
+        record = yaml.safe_load((path / SWEEP_YAML).read_text(encoding='utf-8'))
+    except (UnicodeDecodeError, yaml.YAMLError):
+        record = None
+    if not isinstance(record, dict) or not isinstance(record.get('argv'), list) or \
+            not isinstance(record.get('study'), str):
+        raise UsageError(f'{path / SWEEP_YAML} is damaged (no command and study recorded)')
     storage = a.storage or record.get('storage_url')
     if storage and '***' in storage:
         raise UsageError(f'{SWEEP_YAML} hides the storage password: give --storage URL (or keep the password in '

@@ -313,6 +313,18 @@ def test_resume_of_a_folder_that_is_not_a_sweep_is_an_error(tmp_path, capsys):
     assert 'is not a sweep directory' in capsys.readouterr().err
 
 
+@pytest.mark.parametrize('content', [b'argv: [1\n', b'\xff\xfe', b'- 1\n', b'study: x\n'],
+                         ids=['not YAML', 'not UTF-8', 'a list', 'no argv'])
+def test_resume_of_a_sweep_whose_sweep_yaml_is_damaged_is_an_error(tmp_path, capsys, content):
+    sweep = tmp_path / 'transformer' / 'sweep-x'
+    sweep.mkdir(parents=True)
+    (sweep / 'sweep.yaml').write_bytes(content)
+    assert cli.main(['sweep', '--resume', str(sweep)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f'lazylab: error: {sweep / "sweep.yaml"} is damaged (no command and study recorded)\n'
+    assert [p.name for p in sweep.iterdir()] == ['sweep.yaml']
+
+
 def _lock_is_free(path: Path) -> bool:
     import fcntl
     with open(path, 'a') as f:
