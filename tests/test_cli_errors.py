@@ -133,6 +133,17 @@ def test_damaged_configs_yaml_is_reported_by_resume_and_generate_naming_it(short
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
 
 
+def test_resume_and_generate_of_a_labml_run_say_what_it_is(tmp_path, capsys):
+    run = tmp_path / 'run'  # what `lazylab labml` writes (see lazylab.labml.session)
+    run.mkdir()
+    (run / 'run.json').write_text('{"module": "labml_nn.transformers.feedback.experiment", "steps": 2}')
+    (run / 'configs.yaml').write_text('values:\n  d_model: 16\n')
+    message = f'{run} is a run of lazylab labml labml_nn.transformers.feedback.experiment; lazylab resume and ' \
+              f'generate take runs of lazylab train'
+    assert _error(capsys, ['resume', str(run)]) == message
+    assert _error(capsys, ['generate', str(run), '--prompt', 'a', '--tokens', '3']) == message
+
+
 def test_nan_loss_stops_with_exit_2_naming_the_step(tmp_path, capsys):
     runs = tmp_path / 'runs'
     # an infinite learning rate makes the parameters inf/NaN in the first update, so step 2's loss is NaN

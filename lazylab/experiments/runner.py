@@ -478,6 +478,9 @@ def open_run(run_dir: str) -> tuple[str, Any, Path]:
         raise UsageError(f'{run_dir} is not a lazylab run directory (no run.json and configs.yaml)')
     try:
         info = json.loads((path / 'run.json').read_text(encoding='utf-8'))
+        if isinstance(info, dict) and 'experiment' not in info and isinstance(info.get('module'), str):
+            raise UsageError(f'{run_dir} is a run of lazylab labml {info["module"]}; lazylab resume and generate '
+                             f'take runs of lazylab train')
         name = info['experiment']
     except (ValueError, KeyError, TypeError):
         raise UsageError(f'{path / "run.json"} is damaged') from None
