@@ -400,7 +400,12 @@ class Sweep:
             pass
 
     def threads(self) -> int:
+        """Torch threads per trial process: the command's `threads=N` (N ≥ 1), else the cores divided among the
+        workers (and a torchrun launcher's processes), at most the experiment's default."""
         plan = self.plan
+        given = [t.split('=', 1)[1] for t in plan.fixed if t.startswith('threads=')]
+        if given and given[-1].strip().isdigit() and int(given[-1]) > 0:
+            return int(given[-1])  # what every trial uses; the first line and OMP_NUM_THREADS say the same
         cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
         per_launch = 1
         m = re.search(r'--nproc[_-]per[_-]node[= ](\d+)', ' '.join(plan.launcher))

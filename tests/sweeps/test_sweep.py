@@ -6,6 +6,7 @@ checks that none is left out.
 import io
 import itertools
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -306,6 +307,17 @@ def test_a_storage_that_is_not_a_journal_file_is_one_error_line_and_writes_nothi
     captured = capsys.readouterr()
     assert captured.err.strip() == 'lazylab: error: ' + message.format(path=path) and captured.out == ''
     assert not runs.exists() and {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+
+
+def test_the_threads_a_sweep_reports_are_the_ones_its_trials_use(tmp_path):
+    from lazylab.sweeps.sweep import Sweep, make_plan
+    given = Sweep(make_plan(['transformer', 'd_model=16,32', 'threads=3', f'runs_dir={tmp_path}']))
+    assert given.threads() == 3 and 'threads=3' in given.plan.fixed  # the trials' own setting, unchanged
+    two = Sweep(make_plan(['transformer', 'd_model=16,32', '--workers', '2', f'runs_dir={tmp_path}']))
+    from lazylab.experiments.transformer import Configs
+    cores, default = len(os.sched_getaffinity(0)), Configs().threads
+    assert two.threads() == (min(max(1, cores // 2), default) if default > 0 else max(1, cores // 2))
+    assert not any(tmp_path.iterdir())
 
 
 def test_resume_of_a_folder_that_is_not_a_sweep_is_an_error(tmp_path, capsys):
