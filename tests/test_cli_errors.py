@@ -59,6 +59,7 @@ CASES = [
     (['train', 'transformer', 'text={tmp}/tiny.txt', 'seq_len=18'],
      r'training split of .*tiny.txt has 18 characters, fewer than seq_len \+ 1 = 19'),
     (['train', 'transformer', 'batch_size=0'], r'bad value for batch_size: must be ≥ 1, got 0'),
+    (['train', 'feedback', 'threads=100000'], r'^bad value for threads: must be ≤ 1024, got 100000$'),
     (['train', 'transformer', 'device=cuda:7' if not torch.cuda.is_available() else 'device=tpu'], r'device'),
     (['train', 'transformer', 'heads=3'], r'model|heads'),
     (['train', 'transformer', 'prompt=¿Qué?'], r"character '¿' \(position 0\) is not in the vocabulary"),
