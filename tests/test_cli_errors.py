@@ -66,6 +66,8 @@ CASES = [
     (['train', 'transformer', '--config', '{tmp}/none.yaml'], r'config file not found: .*none.yaml'),
     (['train', 'transformer', '--config', '{tmp}/bad.yaml'], r'bad.yaml is not valid YAML at line'),
     (['train', 'transformer', '--config', '{tmp}/list.yaml'], r'must hold a mapping'),
+    (['train', 'transformer', '--config='], r'^--config needs a YAML file$'),
+    (['train', 'transformer', '--config', ''], r'^--config needs a YAML file$'),
     (['train', 'transformer', 'preset=gpu'], r"unknown preset 'gpu' for transformer; presets: labml_nn"),
     (['train', 'transformer', '--verbose'], r"unknown option '--verbose'"),
     (['options', 'fast_weight'], r"unknown experiment 'fast_weight' \(did you mean 'fast_weights'"),

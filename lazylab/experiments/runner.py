@@ -67,6 +67,8 @@ def split_args(argv: Sequence[str]) -> tuple[list[str], Optional[str]]:
         else:
             tokens.append(a)
         i += 1
+    if config_file == '':  # `--config=` or `--config ''`: not the current folder
+        raise UsageError('--config needs a YAML file')
     return tokens, config_file
 
 
