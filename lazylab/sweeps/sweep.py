@@ -333,22 +333,14 @@ class Sweep:
         plan = self.plan
         if self.resuming and not self.dir.is_dir():
             raise UsageError(f'{self.dir} does not exist')
+        made = [d for d in (self.dir, *self.dir.parents) if not d.exists()]  # deepest first
         self.dir.mkdir(parents=True, exist_ok=True)
         storage_path = plan.storage or str(self.dir / JOURNAL)
         if self.storage is None:
             self.storage = open_storage(storage_path)
         self.storage_name = storage_path if '://' not in storage_path else self._masked(storage_path)
-        if plan.config_file:
-            copy = self.dir / CONFIG_COPY
-            if not copy.exists():
-                copy.write_bytes(Path(plan.config_file).read_bytes())
-        self._write_sweep_yaml()
-        self.owners = self.dir / OWNERS
-        self.owners.mkdir(exist_ok=True)
         self.token = f'{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}'
-        import fcntl
-        self.owner_lock = open(self.owners / self.token, 'w')
-        fcntl.flock(self.owner_lock, fcntl.LOCK_EX)
+        # the study first: a study of another sweep is refused before this process writes anything in the folder
         seed = plan.seed
         self.study = Study(self.storage, plan.study, plan.direction, make_sampler(plan.sampler, seed),
                            make_pruner(plan.prune))
@@ -357,11 +349,23 @@ class Sweep:
         else:
             theirs = self.study.wait_for_signature()
             if theirs != plan.signature():
+                for d in made:  # only a --storage outside them can hold the other sweep: they are empty
+                    d.rmdir()
                 differ = [k for k in plan.signature() if theirs.get(k) != plan.signature()[k]]
                 raise UsageError(f'study {plan.study} holds another sweep ({", ".join(differ)} differ); give '
                                  f'another --study name')
             if plan.sampler != 'grid':  # two processes drawing from one seed would draw the same points
                 self.study.study.sampler = make_sampler(plan.sampler, seed + int(self.token.encode().hex()[-6:], 16))
+        if plan.config_file:
+            copy = self.dir / CONFIG_COPY
+            if not copy.exists():
+                copy.write_bytes(Path(plan.config_file).read_bytes())
+        self._write_sweep_yaml()
+        self.owners = self.dir / OWNERS
+        self.owners.mkdir(exist_ok=True)
+        import fcntl
+        self.owner_lock = open(self.owners / self.token, 'w')
+        fcntl.flock(self.owner_lock, fcntl.LOCK_EX)
 
     @staticmethod
     def _masked(url: str) -> str:

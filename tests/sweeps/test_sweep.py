@@ -320,6 +320,23 @@ def test_the_threads_a_sweep_reports_are_the_ones_its_trials_use(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+def test_a_study_of_another_sweep_is_refused_and_nothing_is_written(tmp_path, capsys):
+    journal = tmp_path / 'shared.journal'
+    tiny = ['n_keys=4', 'max_steps=2', 'valid_interval=1', 'threads=1', 'device=cpu', '--study', 'glu',
+            '--storage', str(journal)]
+    first = tmp_path / 'runs'
+    assert cli.main(['sweep', 'retrieval', 'update_rule=sum', 'nu=1,2', *tiny, f'runs_dir={first}']) == 0
+    sweep = first / 'retrieval' / 'sweep-glu'
+    before = sorted(str(p.relative_to(sweep)) for p in sweep.rglob('*'))
+    capsys.readouterr()
+    for runs in (first, tmp_path / 'other'):  # the same folder, and another machine's runs folder
+        assert cli.main(['sweep', 'retrieval', 'update_rule=sum', 'nu=1,3', *tiny, f'runs_dir={runs}']) == 2
+        assert capsys.readouterr().err == 'lazylab: error: study glu holds another sweep (space differ); give ' \
+                                          'another --study name\n'
+    assert sorted(str(p.relative_to(sweep)) for p in sweep.rglob('*')) == before
+    assert not (tmp_path / 'other').exists()
+
+
 def test_resume_of_a_folder_that_is_not_a_sweep_is_an_error(tmp_path, capsys):
     assert cli.main(['sweep', '--resume', str(tmp_path)]) == 2
     assert 'is not a sweep directory' in capsys.readouterr().err
