@@ -152,7 +152,8 @@ def _owner_alive(run: Run) -> bool:
 
 
 def expand(paths: list[str]) -> list[Path]:
-    """Run directories of run, sweep, and experiment folders (see the module docstring).
+    """Run directories of run, sweep, and experiment folders (see the module docstring), each once (a run named
+    twice, or also through its folder, is one row).
 
     Raises:
         UsageError: a path that is none of those.
@@ -168,7 +169,10 @@ def expand(paths: list[str]) -> list[Path]:
                            if (d / 'run.json').is_file() or (d / 'sweep.yaml').is_file()])
         else:
             raise UsageError(f'{p} is not a run or sweep directory (no run.json or sweep.yaml)')
-    return out
+    first: dict[Path, Path] = {}
+    for d in out:
+        first.setdefault(d.resolve(), d)
+    return list(first.values())
 
 
 def _direction(paths: list[str], metric: str) -> str:

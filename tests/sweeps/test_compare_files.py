@@ -93,3 +93,11 @@ def test_compare_writes_a_pdf_when_asked(tmp_path, capsys):
     a = make_run(tmp_path / 'a', 16, [2.0, 1.5])
     assert cli.main(['compare', str(a), '--plot', str(tmp_path / 'losses.pdf')]) == 0
     assert (tmp_path / 'losses.pdf').read_bytes()[:5] == b'%PDF-'
+
+
+def test_a_run_named_twice_or_also_through_its_folder_is_one_row(tmp_path, capsys):
+    a = make_run(tmp_path / 'runs' / 'transformer' / 'a', 16, [2.0, 1.5])
+    b = make_run(tmp_path / 'runs' / 'transformer' / 'b', 32, [2.0, 1.4])
+    table = compare.compare([str(a), str(tmp_path / 'runs' / 'transformer'), str(a / '..' / 'a')])
+    assert [row['run'] for row in table.rows] == ['transformer/b', 'transformer/a']
+    assert [r.path for r in table.runs] == [a, b]  # each as first named
