@@ -59,18 +59,24 @@ CASES = [
     (['train', 'transformer', 'text={tmp}/tiny.txt', 'seq_len=18'],
      r'training split of .*tiny.txt has 18 characters, fewer than seq_len \+ 1 = 19'),
     (['train', 'transformer', 'batch_size=0'], r'bad value for batch_size: must be ≥ 1, got 0'),
+    (['train', 'feedback', 'threads=100000'], r'^bad value for threads: must be ≤ 1024, got 100000$'),
     (['train', 'transformer', 'device=cuda:7' if not torch.cuda.is_available() else 'device=tpu'], r'device'),
     (['train', 'transformer', 'heads=3'], r'model|heads'),
     (['train', 'transformer', 'prompt=¿Qué?'], r"character '¿' \(position 0\) is not in the vocabulary"),
     (['train', 'transformer', '--config', '{tmp}/none.yaml'], r'config file not found: .*none.yaml'),
     (['train', 'transformer', '--config', '{tmp}/bad.yaml'], r'bad.yaml is not valid YAML at line'),
     (['train', 'transformer', '--config', '{tmp}/list.yaml'], r'must hold a mapping'),
+    (['train', 'transformer', '--config='], r'^--config needs a YAML file$'),
+    (['train', 'transformer', '--config', ''], r'^--config needs a YAML file$'),
     (['train', 'transformer', 'preset=gpu'], r"unknown preset 'gpu' for transformer; presets: labml_nn"),
     (['train', 'transformer', '--verbose'], r"unknown option '--verbose'"),
     (['options', 'fast_weight'], r"unknown experiment 'fast_weight' \(did you mean 'fast_weights'"),
     (['resume', '{tmp}'], r'is not a lazylab run directory'),
     (['generate', '{tmp}', '--prompt', 'a'], r'required: --tokens'),
     (['plot', '{tmp}', '-o', '{tmp}/x.png'], r'has no metrics.jsonl'),
+    (['plot', '{tmp}', '-o', '{tmp}/x.txt'], r'x.txt: the file name must end in a figure format .*\.png'),
+    (['plot', '{tmp}', '-o', '{tmp}'], r'-o .* is a folder; give a file name'),
+    (['plot', '{tmp}', '-o', ''], r'^-o needs a file name$'),
     (['trian', 'transformer'], r"unknown command 'trian'; did you mean 'train'\?"),
 ]
 
@@ -110,6 +116,35 @@ def test_damaged_checkpoint_is_reported_by_resume_and_generate(short_run, tmp_pa
     assert 'no checkpoint at' in _error(capsys, ['resume', str(run)])
     assert "character 'é'" in _error(capsys, ['generate', str(short_run), '--prompt', 'é', '--tokens', '3'])
     assert '--tokens must be ≥ 0' in _error(capsys, ['generate', str(short_run), '--prompt', 'a', '--tokens', '-1'])
+
+
+@pytest.mark.parametrize('content, message', [
+    (b'values:\n  d_model: \xff16\n', 'configs.yaml: not UTF-8 text (invalid byte at offset 19)'),
+    (b'values: [1, 2\n', 'configs.yaml: while parsing a flow sequence'),
+    (b'- 1\n', 'a configuration YAML must be a mapping of keys to values: {run}/configs.yaml'),
+], ids=['not UTF-8', 'not YAML', 'a list'])
+def test_damaged_configs_yaml_is_reported_by_resume_and_generate_naming_it(short_run, tmp_path, capsys, content,
+                                                                           message):
+    import shutil
+    run = tmp_path / 'run'
+    shutil.copytree(short_run, run)
+    (run / 'configs.yaml').write_bytes(content)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    for argv in (['resume', str(run)], ['generate', str(run), '--prompt', 'a', '--tokens', '3']):
+        text = _error(capsys, argv)
+        assert str(run / 'configs.yaml') in text and message.format(run=run) in text, text
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+def test_resume_and_generate_of_a_labml_run_say_what_it_is(tmp_path, capsys):
+    run = tmp_path / 'run'  # what `lazylab labml` writes (see lazylab.labml.session)
+    run.mkdir()
+    (run / 'run.json').write_text('{"module": "labml_nn.transformers.feedback.experiment", "steps": 2}')
+    (run / 'configs.yaml').write_text('values:\n  d_model: 16\n')
+    message = f'{run} is a run of lazylab labml labml_nn.transformers.feedback.experiment; lazylab resume and ' \
+              f'generate take runs of lazylab train'
+    assert _error(capsys, ['resume', str(run)]) == message
+    assert _error(capsys, ['generate', str(run), '--prompt', 'a', '--tokens', '3']) == message
 
 
 def test_nan_loss_stops_with_exit_2_naming_the_step(tmp_path, capsys):

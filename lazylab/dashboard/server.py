@@ -123,8 +123,15 @@ def serve(store: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, asset
     server.run()
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose mistakes are one-line DashboardErrors (the command line's `lazylab: error: …`)."""
+
+    def error(self, message):
+        raise DashboardError(f'{self.prog}: {message}')
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog='lazylab dashboard',
+    parser = _Parser(prog='lazylab dashboard',
                                      description="Serve labml's dashboard app over a local file store.")
     parser.add_argument('--port', type=int, default=DEFAULT_PORT, help=f'TCP port (default {DEFAULT_PORT})')
     parser.add_argument('--host', default=DEFAULT_HOST,
@@ -140,17 +147,21 @@ def _parser() -> argparse.ArgumentParser:
 def run(argv: Optional[list[str]] = None) -> None:
     """`lazylab dashboard [--port 5005] [--store DIR] [--host 127.0.0.1] [--assets DIR]`: serve until Ctrl-C.
 
-    Everything is checked before anything is written or bound. (A malformed flag is argparse's usage error:
-    SystemExit(2).)
+    Everything is checked before anything is written or bound.
 
     Raises:
-        DashboardError: the ``dashboard`` extra is missing, the port is out of range or in use, or `--assets`
-            lacks files; one line each, naming the value.
+        DashboardError: a malformed flag, the ``dashboard`` extra is missing, the port is out of range or in use,
+            `--store` is inside a file, or `--assets` lacks files; one line each, naming the value.
     """
     args = _parser().parse_args(argv)
     require_app()
     if not 0 < args.port < 65536:
         raise DashboardError(f'--port must be in 1..65535, got {args.port}')
+    store = Path(args.store)
+    existing = next(p for p in (store, *store.parents) if p.exists())  # '.' or '/' at the latest
+    if not args.store or not existing.is_dir():
+        raise DashboardError(f'--store {args.store!r}: ' + (f'{existing} is a file, not a folder' if args.store
+                                                            else 'give a folder'))
     if not _port_is_free(args.host, args.port):
         raise DashboardError(f'{args.host}:{args.port} is already in use; choose another --port')
     if args.assets is not None and missing_assets(Path(args.assets)):

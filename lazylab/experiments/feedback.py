@@ -14,7 +14,7 @@ from torch import nn
 
 from lazylab.configs import option
 from lazylab.configs.feedback import FeedbackConfigs
-from lazylab.configs.types import NonNegativeInt, PositiveInt, Probability
+from lazylab.configs.types import PositiveInt, Probability, ThreadCount
 from lazylab.errors import UsageError
 from lazylab.experiments.nlp_autoregression import LABML_NN_PRESET, NLPAutoRegressionConfigs, device_of
 
@@ -28,7 +28,7 @@ class Configs(NLPAutoRegressionConfigs):
     feedback: FeedbackConfigs     # the model's parts
     batch_size: PositiveInt = 64  # a wide batch: the memory makes each step sequential over seq_len
     # one CPU thread: the per-token steps are too small to share, and two stall when anything else runs
-    threads: NonNegativeInt = 1
+    threads: ThreadCount = 1
     heads: PositiveInt = 4        # attention heads
     d_ff: PositiveInt = 512       # feed-forward hidden width
     n_layers: PositiveInt = 4     # layers

@@ -94,13 +94,16 @@ class MetricsLog:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """All records of a metrics.jsonl file (a torn last line from a killed process is skipped)."""
+    """All records of a metrics.jsonl file (a torn last line from a killed process, or any other line that is not
+    a JSON object, is skipped)."""
     records = []
-    for line in Path(path).read_text(encoding='utf-8').splitlines():
+    for line in Path(path).read_text(encoding='utf-8', errors='replace').splitlines():
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
-            pass
+            continue
+        if isinstance(record, dict):
+            records.append(record)
     return records
 
 

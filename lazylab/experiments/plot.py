@@ -6,16 +6,43 @@ from lazylab.errors import UsageError
 from lazylab.experiments.metrics import METRICS, read_metrics
 
 
-def plot_runs(run_dirs: Sequence[str], output: str) -> Path:
-    """Draw loss.train (thin line) and loss.valid (line with dots) of each run against `tokens`; save a PNG.
+def check_output(path: str, flag: str, figure: bool = False) -> Path:
+    """The file a command is asked to write (`flag` names the option in messages), checked before anything is
+    computed or written: a file name, not a folder, in a folder that exists; for a figure, a format matplotlib
+    writes (by the suffix: .png, .pdf, .svg, …).
 
     Raises:
-        UsageError: a folder has no metrics.jsonl, or no loss values yet.
+        UsageError: any of those is not so.
+    """
+    if not path:
+        raise UsageError(f'{flag} needs a file name')
+    out = Path(path)
+    if out.is_dir():
+        raise UsageError(f'{flag} {path} is a folder; give a file name')
+    if not out.parent.is_dir():
+        raise UsageError(f'{flag} {path}: folder {out.parent} does not exist')
+    if figure:
+        from matplotlib.backend_bases import FigureCanvasBase
+        formats = FigureCanvasBase.get_supported_filetypes()
+        if out.suffix[1:].lower() not in formats:
+            raise UsageError(f'{flag} {path}: the file name must end in a figure format matplotlib writes '
+                             f'({", ".join("." + f for f in sorted(formats))})')
+    return out
+
+
+def plot_runs(run_dirs: Sequence[str], output: str) -> Path:
+    """Draw loss.train (thin line) and loss.valid (line with dots) of each run against `tokens` (against `step` when
+    a run does not record tokens: a `lazylab labml` run); save a PNG (or another format matplotlib writes, by the
+    suffix of `output`).
+
+    Raises:
+        UsageError: a bad output file (see `check_output`), a folder has no metrics.jsonl, or no loss values yet.
     """
     import matplotlib
     matplotlib.use('Agg')  # files only; never needs a display
     import matplotlib.pyplot as plt
 
+    out = check_output(output, '-o', figure=True)
     runs = []
     for d in run_dirs:
         path = Path(d) / METRICS
@@ -26,23 +53,23 @@ def plot_runs(run_dirs: Sequence[str], output: str) -> Path:
             raise UsageError(f'{path} has no loss values yet')
         runs.append((_label(Path(d)), records))
 
+    # `lazylab labml` runs record labml's global step, not the tokens seen: then every run is drawn against its step
+    x = 'tokens' if all('tokens' in r for _, records in runs for r in records
+                        if 'loss.train' in r or 'loss.valid' in r) else 'step'
     fig, ax = plt.subplots(figsize=(8, 5))
     for i, (label, records) in enumerate(runs):
         color = f'C{i % 10}'
-        train = [(r['tokens'], r['loss.train']) for r in records if 'loss.train' in r]
-        valid = [(r['tokens'], r['loss.valid']) for r in records if 'loss.valid' in r]
+        train = [(r[x], r['loss.train']) for r in records if 'loss.train' in r and x in r]
+        valid = [(r[x], r['loss.valid']) for r in records if 'loss.valid' in r and x in r]
         if train:
             ax.plot(*zip(*train), color=color, alpha=0.45, linewidth=1, label=f'{label} train')
         if valid:
             ax.plot(*zip(*valid), color=color, marker='o', markersize=3, linewidth=1.6, label=f'{label} valid')
-    ax.set_xlabel('tokens seen')
+    ax.set_xlabel('tokens seen' if x == 'tokens' else 'step')
     ax.set_ylabel('cross-entropy (nats/char)')
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    out = Path(output)
-    if out.parent and not out.parent.exists():
-        raise UsageError(f'output folder {out.parent} does not exist')
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out

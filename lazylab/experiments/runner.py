@@ -67,6 +67,8 @@ def split_args(argv: Sequence[str]) -> tuple[list[str], Optional[str]]:
         else:
             tokens.append(a)
         i += 1
+    if config_file == '':  # `--config=` or `--config ''`: not the current folder
+        raise UsageError('--config needs a YAML file')
     return tokens, config_file
 
 
@@ -478,6 +480,9 @@ def open_run(run_dir: str) -> tuple[str, Any, Path]:
         raise UsageError(f'{run_dir} is not a lazylab run directory (no run.json and configs.yaml)')
     try:
         info = json.loads((path / 'run.json').read_text(encoding='utf-8'))
+        if isinstance(info, dict) and 'experiment' not in info and isinstance(info.get('module'), str):
+            raise UsageError(f'{run_dir} is a run of lazylab labml {info["module"]}; lazylab resume and generate '
+                             f'take runs of lazylab train')
         name = info['experiment']
     except (ValueError, KeyError, TypeError):
         raise UsageError(f'{path / "run.json"} is damaged') from None

@@ -39,7 +39,8 @@ def parse_args(argv: Sequence[str]) -> dict[str, Any]:
     """The command line as ``{module, tokens, config, options, steps, runs_dir, dashboard}``.
 
     Raises:
-        UsageError: no MODULE, an unknown flag, a flag without its value, ``--steps`` not a positive integer.
+        UsageError: no MODULE, an unknown flag, a flag without its value, ``--steps`` not a positive integer,
+            ``--runs-dir`` empty or inside a file.
     """
     args: dict[str, Any] = {'module': None, 'tokens': [], 'config': None, 'options': False, 'steps': None,
                             'runs_dir': 'runs/labml', 'dashboard': '', 'help': False}
@@ -69,6 +70,12 @@ def parse_args(argv: Sequence[str]) -> dict[str, Any]:
         else:
             raise UsageError(f'expected key=value, got {a!r} ({USAGE})')
         i += 1
+    runs_dir = Path(args['runs_dir'])
+    if not args['runs_dir']:
+        raise UsageError('--runs-dir needs a folder')
+    existing = next(p for p in (runs_dir, *runs_dir.parents) if p.exists())  # '.' or '/' at the latest
+    if not existing.is_dir():
+        raise UsageError(f'--runs-dir {args["runs_dir"]}: {existing} is a file, not a folder')
     if args['steps'] is not None:
         text = args['steps']
         args['steps'] = int(text) if text.strip().isdigit() else 0
@@ -89,6 +96,8 @@ def import_experiment(spec: str):
         path = Path(spec)
         if not path.is_file():
             raise UsageError(f'no such file: {spec}')
+        if path.suffix != '.py':
+            raise UsageError(f'{spec} is not a .py file (MODULE is a dotted module name or a .py file)')
         name = path.stem
         sys.path.insert(0, str(path.resolve().parent))
         module_spec = importlib.util.spec_from_file_location(name, path)

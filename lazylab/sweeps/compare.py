@@ -69,29 +69,52 @@ class Run:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    """The JSON object in `path`; {} when the file is missing, damaged or holds no object."""
     try:
-        return json.loads(path.read_text(encoding='utf-8'))
-    except (OSError, ValueError):
+        doc = json.loads(path.read_text(encoding='utf-8'))
+    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
         return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _read_dump(path: Path) -> dict[str, Any]:
+    """A run's configs.yaml as a mapping.
+
+    Raises:
+        UsageError: the file is not UTF-8, not YAML, or not a mapping (it names the file).
+    """
+    import yaml
+    try:
+        doc = yaml.safe_load(path.read_text(encoding='utf-8'))
+    except (UnicodeDecodeError, yaml.YAMLError):
+        raise UsageError(f'{path} is damaged (not a YAML configuration dump)') from None
+    sections = ('values', 'given', 'computed', 'objects')
+    if doc is not None and (not isinstance(doc, dict) or
+                            any(not isinstance(doc.get(k) or {}, dict) for k in sections)):
+        raise UsageError(f'{path} is damaged (not a YAML configuration dump)')
+    return doc or {}
 
 
 def load_run(path: Path) -> Run:
     """A run directory (or a sweep trial's folder, which may hold only trial.json and output.log when the trial
-    failed before its run started)."""
-    import yaml
+    failed before its run started).
 
+    Raises:
+        UsageError: a damaged configs.yaml.
+    """
     from lazylab.experiments.metrics import METRICS, read_metrics
     trial = _read_json(path / 'trial.json')
-    label = f'{trial["number"]:04d}' if 'number' in trial else path.name
+    number = trial.get('number')
+    label = f'{number:04d}' if isinstance(number, int) and not isinstance(number, bool) else path.name
     run = Run(path, label, bool(trial), info=_read_json(path / 'run.json'), trial=trial)
     if (path / 'configs.yaml').is_file():
-        doc = yaml.safe_load((path / 'configs.yaml').read_text(encoding='utf-8')) or {}
+        doc = _read_dump(path / 'configs.yaml')
         run.values = dict(doc.get('values') or {})
         run.given = dict(doc.get('given') or {k: '' for k in run.values})  # an older dump: all count as given
         run.computed = dict(doc.get('computed') or {})
         run.objects = dict(doc.get('objects') or {})
     elif trial:
-        run.values = dict(trial.get('params') or {})
+        run.values = dict(trial.get('params') if isinstance(trial.get('params'), dict) else {})
         run.given = {k: 'sweep' for k in run.values}
     if (path / METRICS).is_file():
         run.records = read_metrics(path / METRICS)
@@ -129,7 +152,8 @@ def _owner_alive(run: Run) -> bool:
 
 
 def expand(paths: list[str]) -> list[Path]:
-    """Run directories of run, sweep, and experiment folders (see the module docstring).
+    """Run directories of run, sweep, and experiment folders (see the module docstring), each once (a run named
+    twice, or also through its folder, is one row).
 
     Raises:
         UsageError: a path that is none of those.
@@ -145,14 +169,22 @@ def expand(paths: list[str]) -> list[Path]:
                            if (d / 'run.json').is_file() or (d / 'sweep.yaml').is_file()])
         else:
             raise UsageError(f'{p} is not a run or sweep directory (no run.json or sweep.yaml)')
-    return out
+    first: dict[Path, Path] = {}
+    for d in out:
+        first.setdefault(d.resolve(), d)
+    return list(first.values())
 
 
 def _direction(paths: list[str], metric: str) -> str:
     import yaml
     for p in map(Path, paths):
         if (p / 'sweep.yaml').is_file():
-            record = yaml.safe_load((p / 'sweep.yaml').read_text(encoding='utf-8')) or {}
+            try:
+                record = yaml.safe_load((p / 'sweep.yaml').read_text(encoding='utf-8'))
+            except (UnicodeDecodeError, yaml.YAMLError):
+                record = None
+            if not isinstance(record, dict):
+                raise UsageError(f'{p / "sweep.yaml"} is damaged (not a YAML mapping)')
             if record.get('metric') == metric and record.get('direction'):
                 return record['direction']
     return 'maximize' if metric.startswith(('accuracy', 'tokens')) else 'minimize'
@@ -276,9 +308,8 @@ def compare_text(paths: list[str], metric: str = 'loss.valid', sort: Optional[st
 
 def write_csv(t: Table, path: str) -> Path:
     """Every column at full precision, plus each run's path and error."""
-    out = Path(path)
-    if not out.parent.is_dir():
-        raise UsageError(f'--csv {path}: folder {out.parent} does not exist')
+    from lazylab.experiments.plot import check_output
+    out = check_output(path, '--csv')
     columns = [t.metric if c == 'final' else c for c in t.columns]
     by_label = {(r.label if t.columns[0] == 'trial' else _run_label(r)): r for r in t.runs}
     with open(out, 'w', newline='', encoding='utf-8') as f:
@@ -294,14 +325,14 @@ def plot(t: Table, path: str) -> list[str]:
     """The metric against tokens seen, one labelled line per run that has the metric; returns the labels.
 
     Raises:
-        UsageError: the output folder does not exist, or no run has the metric yet.
+        UsageError: a bad output file (see `lazylab.experiments.plot.check_output`), or no run has the metric yet.
     """
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    out = Path(path)
-    if not out.parent.is_dir():
-        raise UsageError(f'--plot {path}: folder {out.parent} does not exist')
+
+    from lazylab.experiments.plot import check_output
+    out = check_output(path, '--plot', figure=True)
     short = _short_names(t.keys)
     by_label = {(r.label if t.columns[0] == 'trial' else _run_label(r)): r for r in t.runs}
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -337,12 +368,17 @@ def _short_names(keys: list[str]) -> dict[str, str]:
 
 def compare_main(paths: list[str], metric: str, sort: Optional[str], csv_file: Optional[str],
                  plot_file: Optional[str]) -> None:
-    """`lazylab compare …`: print the table; write the CSV and the plot when asked."""
+    """`lazylab compare …`: print the table; write the CSV and the plot when asked (both files checked first)."""
+    from lazylab.experiments.plot import check_output
+    if csv_file is not None:
+        check_output(csv_file, '--csv')
+    if plot_file is not None:
+        check_output(plot_file, '--plot', figure=True)
     t = compare(paths, metric, sort)
     print(format_table(t))
-    if csv_file:
+    if csv_file is not None:
         print(f'wrote {write_csv(t, csv_file)}')
-    if plot_file:
+    if plot_file is not None:
         plot(t, plot_file)
         print(f'wrote {plot_file}')
 

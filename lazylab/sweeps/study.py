@@ -34,11 +34,18 @@ def open_storage(url_or_file: str):
     """The storage for a journal file path or a database URL (anything with '://').
 
     Raises:
-        UsageError: the database cannot be reached or the URL is not one Optuna accepts (password hidden).
+        UsageError: the database cannot be reached or the URL is not one Optuna accepts (password hidden); the
+            journal file is a folder or is not an Optuna journal.
     """
     optuna = _optuna()
     if '://' not in url_or_file:
+        import os
+
         from optuna.storages.journal import JournalFileBackend
+        if os.path.isdir(url_or_file):
+            raise UsageError(f'--storage {url_or_file} is a folder; give a journal file or a database URL')
+        if not _is_journal(url_or_file):
+            raise UsageError(f'cannot open the study storage {url_or_file}: not an Optuna journal file')
         return optuna.storages.JournalStorage(JournalFileBackend(url_or_file))
     url = _with_driver(url_or_file)
     last: Optional[Exception] = None
@@ -57,6 +64,22 @@ def open_storage(url_or_file: str):
     first = str(last).strip().splitlines()[0] if str(last).strip() else type(last).__name__
     raise UsageError(f'cannot open the study storage {mask_password(url_or_file)}: '
                      f'{mask_password(first)}') from None
+
+
+def _is_journal(path: str) -> bool:
+    """Whether `path` is missing, empty, or an Optuna journal: every complete line a JSON object, and at least one
+    line complete (Optuna writes each record whole, with its newline; it skips an unfinished last line, which
+    another process may be writing, so a file of other text would only fail once the sweep appends to it)."""
+    import json
+    import os
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
+        return True
+    with open(path, 'rb') as f:
+        lines = [line for line in f if line.endswith(b'\n')]
+    try:
+        return bool(lines) and all(isinstance(json.loads(line), dict) for line in lines)
+    except ValueError:  # not JSON, or not UTF-8
+        return False
 
 
 def _with_driver(url: str) -> str:

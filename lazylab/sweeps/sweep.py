@@ -197,9 +197,15 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
         if space.zips:
             raise UsageError('--zip is for the grid sampler')
         points, trials = [{}] * a.trials, a.trials
-    launcher = shlex.split(a.launcher) if a.launcher else [sys.executable]
+    try:
+        launcher = shlex.split(a.launcher) if a.launcher is not None else [sys.executable]
+    except ValueError as e:  # an unclosed quote
+        raise UsageError(f'--launcher {a.launcher!r}: {e}') from None
     if not launcher:
         raise UsageError('--launcher is empty')
+    import shutil
+    if shutil.which(launcher[0]) is None:
+        raise UsageError(f'--launcher {a.launcher!r}: no program {launcher[0]!r} (not on PATH, or not executable)')
     default_threads = module.Configs().threads if not any(t.startswith('threads=') for t in fixed) else -1
     return Plan(name=name, argv=list(argv), fixed=fixed, config_file=a.config, space=space, sampler=sampler,
                 trials=trials, metric=a.metric, direction=direction, prune=a.prune, storage=storage,
@@ -221,9 +227,9 @@ def sweep_main(argv: list[str]) -> int:
         return resume_main(a.resume, argv)
     plan = make_plan(argv)
     store = None
-    if plan.storage is not None and '://' in plan.storage:
+    if plan.storage is not None:
         from lazylab.sweeps.study import open_storage
-        store = open_storage(plan.storage)  # a bad URL or an unreachable server: an error before any file
+        store = open_storage(plan.storage)  # a bad URL, server or journal file: an error before any file
     return Sweep(plan, store).run()
 
 
@@ -238,7 +244,13 @@ def resume_main(sweep_dir: str, argv: list[str]) -> int:
                          f'{SWEEP_YAML}')
     if not (path / SWEEP_YAML).is_file():
         raise UsageError(f'{sweep_dir} is not a sweep directory (no {SWEEP_YAML})')
-    record = yaml.safe_load((path / SWEEP_YAML).read_text(encoding='utf-8'))
+    try:
+        record = yaml.safe_load((path / SWEEP_YAML).read_text(encoding='utf-8'))
+    except (UnicodeDecodeError, yaml.YAMLError):
+        record = None
+    if not isinstance(record, dict) or not isinstance(record.get('argv'), list) or \
+            not isinstance(record.get('study'), str):
+        raise UsageError(f'{path / SWEEP_YAML} is damaged (no command and study recorded)')
     storage = a.storage or record.get('storage_url')
     if storage and '***' in storage:
         raise UsageError(f'{SWEEP_YAML} hides the storage password: give --storage URL (or keep the password in '
@@ -256,7 +268,7 @@ def resume_main(sweep_dir: str, argv: list[str]) -> int:
         raise UsageError(f'{sweep_dir}: {SWEEP_YAML} describes {plan.sweep_dir} (was the folder moved? run the '
                          f'command of {SWEEP_YAML} from the folder it was started in)')
     store = None
-    if plan.storage is not None and '://' in plan.storage:
+    if plan.storage is not None:
         from lazylab.sweeps.study import open_storage
         store = open_storage(plan.storage)
     return Sweep(plan, store, resuming=True).run()
@@ -321,22 +333,14 @@ class Sweep:
         plan = self.plan
         if self.resuming and not self.dir.is_dir():
             raise UsageError(f'{self.dir} does not exist')
+        made = [d for d in (self.dir, *self.dir.parents) if not d.exists()]  # deepest first
         self.dir.mkdir(parents=True, exist_ok=True)
         storage_path = plan.storage or str(self.dir / JOURNAL)
         if self.storage is None:
             self.storage = open_storage(storage_path)
         self.storage_name = storage_path if '://' not in storage_path else self._masked(storage_path)
-        if plan.config_file:
-            copy = self.dir / CONFIG_COPY
-            if not copy.exists():
-                copy.write_bytes(Path(plan.config_file).read_bytes())
-        self._write_sweep_yaml()
-        self.owners = self.dir / OWNERS
-        self.owners.mkdir(exist_ok=True)
         self.token = f'{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}'
-        import fcntl
-        self.owner_lock = open(self.owners / self.token, 'w')
-        fcntl.flock(self.owner_lock, fcntl.LOCK_EX)
+        # the study first: a study of another sweep is refused before this process writes anything in the folder
         seed = plan.seed
         self.study = Study(self.storage, plan.study, plan.direction, make_sampler(plan.sampler, seed),
                            make_pruner(plan.prune))
@@ -345,11 +349,23 @@ class Sweep:
         else:
             theirs = self.study.wait_for_signature()
             if theirs != plan.signature():
+                for d in made:  # only a --storage outside them can hold the other sweep: they are empty
+                    d.rmdir()
                 differ = [k for k in plan.signature() if theirs.get(k) != plan.signature()[k]]
                 raise UsageError(f'study {plan.study} holds another sweep ({", ".join(differ)} differ); give '
                                  f'another --study name')
             if plan.sampler != 'grid':  # two processes drawing from one seed would draw the same points
                 self.study.study.sampler = make_sampler(plan.sampler, seed + int(self.token.encode().hex()[-6:], 16))
+        if plan.config_file:
+            copy = self.dir / CONFIG_COPY
+            if not copy.exists():
+                copy.write_bytes(Path(plan.config_file).read_bytes())
+        self._write_sweep_yaml()
+        self.owners = self.dir / OWNERS
+        self.owners.mkdir(exist_ok=True)
+        import fcntl
+        self.owner_lock = open(self.owners / self.token, 'w')
+        fcntl.flock(self.owner_lock, fcntl.LOCK_EX)
 
     @staticmethod
     def _masked(url: str) -> str:
@@ -388,7 +404,12 @@ class Sweep:
             pass
 
     def threads(self) -> int:
+        """Torch threads per trial process: the command's `threads=N` (N ≥ 1), else the cores divided among the
+        workers (and a torchrun launcher's processes), at most the experiment's default."""
         plan = self.plan
+        given = [t.split('=', 1)[1] for t in plan.fixed if t.startswith('threads=')]
+        if given and given[-1].strip().isdigit() and int(given[-1]) > 0:
+            return int(given[-1])  # what every trial uses; the first line and OMP_NUM_THREADS say the same
         cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
         per_launch = 1
         m = re.search(r'--nproc[_-]per[_-]node[= ](\d+)', ' '.join(plan.launcher))

@@ -42,6 +42,20 @@ def test_port_out_of_range_is_a_dashboard_error(flags, message):
     assert str(e.value) == message and isinstance(e.value, ValueError)
 
 
+@pytest.mark.parametrize('flags, message', [
+    (['--port', 'abc'], "lazylab dashboard: argument --port: invalid int value: 'abc'"),
+    (['--store', '{tmp}/notes.txt'], "--store '{tmp}/notes.txt': {tmp}/notes.txt is a file, not a folder"),
+    (['--store', '{tmp}/notes.txt/store'], "--store '{tmp}/notes.txt/store': {tmp}/notes.txt is a file, not a folder"),
+    (['--store', ''], "--store '': give a folder"),
+], ids=['port-not-a-number', 'store-a-file', 'store-in-a-file', 'store-empty'])
+def test_bad_flags_are_one_line_and_write_nothing(tmp_path, capsys, flags, message):
+    (tmp_path / 'notes.txt').write_text('not a folder\n')
+    flags = [f.format(tmp=tmp_path) for f in flags]
+    assert dashboard.main(['--port', str(_free_port()), *flags]) == 2
+    assert capsys.readouterr().err == f'lazylab: error: {message.format(tmp=tmp_path)}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ['notes.txt']
+
+
 def test_assets_folder_missing_files_is_a_dashboard_error(tmp_path):
     (tmp_path / 'd3.v6.min.js').write_text('')
     store = tmp_path / 'store'

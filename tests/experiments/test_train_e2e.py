@@ -175,6 +175,20 @@ def test_plot_draws_several_runs(reference, tmp_path, capsys):
     assert 'has no metrics.jsonl' in capsys.readouterr().err
 
 
+def test_plot_draws_a_labml_run_against_its_step(tmp_path, monkeypatch):
+    # `lazylab labml` records labml's global step and the losses, no tokens (see lazylab.labml.session)
+    run_dir = tmp_path / 'labml_run'
+    run_dir.mkdir()
+    (run_dir / 'metrics.jsonl').write_text('{"step": 32, "loss.train": 4.4}\n{"step": 64, "loss.train": 4.1}\n')
+    from matplotlib.figure import Figure
+    drawn = []
+    monkeypatch.setattr(Figure, 'savefig', lambda fig, path, **kw: drawn.append(fig))
+    assert cli.main(['plot', str(run_dir), '-o', str(tmp_path / 'loss.png')]) == 0
+    ax, = drawn[0].axes
+    line, = ax.get_lines()
+    assert ax.get_xlabel() == 'step' and list(line.get_xdata()) == [32, 64] and list(line.get_ydata()) == [4.4, 4.1]
+
+
 class _FakeClock:
     """Stands in for the trainer's `time` module: every reading advances 10 ms, so the time budget is spent
     the same way however busy the machine is."""

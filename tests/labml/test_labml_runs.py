@@ -229,6 +229,21 @@ def test_mistakes_are_one_line(tmp_path, args, message):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_runs_dir_inside_a_file_or_empty_and_a_module_file_that_is_not_py_are_one_line(tmp_path):
+    (tmp_path / 'notes.txt').write_text('not a folder, not a module\n')
+    for args, message in [
+        (['--runs-dir', 'notes.txt'], 'lazylab: error: --runs-dir notes.txt: notes.txt is a file, not a folder'),
+        (['--runs-dir', 'notes.txt/runs'], 'lazylab: error: --runs-dir notes.txt/runs: notes.txt is a file, not a '
+                                           'folder'),
+        (['--runs-dir', ''], 'lazylab: error: --runs-dir needs a folder'),
+    ]:
+        assert _one_error_line(lazylab_labml(tmp_path, NN_MODULES[0], *args, '--steps', '1')) == message
+    res = lazylab_labml(tmp_path, './notes.txt', '--steps', '1')
+    assert _one_error_line(res) == ('lazylab: error: ./notes.txt is not a .py file (MODULE is a dotted module name or '
+                                    'a .py file)')
+    assert [p.name for p in tmp_path.iterdir()] == ['notes.txt']
+
+
 def test_unknown_module_names_the_nearest(tmp_path):
     res = lazylab_labml(tmp_path, 'labml_nn.transformers.feedbak.experiment')
     assert _one_error_line(res) == ("lazylab: error: no module named 'labml_nn.transformers.feedbak.experiment'; "

@@ -6,6 +6,7 @@ checks that none is left out.
 import io
 import itertools
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -272,9 +273,14 @@ def test_readme_tpe_sweep_draws_log_uniform_learning_rates(tools, tmp_path):
     (['d_model=16,32', '--study', 'a b'], '--study'),
     (['d_model=16,32', '--sampler', 'grdi'], "invalid choice: 'grdi'"),
     (['d_model=16,32', 'd_model=8'], 'd_model is given twice'),
+    (['d_model=16,32', '--launcher', ''], '--launcher is empty'),
+    (['d_model=16,32', '--launcher', '/no/such/torchrun --standalone'],
+     "--launcher '/no/such/torchrun --standalone': no program '/no/such/torchrun' (not on PATH, or not executable)"),
+    (['d_model=16,32', '--launcher', "torchrun '--standalone"], "--launcher \"torchrun '--standalone\": No closing"),
 ], ids=['unknown key', 'misspelt option', 'unknown sub-config key', 'bad range', 'zip lengths', 'zip unswept',
         'interval on grid', 'interval without trials', 'empty interval', 'glob', 'duplicate', 'constraint',
-        'metric', 'trials on grid', 'workers', 'study name', 'sampler', 'key twice'])
+        'metric', 'trials on grid', 'workers', 'study name', 'sampler', 'key twice', 'empty launcher',
+        'launcher not found', 'launcher quote'])
 def test_a_bad_sweep_is_one_error_line_and_writes_nothing(tmp_path, capsys, args, message):
     runs = tmp_path / 'runs'
     assert cli.main(['sweep', 'transformer', *args, f'runs_dir={runs}']) == 2
@@ -284,9 +290,68 @@ def test_a_bad_sweep_is_one_error_line_and_writes_nothing(tmp_path, capsys, args
     assert captured.out == '' and not runs.exists()
 
 
+@pytest.mark.parametrize('storage, message', [
+    ('folder', '--storage {path} is a folder; give a journal file or a database URL'),
+    ('notes.txt', 'cannot open the study storage {path}: not an Optuna journal file'),
+    ('binary.journal', 'cannot open the study storage {path}: not an Optuna journal file'),
+], ids=['a folder', 'a text file', 'a binary file'])
+def test_a_storage_that_is_not_a_journal_file_is_one_error_line_and_writes_nothing(tmp_path, capsys, storage,
+                                                                                   message):
+    runs = tmp_path / 'runs'
+    (tmp_path / 'folder').mkdir()
+    (tmp_path / 'notes.txt').write_text('my notes, not a journal\n')
+    (tmp_path / 'binary.journal').write_bytes(b'\x80\x02 not a journal')
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    path = tmp_path / storage
+    assert cli.main(['sweep', 'transformer', 'd_model=16,32', '--storage', str(path), f'runs_dir={runs}']) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == 'lazylab: error: ' + message.format(path=path) and captured.out == ''
+    assert not runs.exists() and {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+
+
+def test_the_threads_a_sweep_reports_are_the_ones_its_trials_use(tmp_path):
+    from lazylab.sweeps.sweep import Sweep, make_plan
+    given = Sweep(make_plan(['transformer', 'd_model=16,32', 'threads=3', f'runs_dir={tmp_path}']))
+    assert given.threads() == 3 and 'threads=3' in given.plan.fixed  # the trials' own setting, unchanged
+    two = Sweep(make_plan(['transformer', 'd_model=16,32', '--workers', '2', f'runs_dir={tmp_path}']))
+    from lazylab.experiments.transformer import Configs
+    cores, default = len(os.sched_getaffinity(0)), Configs().threads
+    assert two.threads() == (min(max(1, cores // 2), default) if default > 0 else max(1, cores // 2))
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_study_of_another_sweep_is_refused_and_nothing_is_written(tmp_path, capsys):
+    journal = tmp_path / 'shared.journal'
+    tiny = ['n_keys=4', 'max_steps=2', 'valid_interval=1', 'threads=1', 'device=cpu', '--study', 'glu',
+            '--storage', str(journal)]
+    first = tmp_path / 'runs'
+    assert cli.main(['sweep', 'retrieval', 'update_rule=sum', 'nu=1,2', *tiny, f'runs_dir={first}']) == 0
+    sweep = first / 'retrieval' / 'sweep-glu'
+    before = sorted(str(p.relative_to(sweep)) for p in sweep.rglob('*'))
+    capsys.readouterr()
+    for runs in (first, tmp_path / 'other'):  # the same folder, and another machine's runs folder
+        assert cli.main(['sweep', 'retrieval', 'update_rule=sum', 'nu=1,3', *tiny, f'runs_dir={runs}']) == 2
+        assert capsys.readouterr().err == 'lazylab: error: study glu holds another sweep (space differ); give ' \
+                                          'another --study name\n'
+    assert sorted(str(p.relative_to(sweep)) for p in sweep.rglob('*')) == before
+    assert not (tmp_path / 'other').exists()
+
+
 def test_resume_of_a_folder_that_is_not_a_sweep_is_an_error(tmp_path, capsys):
     assert cli.main(['sweep', '--resume', str(tmp_path)]) == 2
     assert 'is not a sweep directory' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('content', [b'argv: [1\n', b'\xff\xfe', b'- 1\n', b'study: x\n'],
+                         ids=['not YAML', 'not UTF-8', 'a list', 'no argv'])
+def test_resume_of_a_sweep_whose_sweep_yaml_is_damaged_is_an_error(tmp_path, capsys, content):
+    sweep = tmp_path / 'transformer' / 'sweep-x'
+    sweep.mkdir(parents=True)
+    (sweep / 'sweep.yaml').write_bytes(content)
+    assert cli.main(['sweep', '--resume', str(sweep)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f'lazylab: error: {sweep / "sweep.yaml"} is damaged (no command and study recorded)\n'
+    assert [p.name for p in sweep.iterdir()] == ['sweep.yaml']
 
 
 def _lock_is_free(path: Path) -> bool:

@@ -215,6 +215,7 @@ def load(configs: Any, source: Union[str, os.PathLike, dict[str, Any]], label: O
         UnknownItemError, UnknownOptionError, BadValueError, AlreadyComputedError: see ``apply_overrides``.
     """
     name = label or '<dump>'
+    where = ''  # ' PATH' when the dump is a file, for messages
     if isinstance(source, dict):
         doc = source
     else:
@@ -222,21 +223,26 @@ def load(configs: Any, source: Union[str, os.PathLike, dict[str, Any]], label: O
         text = str(source)
         if isinstance(source, os.PathLike) or ('\n' not in text and os.path.exists(text)):
             name = label or os.fspath(source)
-            with open(source, encoding='utf-8') as f:
-                text = f.read()
+            where = f' {os.fspath(source)}'
+            try:
+                with open(source, encoding='utf-8') as f:
+                    text = f.read()
+            except UnicodeDecodeError as e:
+                raise BadValueError(f'cannot read configuration YAML{where}: not UTF-8 text (invalid byte at '
+                                    f'offset {e.start})') from None
         try:
             doc = yaml.safe_load(text)
         except yaml.YAMLError as e:
-            raise BadValueError(f'cannot read configuration YAML: {" ".join(str(e).split())}') from None
+            raise BadValueError(f'cannot read configuration YAML{where}: {" ".join(str(e).split())}') from None
         if doc is None:
             doc = {}
     if not isinstance(doc, dict):
-        raise BadValueError('a configuration YAML must be a mapping of keys to values')
+        raise BadValueError(f'a configuration YAML must be a mapping of keys to values{where and ":" + where}')
     values = doc.get('values', doc)
     if values is None:
         values = {}
     if not isinstance(values, dict):
-        raise BadValueError("the configuration YAML's 'values' must be a mapping")
+        raise BadValueError(f"the configuration YAML's 'values' must be a mapping{where and ':' + where}")
     given = doc.get('given') if 'values' in doc else None
     if not isinstance(given, dict):
         apply_overrides(configs, values)

@@ -1,0 +1,103 @@
+"""`lazylab compare` and `lazylab diff` on run directories whose files are damaged or not what they expect: one
+error line naming the file, or (for metrics.jsonl, whose torn lines are expected) the readable records only.
+
+The run directories are written by hand (compare reads files only), so no training is needed."""
+import json
+from pathlib import Path
+
+import pytest
+
+from lazylab import cli
+from lazylab.sweeps import compare
+
+
+def make_run(folder: Path, d_model: int, losses: list[float]) -> Path:
+    """A finished run directory as `lazylab train` leaves it, as far as compare reads it."""
+    folder.mkdir(parents=True)
+    (folder / 'run.json').write_text(json.dumps({'experiment': 'transformer', 'status': 'completed',
+                                                 'parameters': 100 * d_model, 'steps': len(losses)}))
+    (folder / 'configs.yaml').write_text(f'values:\n  d_model: {d_model}\n  seq_len: 16\n'
+                                         f'given:\n  d_model: user\n  seq_len: user\n')
+    (folder / 'metrics.jsonl').write_text(''.join(
+        json.dumps({'step': i + 1, 'tokens': 64 * (i + 1), 'loss.valid': v, 'time': i + 1.0}) + '\n'
+        for i, v in enumerate(losses)))
+    return folder
+
+
+def _error(capsys, argv) -> str:
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('lazylab: error: '), err
+    return err[0][len('lazylab: error: '):]
+
+
+@pytest.mark.parametrize('content', [b'\xff\xfe not utf-8', b'values: [1, 2\n', b'- 1\n- 2\n', b'values: [1]\n'],
+                         ids=['not UTF-8', 'not YAML', 'a list', 'values not a mapping'])
+def test_a_damaged_configs_yaml_is_one_error_line_naming_it(tmp_path, capsys, content):
+    a = make_run(tmp_path / 'a', 16, [2.0, 1.5])
+    b = make_run(tmp_path / 'b', 32, [2.0, 1.4])
+    (a / 'configs.yaml').write_bytes(content)
+    assert _error(capsys, ['compare', str(a), str(b)]) == f'{a / "configs.yaml"} is damaged (not a YAML ' \
+                                                           f'configuration dump)'
+    assert _error(capsys, ['diff', str(b), str(a)]) == f'{a / "configs.yaml"} is damaged (not a YAML ' \
+                                                        f'configuration dump)'
+
+
+def test_unreadable_lines_of_metrics_jsonl_are_skipped(tmp_path):
+    a = make_run(tmp_path / 'a', 16, [2.0, 1.5])
+    with open(a / 'metrics.jsonl', 'ab') as f:
+        f.write(b'\xff\xfe\n[1]\n5\n{"step": 3, "loss.va')  # a byte that is not UTF-8, non-objects, a torn line
+    table = compare.compare([str(a)])
+    assert table.rows[0]['final'] == 1.5 and table.rows[0]['best'] == 1.5
+
+
+def test_run_json_and_trial_json_that_are_not_objects_count_as_missing(tmp_path):
+    a = make_run(tmp_path / 'a', 16, [2.0, 1.5])
+    b = make_run(tmp_path / 'b', 32, [2.0, 1.4])
+    (a / 'run.json').write_text('[1, 2]')
+    (b / 'trial.json').write_text('{"number": "x", "params": [1]}')
+    rows = {row['run']: row for row in compare.compare([str(a), str(b)]).rows}
+    assert rows[f'{tmp_path.name}/a']['params'] is None
+    assert rows[f'{tmp_path.name}/b']['d_model'] == 32  # from configs.yaml; the trial's label is its folder's name
+
+
+def test_a_damaged_sweep_yaml_is_one_error_line_naming_it(tmp_path, capsys):
+    sweep = tmp_path / 'sweep-x'
+    make_run(sweep / 'trial-0000', 16, [2.0])
+    (sweep / 'sweep.yaml').write_bytes(b'- not a mapping\n')
+    assert _error(capsys, ['compare', str(sweep)]) == f'{sweep / "sweep.yaml"} is damaged (not a YAML mapping)'
+
+
+@pytest.mark.parametrize('flag, name, message', [
+    ('--csv', 'folder', '--csv {out} is a folder; give a file name'),
+    ('--csv', '', '--csv needs a file name'),
+    ('--plot', 'folder', '--plot {out} is a folder; give a file name'),
+    ('--plot', '', '--plot needs a file name'),
+    ('--plot', 'table.txt', '--plot {out}: the file name must end in a figure format matplotlib writes'),
+], ids=['csv folder', 'csv empty', 'plot folder', 'plot empty', 'plot format'])
+def test_a_bad_output_file_is_an_error_before_anything_is_written(tmp_path, capsys, flag, name, message):
+    a = make_run(tmp_path / 'a', 16, [2.0, 1.5])
+    out_dir = tmp_path / 'out'
+    (out_dir / 'folder').mkdir(parents=True)
+    out = str(out_dir / name) if name else ''
+    good = ['--csv', str(out_dir / 'ok.csv')] if flag == '--plot' else ['--plot', str(out_dir / 'ok.png')]
+    assert cli.main(['compare', str(a), flag, out, *good]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('lazylab: error: ' + message.format(out=out)), err
+    assert captured.out == ''  # not even the table
+    assert sorted(p.name for p in out_dir.iterdir()) == ['folder'] and not list((out_dir / 'folder').iterdir())
+
+
+def test_compare_writes_a_pdf_when_asked(tmp_path, capsys):
+    a = make_run(tmp_path / 'a', 16, [2.0, 1.5])
+    assert cli.main(['compare', str(a), '--plot', str(tmp_path / 'losses.pdf')]) == 0
+    assert (tmp_path / 'losses.pdf').read_bytes()[:5] == b'%PDF-'
+
+
+def test_a_run_named_twice_or_also_through_its_folder_is_one_row(tmp_path, capsys):
+    a = make_run(tmp_path / 'runs' / 'transformer' / 'a', 16, [2.0, 1.5])
+    b = make_run(tmp_path / 'runs' / 'transformer' / 'b', 32, [2.0, 1.4])
+    table = compare.compare([str(a), str(tmp_path / 'runs' / 'transformer'), str(a / '..' / 'a')])
+    assert [row['run'] for row in table.rows] == ['transformer/b', 'transformer/a']
+    assert [r.path for r in table.runs] == [a, b]  # each as first named
