@@ -1,6 +1,7 @@
 """The `lazylab` command.
 
-    lazylab train NAME [key=value …] [--config FILE.yaml]     train an experiment (feedback, fast_weights, transformer)
+    lazylab train NAME [key=value …] [--config FILE.yaml]     train an experiment (feedback, fast_weights, transformer,
+                                                              retrieval)
     lazylab options NAME                                      every key with type, default, options and help
     lazylab resume RUN_DIR [--allow-changes]                  continue a run from its checkpoint
     lazylab generate RUN_DIR --prompt TEXT --tokens N [--temperature T] [--top-k K] [--seed S]
