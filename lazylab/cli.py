@@ -166,8 +166,8 @@ COMMANDS = {'train': _train, 'options': _options, 'resume': _resume, 'generate':
 
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ('-h', '--help', 'help'):
-        print('usage:\n' + USAGE)
+    if not argv or argv[0] in ('-h', '--help', 'help'):  # asked for: stdout, exit 0; no command: stderr, exit 2
+        print('usage:\n' + USAGE, file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == 'dashboard':  # the dashboard's own parser and optional dependencies, loaded only when asked
