@@ -43,7 +43,8 @@ FEATURE_MAPS = ('dpfp', 'linear', 'favor')
 
 def sum_normalise(phi: torch.Tensor, eps: float) -> torch.Tensor:
     """φ' = φ / (Σⱼ φⱼ + eps) over the last axis (the paper's sum normalisation, section 4.1 / eq. 26)."""
-    return phi / (phi.sum(dim=-1, keepdim=True) + eps)
+    # times the reciprocal: one division per row instead of per feature, and a cheaper backward pass
+    return phi * (phi.sum(dim=-1, keepdim=True) + eps).reciprocal()
 
 
 class DPFP(nn.Module):
