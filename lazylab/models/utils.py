@@ -36,3 +36,19 @@ def check_heads(d_model: int, heads: int, who: str):
         raise ValueError(f"{who} needs positive sizes, got d_model={d_model}, heads={heads}")
     if d_model % heads != 0:
         raise ValueError(f"{who}: d_model={d_model} is not divisible by heads={heads}")
+
+
+class PreNormLayer(nn.Module):
+    """The parts of a pre-norm transformer layer as labml_nn's feedback and fast-weights layers name them (so their
+    state_dict keys are labml_nn's): `attn`, `feed_forward`, `dropout`, `norm_self_attn`, `norm_ff`, and `size`
+    (d_model). Subclasses write `forward`: x + dropout(attn(norm_self_attn(x))), then the same with the FFN.
+    """
+
+    def __init__(self, *, d_model: int, attn: nn.Module, feed_forward: nn.Module, dropout_prob: float):
+        super().__init__()
+        self.size = d_model
+        self.attn = attn
+        self.feed_forward = feed_forward
+        self.dropout = nn.Dropout(dropout_prob)
+        self.norm_self_attn = nn.LayerNorm([d_model])
+        self.norm_ff = nn.LayerNorm([d_model])

@@ -67,7 +67,7 @@ from lazylab.models.fast_weights.step import (
 from lazylab.models.fast_weights.sum_rule import sum_rule_chunked, sum_rule_loop, sum_rule_step
 from lazylab.models.feed_forward import FeedForward  # re-exported, as labml_nn does (its experiment imports it here)
 from lazylab.models.mha import PrepareForMultiHeadAttention
-from lazylab.models.utils import check_heads, check_n_layers, clone_module_list
+from lazylab.models.utils import PreNormLayer, check_heads, check_n_layers, clone_module_list
 
 __all__ = ['DPFP', 'LinearElu', 'Favor', 'FEATURE_MAPS', 'make_feature_map', 'FastWeightsAttention',
            'FastWeightsAttentionTransformerLayer', 'FeedForward', 'FastWeightsAttentionTransformer', 'KERNELS',
@@ -239,7 +239,7 @@ def per_layer_state(state: Optional[list[Optional[torch.Tensor]]], n_layers: int
     return list(state)
 
 
-class FastWeightsAttentionTransformerLayer(nn.Module):
+class FastWeightsAttentionTransformerLayer(PreNormLayer):
     """One layer: x + Dropout(Attn(x)), then the pre-norm FFN block x + Dropout(FFN(LayerNorm(x))).
 
     As in labml_nn, the attention sees x itself; `norm_self_attn` is created (state-dict compatibility) but unused.
@@ -253,15 +253,6 @@ class FastWeightsAttentionTransformerLayer(nn.Module):
     Shapes:
         x: [seq_len, batch_size, d_model] → [seq_len, batch_size, d_model]; state as in FastWeightsAttention.
     """
-
-    def __init__(self, *, d_model: int, attn: FastWeightsAttention, feed_forward: nn.Module, dropout_prob: float):
-        super().__init__()
-        self.size = d_model
-        self.attn = attn
-        self.feed_forward = feed_forward
-        self.dropout = nn.Dropout(dropout_prob)
-        self.norm_self_attn = nn.LayerNorm([d_model])
-        self.norm_ff = nn.LayerNorm([d_model])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._add_attention_and_ffn(x, self.attn(x))

@@ -22,7 +22,7 @@ from lazylab.models.fast_weights.normalization import join_state, normalise_by_a
 from lazylab.models.fast_weights.sum_rule import sum_rule_step
 from lazylab.models.feed_forward import FeedForward  # re-exported, as labml_nn does
 from lazylab.models.mha import PrepareForMultiHeadAttention
-from lazylab.models.utils import check_heads, check_n_layers, clone_module_list
+from lazylab.models.utils import PreNormLayer, check_heads, check_n_layers, clone_module_list
 
 __all__ = ['DPFP', 'FeedForward', 'FastWeightsAttention', 'FastWeightsAttentionTransformerLayer',
            'FastWeightsAttentionTransformer']
@@ -82,22 +82,13 @@ class FastWeightsAttention(nn.Module):
         return self.output(y.reshape(x.shape[0], -1)), weights
 
 
-class FastWeightsAttentionTransformerLayer(nn.Module):
+class FastWeightsAttentionTransformerLayer(PreNormLayer):
     """x + Dropout(Attn(x, W)), then x + Dropout(FFN(LayerNorm(x))), for one token (labml_nn's layer;
     `norm_self_attn` exists but, as there, is not applied).
 
     Shapes:
         x: [batch_size, d_model] → [batch_size, d_model]; weights [batch_size, heads, d_k, d_dot] in and out.
     """
-
-    def __init__(self, *, d_model: int, attn: FastWeightsAttention, feed_forward: nn.Module, dropout_prob: float):
-        super().__init__()
-        self.size = d_model
-        self.attn = attn
-        self.feed_forward = feed_forward
-        self.dropout = nn.Dropout(dropout_prob)
-        self.norm_self_attn = nn.LayerNorm([d_model])
-        self.norm_ff = nn.LayerNorm([d_model])
 
     def forward(self, x: torch.Tensor, weights: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         attn, weights = self.attn(x, weights)

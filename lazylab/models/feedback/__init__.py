@@ -46,7 +46,7 @@ from lazylab.models.autoregressive import AutoregressiveModel
 from lazylab.models.feedback.memory import Memory
 from lazylab.models.feedback.sequence import SequencePlan, run_sequence
 from lazylab.models.mha import PrepareForMultiHeadAttention
-from lazylab.models.utils import check_heads, check_n_layers, clone_module_list
+from lazylab.models.utils import PreNormLayer, check_heads, check_n_layers, clone_module_list
 
 __all__ = ['FeedbackAttention', 'FeedbackTransformerLayer', 'FeedbackTransformer', 'FeedbackTransformerKV',
            'FeedbackState', 'FeedbackLanguageModel', 'DEFAULT_N_POSITIONS']
@@ -137,7 +137,7 @@ class FeedbackAttention(nn.Module):
         return self.output(x.reshape(x.shape[0], -1))
 
 
-class FeedbackTransformerLayer(nn.Module):
+class FeedbackTransformerLayer(PreNormLayer):
     """Pre-norm layer: x + Dropout(Attention(LN(x), memory)), then x + Dropout(FFN(LN(x))).
 
     At the first step there is no memory, so only the FFN half runs.
@@ -151,15 +151,6 @@ class FeedbackTransformerLayer(nn.Module):
     Shapes (`forward`, one step):
         x: [batch_size, d_model]; key, value: memory [mem_len, batch_size, ...] or None → [batch_size, d_model]
     """
-
-    def __init__(self, *, d_model: int, attn: FeedbackAttention, feed_forward: nn.Module, dropout_prob: float):
-        super().__init__()
-        self.size = d_model
-        self.attn = attn
-        self.feed_forward = feed_forward
-        self.dropout = nn.Dropout(dropout_prob)
-        self.norm_self_attn = nn.LayerNorm([d_model])
-        self.norm_ff = nn.LayerNorm([d_model])
 
     def forward(self, *, x: torch.Tensor, key: Optional[torch.Tensor], value: Optional[torch.Tensor]) -> torch.Tensor:
         if key is not None:
