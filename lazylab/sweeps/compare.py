@@ -137,11 +137,16 @@ def _owner_alive(run: Run) -> bool:
     owner = attempts[-1].get('owner')
     if not owner:
         return True
-    lock = run.path.parent / '.owners' / owner  # the trial's folder is SWEEP_DIR/trial-NNNN
+    return lock_held(run.path.parent / '.owners' / owner)  # the trial's folder is SWEEP_DIR/trial-NNNN
+
+
+def lock_held(lock: Path) -> bool:
+    """Whether a live sweep process holds the owner lock file `lock` (it keeps an exclusive flock on it while it
+    lives; see lazylab.sweeps.sweep). A lock that cannot be opened here counts as held: another machine's."""
     try:
         fd = os.open(lock, os.O_RDONLY)
     except OSError:
-        return True  # another machine's lock: we cannot tell
+        return True
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return False

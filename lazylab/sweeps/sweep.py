@@ -628,23 +628,12 @@ class Sweep:
 
     def _interrupted(self, t) -> bool:
         """A RUNNING trial with no live process: ours (it was interrupted), or its owner's lock here is free."""
-        import fcntl
-
+        from lazylab.sweeps.compare import lock_held
         from lazylab.sweeps.study import OWNER
         owner = t.system_attrs.get(OWNER)
         if owner is None or owner == self.token:
             return True
-        try:
-            fd = os.open(self.owners / owner, os.O_RDONLY)
-        except OSError:
-            return False  # another machine's trial
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            return False
-        finally:
-            os.close(fd)
+        return not lock_held(self.owners / owner)  # (a lock we cannot open: another machine's trial)
 
     def say(self, line: str) -> None:
         elapsed = int(time.monotonic() - self.t0)
