@@ -28,6 +28,7 @@ lost machine) fails with an error instead of hanging forever.
 """
 import contextlib
 import datetime
+import gc
 import hashlib
 import os
 import sys
@@ -157,6 +158,10 @@ def setup(device: torch.device, env: Optional[DistEnv] = None) -> DistEnv:
 def teardown() -> None:
     """Leave the process group (if any), after every process has reached this point."""
     if dist.is_initialized():
+        # DistributedDataParallel wrappers that only reference cycles keep alive must go before the process
+        # group: one collected at exit, after the group is destroyed, aborts the process ("terminate called
+        # without an active exception": 3 of 27 jobs of the DDP models test before this, 0 of 16 after)
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
 
