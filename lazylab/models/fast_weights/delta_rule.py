@@ -49,24 +49,35 @@ def exact_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def check_qkv_state(rule: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[torch.Tensor],
+                    token: bool):
+    """The shapes every update rule takes: q, k [batch, heads, d] for one token or [seq_len, batch, heads, d] for
+    a sequence, v with the same leading dims, state [batch, heads, d_v, d_dot].
+
+    Raises:
+        ValueError: naming `rule` ('delta rule', 'sum rule') and the shapes.
+    """
+    lead = 3 if token else 4
+    if q.dim() != lead or k.shape != q.shape or v.shape[:-1] != q.shape[:-1]:
+        raise ValueError(f"{rule}: q and k must have equal shapes and v the same leading dims, "
+                         f"{'[batch, heads, d]' if token else '[seq_len, batch, heads, d]'}; "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if state is not None:
+        expected = (q.shape[-3], q.shape[-2], v.shape[-1], q.shape[-1])
+        if tuple(state.shape) != expected:
+            raise ValueError(f"{rule}: state must be [batch, heads, d_v, d_dot] = {expected}; "
+                             f"got {tuple(state.shape)}")
+
+
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, state: Optional[torch.Tensor],
            token: bool):
     """Validate shapes; return beta without a trailing singleton axis."""
-    lead = 3 if token else 4  # [batch, heads, d] for one token; [seq_len, batch, heads, d] for a sequence
-    if q.dim() != lead or k.shape != q.shape or v.shape[:-1] != q.shape[:-1]:
-        raise ValueError(f"delta rule: q and k must have equal shapes and v the same leading dims, "
-                         f"{'[batch, heads, d]' if token else '[seq_len, batch, heads, d]'}; "
-                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if beta.dim() == lead and beta.shape[-1] == 1:
+    check_qkv_state('delta rule', q, k, v, state, token)
+    if beta.dim() == q.dim() and beta.shape[-1] == 1:
         beta = beta.squeeze(-1)
     if beta.shape != q.shape[:-1]:
         raise ValueError(f"delta rule: beta must have shape {tuple(q.shape[:-1])} (or with a trailing 1); "
                          f"got {tuple(beta.shape)}")
-    if state is not None:
-        expected = (q.shape[-3], q.shape[-2], v.shape[-1], q.shape[-1])
-        if tuple(state.shape) != expected:
-            raise ValueError(f"delta rule: state must be [batch, heads, d_v, d_dot] = {expected}; "
-                             f"got {tuple(state.shape)}")
     return beta
 
 

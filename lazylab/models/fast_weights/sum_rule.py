@@ -27,22 +27,13 @@ from typing import Optional
 
 import torch
 
-from lazylab.models.fast_weights.delta_rule import exact_dtype, no_autocast
+from lazylab.models.fast_weights.delta_rule import check_qkv_state, exact_dtype, no_autocast
 
 __all__ = ['sum_rule_step', 'sum_rule_step_unchecked', 'sum_rule_loop', 'sum_rule_chunked']
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[torch.Tensor], token: bool):
-    lead = 3 if token else 4
-    if q.dim() != lead or k.shape != q.shape or v.shape[:-1] != q.shape[:-1]:
-        raise ValueError(f"sum rule: q and k must have equal shapes and v the same leading dims, "
-                         f"{'[batch, heads, d]' if token else '[seq_len, batch, heads, d]'}; "
-                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if state is not None:
-        expected = (q.shape[-3], q.shape[-2], v.shape[-1], q.shape[-1])
-        if tuple(state.shape) != expected:
-            raise ValueError(f"sum rule: state must be [batch, heads, d_v, d_dot] = {expected}; "
-                             f"got {tuple(state.shape)}")
+    check_qkv_state('sum rule', q, k, v, state, token)
 
 
 def sum_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[torch.Tensor] = None
