@@ -58,22 +58,27 @@ def _ffn_configs(c: FastWeightsConfigs):
     return feed_forward_configs(c, ('d_model', 'd_ff', 'dropout'))
 
 
+def _phi(c: FastWeightsConfigs, name: str):
+    return fast_weights.make_feature_map(name, c.d_model // c.heads, nu=c.nu, features=c.favor_features,
+                                         sum_normalization=c.sum_normalization)
+
+
 @option(FastWeightsConfigs.phi, 'dpfp')
 def _dpfp(c: FastWeightsConfigs):
     """DPFP with ν = nu (Schlag et al. 2021, section 4.2)."""
-    return fast_weights.DPFP(nu=c.nu, sum_normalization=c.sum_normalization)
+    return _phi(c, 'dpfp')
 
 
 @option(FastWeightsConfigs.phi, 'linear')
 def _linear_elu(c: FastWeightsConfigs):
     """ELU(x) + 1 (Katharopoulos et al. 2020)."""
-    return fast_weights.LinearElu(sum_normalization=c.sum_normalization)
+    return _phi(c, 'linear')
 
 
 @option(FastWeightsConfigs.phi, 'favor')
 def _favor(c: FastWeightsConfigs):
     """FAVOR+ with favor_features random features, drawn from torch's generator (the run's seed) when built."""
-    return fast_weights.Favor(c.d_model // c.heads, c.favor_features, sum_normalization=c.sum_normalization)
+    return _phi(c, 'favor')
 
 
 def _rule_kwargs(c: FastWeightsConfigs) -> dict:

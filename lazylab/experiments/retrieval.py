@@ -194,14 +194,19 @@ def _attention_normalization(c: Configs):
     return c.update_rule == 'sum'
 
 
+def _phi(c: Configs, name: str):
+    return fast_weights.make_feature_map(name, c.hidden_size, nu=c.nu, features=c.favor_features,
+                                         sum_normalization=c.sum_normalization)
+
+
 @option(Configs.phi, 'dpfp')
 def _dpfp(c: Configs):
-    return fast_weights.DPFP(nu=c.nu, sum_normalization=c.sum_normalization)
+    return _phi(c, 'dpfp')
 
 
 @option(Configs.phi, 'linear')
 def _linear(c: Configs):
-    return fast_weights.LinearElu(sum_normalization=c.sum_normalization)
+    return _phi(c, 'linear')
 
 
 @option(Configs.phi, 'favor')
@@ -209,7 +214,7 @@ def _favor(c: Configs):
     # FAVOR+'s raw features start near exp(−‖x‖²/2) ≈ 1e-30 here: denormal floats, which the CPU computes with
     # 10-100× slower; flushing them to zero (this process only) changes nothing that the loss can see
     torch.set_flush_denormal(True)
-    return fast_weights.Favor(c.hidden_size, c.favor_features, sum_normalization=c.sum_normalization)
+    return _phi(c, 'favor')
 
 
 @option(Configs.model, 'fast_weights')
