@@ -54,9 +54,14 @@ def all_grads(model, x, y, g):
 
 
 def assert_all_close(model, ours, theirs, rtol):
+    """Each gradient within rtol of the reference's, relative to its norm or, if that is smaller, to 1e-3 of the
+    largest gradient's: a gradient that is small by cancellation (a 2-element bias summed over a few positions)
+    carries the rounding of the terms that cancelled, which is relative to those terms, not to the small sum."""
     names = ['x'] + [n for n, _ in model.named_parameters()]
+    floor = 1e-3 * max(b.norm().item() for b in theirs)
     for name, a, b in zip(names, ours, theirs):
-        err = ((a - b).norm() / b.norm()).item() if b.norm() > 0 else a.norm().item()
+        scale = max(b.norm().item(), floor)
+        err = (a - b).norm().item() / scale if scale > 0 else a.norm().item()
         assert err <= rtol, f'{name}: relative error {err:.2e}'
 
 
@@ -74,8 +79,9 @@ def test_fast_path_equals_the_reference_loop_forward_and_backward_for_any_shape(
         kv, seq_len, batch, heads, n_layers, ffn, memory_span, seed):
     model = build(kv, d_model=2 * heads, heads=heads, d_ff=12, n_layers=n_layers, ffn=ffn, memory_span=memory_span,
                   seed=seed)
-    x = torch.randn(seq_len, batch, 2 * heads, dtype=torch.float64, requires_grad=True)
-    g = torch.randn(seq_len, batch, 2 * heads, dtype=torch.float64)
+    draw = torch.Generator().manual_seed(seed)  # (so that a failing example replays)
+    x = torch.randn(seq_len, batch, 2 * heads, dtype=torch.float64, generator=draw, requires_grad=True)
+    g = torch.randn(seq_len, batch, 2 * heads, dtype=torch.float64, generator=draw)
     y_fast, y_ref, g_fast, g_ref = fast_and_reference(model, x, g)
     torch.testing.assert_close(y_fast, y_ref, rtol=1e-11, atol=1e-11)
     assert_all_close(model, g_fast, g_ref, 1e-10)
