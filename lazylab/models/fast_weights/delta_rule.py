@@ -29,12 +29,13 @@ for float64 inputs), also under autocast and in a backward pass started inside a
 v's dtype, the state stays float32 (so carrying it from segment to segment loses nothing).
 """
 from contextlib import nullcontext
+from functools import partial
 from typing import Optional
 
 import torch
 
 __all__ = ['delta_rule_step', 'delta_rule_step_unchecked', 'delta_rule_loop', 'delta_rule_chunked',
-           'unit_lower_inverse', 'exact_dtype', 'no_autocast']
+           'unit_lower_inverse', 'exact_dtype', 'no_autocast', 'to_chunks', 'from_chunks']
 
 
 def no_autocast(device_type: str):
@@ -50,9 +51,10 @@ def exact_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def check_qkv_state(rule: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[torch.Tensor],
-                    token: bool):
+                    token: bool, extra_rows: int = 0):
     """The shapes every update rule takes: q, k [batch, heads, d] for one token or [seq_len, batch, heads, d] for
-    a sequence, v with the same leading dims, state [batch, heads, d_v, d_dot].
+    a sequence, v with the same leading dims, state [batch, heads, d_v + extra_rows, d_dot] (one extra row for
+    the attention normaliser z that a kernel carries in its state).
 
     Raises:
         ValueError: naming `rule` ('delta rule', 'sum rule') and the shapes.
@@ -63,9 +65,10 @@ def check_qkv_state(rule: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                          f"{'[batch, heads, d]' if token else '[seq_len, batch, heads, d]'}; "
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if state is not None:
-        expected = (q.shape[-3], q.shape[-2], v.shape[-1], q.shape[-1])
+        expected = (q.shape[-3], q.shape[-2], v.shape[-1] + extra_rows, q.shape[-1])
         if tuple(state.shape) != expected:
-            raise ValueError(f"{rule}: state must be [batch, heads, d_v, d_dot] = {expected}; "
+            raise ValueError(f"{rule}: state must be [batch, heads, d_v{' + 1' if extra_rows else ''}, d_dot] = "
+                             f"{expected}; "
                              f"got {tuple(state.shape)}")
 
 
@@ -192,7 +195,8 @@ class _ChunkedDeltaRule(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, beta, s_init, n: int, bh: int):
-        k_t = k.transpose(1, 2)
+        # bmm runs at a third of its speed on CPU with a transposed right-hand operand: Kᵀ is made once
+        k_t = k.transpose(1, 2).contiguous()
         kkt = torch.bmm(k, k_t)
         t = unit_lower_inverse((beta * kkt).tril_(-1))
         t_beta = t * beta.transpose(1, 2)  # T diag(β): column j scaled by β_j
@@ -300,16 +304,8 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
 
     c = min(chunk_size, seq_len)
     n = -(-seq_len // c)
-    pad = n * c - seq_len
     bh = batch * heads
-
-    def chunks(x):
-        # [seq_len, batch, heads, d] -> [n · batch · heads, c, d], chunk-major and contiguous, so that every
-        # matmul is a plain 3-d bmm and chunk j's rows are the contiguous block [j · bh, (j + 1) · bh).
-        # One copy: splitting the sequence axis is a view even for the strided q, k that split off a projection.
-        if pad:
-            x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 1) + (0, pad))
-        return x.unflatten(0, (n, c)).permute(0, 2, 3, 1, 4).reshape(n * bh, c, x.shape[-1]).to(exact)
+    chunks = partial(to_chunks, n=n, c=c, dtype=exact)
 
     with torch.autocast(q.device.type, enabled=False):
         if state is None:
@@ -318,6 +314,23 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
             s_init = state.transpose(-1, -2).to(exact).reshape(bh, d_dot, d_v)
         out, s = _ChunkedDeltaRule.apply(chunks(q), chunks(k), chunks(v), chunks(beta.unsqueeze(-1)), s_init, n, bh)
     final_state = s.view(batch, heads, d_dot, d_v).transpose(-1, -2)  # stays float32: the carried state
-    # [n · batch · heads, c, d_v] -> [seq_len, batch, heads, d_v]
-    out = out.view(n, batch, heads, c, d_v).permute(0, 3, 1, 2, 4).reshape(n * c, batch, heads, d_v)
-    return out[:seq_len].to(v.dtype), final_state
+    return from_chunks(out, seq_len, batch, heads).to(v.dtype), final_state
+
+
+def to_chunks(x: torch.Tensor, n: int, c: int, dtype: torch.dtype) -> torch.Tensor:
+    """[seq_len, batch, heads, d] → [n · batch · heads, c, d] in `dtype`: chunk-major and contiguous, so that every
+    product of a chunked kernel is a plain 3-d bmm and chunk j's rows are the block [j · bh, (j + 1) · bh). A
+    sequence shorter than n · c is padded with zeros (for both rules, a zero key and value leave the state as it
+    is). One copy: splitting the sequence axis is a view even for q, k, v split off one projection."""
+    pad = n * c - x.shape[0]
+    if pad:
+        x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 1) + (0, pad))
+    return x.unflatten(0, (n, c)).permute(0, 2, 3, 1, 4).reshape(n * x.shape[1] * x.shape[2], c, x.shape[-1]).to(dtype)
+
+
+def from_chunks(x: torch.Tensor, seq_len: int, batch: int, heads: int) -> torch.Tensor:
+    """The inverse of `to_chunks`: [n · batch · heads, c, d] → [seq_len, batch, heads, d] (padding dropped)."""
+    c, d = x.shape[-2:]
+    n = x.shape[0] // (batch * heads)
+    x = x.view(n, batch, heads, c, d).permute(0, 3, 1, 2, 4).reshape(n * c, batch, heads, d)
+    return x[:seq_len] if n * c > seq_len else x  # (a slice costs a zero-filled copy in the backward pass)
