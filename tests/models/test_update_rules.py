@@ -265,6 +265,52 @@ def test_sum_rule_chunked_passes_gradcheck():
     assert torch.autograd.gradcheck(lambda *a: sum_rule_chunked(*a, chunk_size=3), inputs)
 
 
+def naive_normalised_sum_rule(q, k, v, state, eps):
+    """yᵢ = (W₀ qᵢ + Σ_{j≤i} vⱼ (kⱼ · qᵢ)) / (z₀ · qᵢ + Σ_{j≤i} kⱼ · qᵢ + eps), written out per token; the state
+    [W; z] after the last token."""
+    w0, z0 = state[..., :-1, :], state[..., -1, :]
+    ys = []
+    for i in range(q.shape[0]):
+        scores = torch.einsum('jbhd,bhd->jbh', k[:i + 1], q[i])  # kⱼ · qᵢ for j ≤ i
+        numerator = torch.einsum('bhvd,bhd->bhv', w0, q[i]) + torch.einsum('jbh,jbhv->bhv', scores, v[:i + 1])
+        denominator = torch.einsum('bhd,bhd->bh', z0, q[i]) + scores.sum(0) + eps
+        ys.append(numerator / denominator.unsqueeze(-1))
+    w = w0 + torch.einsum('jbhv,jbhd->bhvd', v, k)
+    z = z0 + k.sum(0)
+    return torch.stack(ys) if ys else v.new_zeros(v.shape), torch.cat([w, z.unsqueeze(-2)], dim=-2)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seq_len=st.integers(0, 70), chunk_size=st.integers(1, 30), batch=st.integers(1, 3), heads=st.integers(1, 3),
+       d_dot=st.integers(1, 12), d_v=st.integers(1, 6), seed=st.integers(0, 2 ** 16))
+def test_attention_normalised_sum_rule_chunked_equals_the_formula_for_any_shape(seq_len, chunk_size, batch, heads,
+                                                                                 d_dot, d_v, seed):
+    q, k, v, w0 = rule_inputs(seq_len, batch, heads, d_dot, d_v, seed=seed)
+    z0 = torch.rand(batch, heads, 1, d_dot, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+    state = torch.cat([w0, z0], dim=-2)
+    leaves = [t.requires_grad_() for t in (q, k, v, state)]
+    y_ref, s_ref = naive_normalised_sum_rule(q, k, v, state, 1e-6)
+    y, s = sum_rule_chunked(q, k, v, state, chunk_size, attention_normalization=True, eps=1e-6)
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(s, s_ref, rtol=1e-10, atol=1e-10)
+    if seq_len:
+        cotangents = (torch.randn_like(y_ref), torch.randn_like(s_ref))
+        expected = torch.autograd.grad((y_ref, s_ref), leaves, cotangents)
+        got = torch.autograd.grad((y, s), leaves, cotangents)
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+def test_attention_normalised_sum_rule_chunked_passes_gradcheck():
+    q, k, v, w0 = rule_inputs(7, 2, 1, 3, 2, seed=6)
+    state = torch.cat([w0, torch.rand(2, 1, 1, 3, dtype=torch.float64)], dim=-2)
+    inputs = [t.requires_grad_() for t in (q, k, v, state)]
+    assert torch.autograd.gradcheck(
+        lambda *a: sum_rule_chunked(*a, chunk_size=3, attention_normalization=True), inputs)
+    with pytest.raises(ValueError, match=r'd_v \+ 1'):  # the state carries z as one more row
+        sum_rule_chunked(q, k, v, w0, attention_normalization=True)
+
+
 def test_sum_rule_bad_arguments_raise_clear_errors():
     q, k, v, state = rule_inputs(5, 2, 3, 4, 2)
     with pytest.raises(ValueError, match='q and k'):

@@ -211,6 +211,10 @@ class FastWeightsAttention(nn.Module):
                              f"got {tuple(x.shape)}")
         seq_len, batch_size, _ = x.shape
         query, key, value, beta = projector(self)(x)  # one matmul for all four with the standard projections
+        if self.attention_normalization and self.update_rule == 'sum' and self.kernel == 'chunked' and seq_len > 1:
+            y, state = sum_rule_chunked(query, key, value, state, max(self.chunk_size, SUM_RULE_CHUNK_SIZE),
+                                        attention_normalization=True, eps=self.eps)
+            return self.output(y.reshape(seq_len, batch_size, d_model)), state
         if self.attention_normalization and self.update_rule == 'sum':
             # the normaliser is the sum rule with v = 1: one more value column, whose row of the state is z
             y, state = run_update_rule('sum', self.kernel, self.chunk_size, query, key,

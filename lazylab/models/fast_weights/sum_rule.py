@@ -14,7 +14,8 @@ zᵢ = Σ_{j≤i} kⱼ is a separate, optional step: `lazylab.models.fast_weight
 * `sum_rule_loop`    the equations above, token by token: the reference.
 * `sum_rule_chunked` chunkwise (Katharopoulos et al.'s causal product, by chunks as in flash-linear-attention's
   `chunk` kernels): within a chunk of C tokens, O = Q S + lower(Q Kᵀ) V; the state at each chunk's start is
-  S₀ + the sum of the earlier chunks' Kᵀ V (one cumulative sum, so no step is sequential).
+  S₀ + the sum of the earlier chunks' Kᵀ V (one cumulative sum, so no step is sequential); optionally with the
+  attention normaliser folded in.
 
 Shapes, as the delta rule's (`delta_rule.py`), sequence-first:
     q, k: [seq_len, batch, heads, d_dot];  v: [seq_len, batch, heads, d_v];  state: [batch, heads, d_v, d_dot] or None
@@ -23,17 +24,20 @@ and each returns `(y, state)` with y: [seq_len, batch, heads, d_v] (for a step: 
 Precision: the state and its accumulations are float32 (float64 for float64 inputs) under autocast too; y comes
 back in v's dtype, the state stays float32.
 """
+from functools import partial
 from typing import Optional
 
 import torch
 
-from lazylab.models.fast_weights.delta_rule import check_qkv_state, exact_dtype, no_autocast
+from lazylab.models.fast_weights.delta_rule import check_qkv_state, exact_dtype, from_chunks, no_autocast, to_chunks
+from lazylab.models.fast_weights.normalization import join_state
 
 __all__ = ['sum_rule_step', 'sum_rule_step_unchecked', 'sum_rule_loop', 'sum_rule_chunked']
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[torch.Tensor], token: bool):
-    check_qkv_state('sum rule', q, k, v, state, token)
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[torch.Tensor], token: bool,
+           extra_rows: int = 0):
+    check_qkv_state('sum rule', q, k, v, state, token, extra_rows)
 
 
 def sum_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[torch.Tensor] = None
@@ -82,53 +86,145 @@ def sum_rule_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Opti
     return torch.stack(ys).to(out_dtype), weights
 
 
+class _ChunkedSumRule(torch.autograd.Function):
+    """The chunkwise sum rule with a hand-written backward (the forward equations: `sum_rule_chunked`).
+
+    Inputs are chunk-major as the delta rule's (`to_chunks`): q, k: [N, c, d_dot], v: [N, c, d_v] with
+    N = n · bh; s_init: [bh, d_dot, d_v]; z_init: [bh, d_dot] when normalising, else None. Returns y [N, c, d_v]
+    (normalised or not), the final state [bh, d_dot, d_v] and the final z [bh, d_dot] (None without normalising).
+    Not twice differentiable.
+
+    With S_j, z_j the state and normaliser at chunk j's start and P = lower(Q Kᵀ):
+        O = Q S_j + P V,   S_{j+1} = S_j + Kᵀ V
+        den = Q z_j + rowsum(P) + eps,   z_{j+1} = z_j + colsum(K),   y = O / den     (when normalising)
+    Backward, with G_j, g_j the gradients of S_{j+1}, z_{j+1} (the final state's, plus what every later chunk m
+    reads: Q_mᵀ dO_m and Q_mᵀ dden_m):
+        dO = dy / den,   dden = −(dy · y) / den,   dP = lower(dO Vᵀ + dden 1ᵀ)
+        dQ = dP K + dO S_jᵀ + dden z_jᵀ,   dK = dPᵀ Q + V G_jᵀ + 1 g_jᵀ,   dV = Pᵀ dO + K G_j
+    Everything but the suffix sums of G and g (n − 1 additions of a state) is one batched product over all
+    chunks. The normaliser is kept beside V rather than as a column of ones appended to it: a 33rd column
+    would make every product's inner size odd, at half the speed.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, s_init, z_init, n: int, eps: float):
+        normalise = z_init is not None
+        chunk_states = (v.shape[0], *s_init.shape[1:])  # the states of all chunks as one batch of matrices
+        p = torch.bmm(q, k.transpose(1, 2)).tril_()  # diagonal included: yᵢ reads W⁽ⁱ⁾
+        states = s_init.new_empty(n + 1, *s_init.shape)  # states[j]: S at the start of chunk j; states[n]: final
+        states[0] = s_init
+        torch.bmm(k.transpose(1, 2), v, out=states[1:].view(chunk_states))  # each chunk's write Kᵀ V
+        states.cumsum_(0)
+        out = torch.bmm(q, states[:n].view(chunk_states)).baddbmm_(p, v)
+        if not normalise:
+            ctx.save_for_backward(q, k, v, p, states)
+            ctx.n, ctx.exact = n, q.dtype
+            return out, states[n].clone(), None
+        zs = z_init.new_empty(n + 1, *z_init.shape)  # the same for z, with colsum(K) as each chunk's write
+        zs[0] = z_init
+        torch.sum(k, 1, out=zs[1:].view(v.shape[0], -1))
+        zs.cumsum_(0)
+        z_start = zs[:n].view(v.shape[0], 1, -1)
+        r_den = torch.linalg.vecdot(q, z_start).add_(p.sum(-1)).add_(eps).reciprocal_().unsqueeze(-1)
+        y = out.mul_(r_den)
+        ctx.save_for_backward(q, k, v, p, states, zs, y, r_den)
+        ctx.n, ctx.exact = n, q.dtype
+        return y, states[n].clone(), zs[n].clone()
+
+    @staticmethod
+    def backward(ctx, d_y, d_s_final, d_z_final):
+        with torch.autocast(d_y.device.type, enabled=False):  # backward() may be called inside autocast
+            exact = ctx.exact
+            return _ChunkedSumRule._backward(ctx, d_y.to(exact), d_s_final.to(exact),
+                                             None if d_z_final is None else d_z_final.to(exact))
+
+    @staticmethod
+    def _backward(ctx, d_y, d_s_final, d_z_final):
+        n = ctx.n
+        q, k, v, p, states, *normaliser = ctx.saved_tensors
+        chunk_states = (q.shape[0], *states.shape[2:])
+        if normaliser:
+            zs, y, r_den = normaliser
+            d_den = torch.linalg.vecdot(d_y, y).unsqueeze(-1).mul_(r_den).neg_()  # y = O / den: −(dy · y) / den
+            d_out = d_y * r_den
+            d_p = torch.bmm(d_out, v.transpose(1, 2)).add_(d_den).tril_()
+        else:
+            d_out = d_y.contiguous()
+            d_p = torch.bmm(d_out, v.transpose(1, 2)).tril_()
+        d_q = torch.bmm(d_p, k).baddbmm_(d_out, states[:n].view(chunk_states).transpose(1, 2))
+        d_states = torch.empty_like(states)  # [j < n]: Q_jᵀ dO_j, then the suffix sums G
+        d_states[n] = d_s_final
+        torch.bmm(q.transpose(1, 2), d_out, out=d_states[:n].view(chunk_states))
+        for j in reversed(range(n)):
+            d_states[j] += d_states[j + 1]
+        g = d_states[1:].view(chunk_states)  # G_j: the gradient of chunk j's write
+        d_k = torch.bmm(d_p.transpose(1, 2), q).baddbmm_(v, g.transpose(1, 2))
+        d_v = torch.bmm(p.transpose(1, 2), d_out).baddbmm_(k, g)
+        if not normaliser:
+            return d_q, d_k, d_v, d_states[0], None, None, None
+        z_start = zs[:n].view(q.shape[0], 1, -1)
+        d_q.addcmul_(d_den, z_start)
+        d_zs = torch.empty_like(zs)  # the same suffix sums for z
+        d_zs[n] = 0 if d_z_final is None else d_z_final
+        torch.sum(q * d_den, 1, out=d_zs[:n].view(q.shape[0], -1))
+        for j in reversed(range(n)):
+            d_zs[j] += d_zs[j + 1]
+        d_k += d_zs[1:].view(q.shape[0], 1, -1)
+        return d_q, d_k, d_v, d_states[0], d_zs[0], None, None
+
+
 def sum_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[torch.Tensor] = None,
-                     chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+                     chunk_size: int = 64, *, attention_normalization: bool = False, eps: float = 1e-6
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """The sum rule by chunks of C tokens (see the module docstring). With S = Wᵀ [d_dot, d_v] and a chunk's
     rows Q, K [C, d_dot], V [C, d_v]:
 
         O = Q S_start + lower(Q Kᵀ) V          (lower keeps the diagonal: yᵢ reads W⁽ⁱ⁾)
         S_start of chunk j = S₀ + Σ_{m<j} K_mᵀ V_m,   final S = S₀ + Σ_m K_mᵀ V_m
 
-    Everything is batched over all chunks; autograd differentiates it. A sequence whose length is not a multiple
-    of C is padded with zeros (k = v = 0 adds nothing).
+    Everything is batched over all chunks, with a hand-written backward (`_ChunkedSumRule`). A sequence whose
+    length is not a multiple of C is padded with zeros (k = v = 0 adds nothing).
+
+    With `attention_normalization`, the read-out is divided by zᵢ · qᵢ + eps, zᵢ = z₀ + Σ_{j≤i} kⱼ (Katharopoulos
+    et al. 2020, eq. 6; `normalization.py`), and the state carries z as its last row: [batch, heads, d_v + 1, d_dot]
+    in and out.
 
     Args:
-        q, k, v, state: see the module docstring.
+        q, k, v, state: see the module docstring (state with one more row when normalising).
         chunk_size: C ≥ 1, clipped to seq_len.
+        attention_normalization: divide by the attention normaliser (see above).
+        eps: that denominator's eps.
 
     Returns:
-        y [seq_len, batch, heads, d_v] and the final state [batch, heads, d_v, d_dot] (float32 or float64).
+        y [seq_len, batch, heads, d_v] and the final state [batch, heads, d_v (+ 1), d_dot] (float32 or float64).
 
     Raises:
         ValueError: bad shapes or chunk_size < 1.
     """
-    _check(q, k, v, state, token=False)
+    d_v = v.shape[-1]
+    rows = d_v + attention_normalization  # the state's rows: W, and z below it when normalising
+    _check(q, k, v, state, token=False, extra_rows=int(attention_normalization))
     if chunk_size < 1:
         raise ValueError(f"sum_rule_chunked: chunk_size must be >= 1, got {chunk_size}")
     seq_len, batch, heads, d_dot = q.shape
-    d_v = v.shape[-1]
     exact = exact_dtype(v.dtype)
     if seq_len == 0:
-        weights = state.to(exact) if state is not None else q.new_zeros(batch, heads, d_v, d_dot, dtype=exact)
+        weights = state.to(exact) if state is not None else q.new_zeros(batch, heads, rows, d_dot, dtype=exact)
         return v.new_zeros(v.shape), weights
     c = min(chunk_size, seq_len)
     n = -(-seq_len // c)
-    pad = n * c - seq_len
-
-    def chunks(x):  # [seq_len, batch, heads, d] -> [batch · heads, n, c, d]
-        if pad:
-            x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 1) + (0, pad))
-        return x.to(exact).unflatten(0, (n, c)).permute(2, 3, 0, 1, 4).reshape(batch * heads, n, c, x.shape[-1])
-
+    bh = batch * heads
+    chunks = partial(to_chunks, n=n, c=c, dtype=exact)
     with torch.autocast(q.device.type, enabled=False):
-        q_c, k_c, v_c = chunks(q), chunks(k), chunks(v)
-        writes = k_c.transpose(-1, -2) @ v_c  # K_mᵀ V_m: [bh, n, d_dot, d_v]
-        s0 = (q.new_zeros(batch * heads, 1, d_dot, d_v, dtype=exact) if state is None
-              else state.to(exact).transpose(-1, -2).reshape(batch * heads, 1, d_dot, d_v))
-        ends = s0 + writes.cumsum(1)  # the state after each chunk
-        starts = torch.cat([s0, ends[:, :-1]], dim=1)
-        out = q_c @ starts + (q_c @ k_c.transpose(-1, -2)).tril_() @ v_c  # [bh, n, c, d_v]
-    final_state = ends[:, -1].view(batch, heads, d_dot, d_v).transpose(-1, -2)
-    out = out.view(batch, heads, n * c, d_v).permute(2, 0, 1, 3)[:seq_len]
-    return out.to(v.dtype), final_state
+        if state is None:
+            s_init = q.new_zeros(bh, d_dot, d_v, dtype=exact)
+            z_init = q.new_zeros(bh, d_dot, dtype=exact) if attention_normalization else None
+        else:
+            state = state.to(exact)
+            s_init = state[..., :d_v, :].transpose(-1, -2).reshape(bh, d_dot, d_v)
+            z_init = state[..., d_v, :].reshape(bh, d_dot) if attention_normalization else None
+        out, s, z = _ChunkedSumRule.apply(chunks(q), chunks(k), chunks(v), s_init, z_init, n, eps)
+    final_state = s.view(batch, heads, d_dot, d_v).transpose(-1, -2)
+    if attention_normalization:
+        final_state = join_state(final_state, z.view(batch, heads, d_dot))
+    return from_chunks(out, seq_len, batch, heads).to(v.dtype), final_state
