@@ -155,6 +155,27 @@ def test_feature_map_gradients_pass_gradcheck(name):
     assert torch.autograd.gradcheck(phi, (k,))
 
 
+@pytest.mark.parametrize('normalise', [True, False])
+@pytest.mark.parametrize('name', ['linear', 'favor'])
+def test_fused_feature_maps_equal_the_plain_operations_forward_and_backward(name, normalise):
+    # training (autograd on) and large inputs take the fused functions; plain() is the definition's operations
+    phi = make_feature_map(name, 6, features=5, sum_normalization=normalise).double()
+    k = 2 * torch.randn(7, 3, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    grad = torch.randn(7, 3, phi.out_features(6), dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    results = []
+    for fn in (phi, phi.plain):
+        x = k.clone().requires_grad_()
+        out = fn(x)
+        out.backward(grad)
+        results.append((out.detach(), x.grad))
+    (fused, d_fused), (plain, d_plain) = results
+    torch.testing.assert_close(fused, plain, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(d_fused, d_plain, rtol=1e-10, atol=1e-12)
+    big = torch.randn(4000, 6, dtype=torch.float64)  # > 16384 values without autograd: the fused forward too
+    torch.testing.assert_close(phi(big), phi.plain(big), rtol=1e-12, atol=1e-14)
+    assert torch.autograd.gradcheck(phi, (k[:2].clone().requires_grad_(),))
+
+
 def test_make_feature_map_names_the_choices():
     with pytest.raises(ValueError, match='dpfp, linear, favor'):
         make_feature_map('softmax', 4)

@@ -127,7 +127,14 @@ class LinearElu(nn.Module):
         return d_key
 
     def forward(self, k: torch.Tensor) -> torch.Tensor:
-        phi = nn.functional.elu(k) + 1
+        if _small_inference(k) or not k.is_floating_point():
+            return self.plain(k)
+        return _LinearEluFunction.apply(k, self.eps if self.sum_normalization else None)
+
+    def plain(self, k: torch.Tensor) -> torch.Tensor:
+        """φ'(k) by the definition's operations (the reference the fused `forward` is tested against; quicker for
+        a generation step's few values without autograd)."""
+        phi = torch.relu(k) + torch.exp(k).clamp_max(1)  # ELU(x) + 1, in the fused function's operations
         return sum_normalise(phi, self.eps) if self.sum_normalization else phi
 
 
@@ -204,19 +211,31 @@ class Favor(nn.Module):
     def forward(self, k: torch.Tensor) -> torch.Tensor:
         if k.shape[-1] != self.d_key:
             raise ValueError(f"Favor(d_key={self.d_key}) got inputs of size {k.shape[-1]}")
+        if not self.sum_normalization or _small_inference(k):
+            return self.plain(k)
+        exact = torch.promote_types(k.dtype, torch.float32)
+        with torch.autocast(k.device.type, enabled=False):
+            return _FavorFunction.apply(k.to(exact), self.projection.to(exact), self.eps)
+
+    def plain(self, k: torch.Tensor) -> torch.Tensor:
+        """φ'(k) by plain operations that autograd differentiates (the reference the fused `forward` is tested
+        against; quicker for a generation step's few values): the fused function's operations, so the same bits.
+        """
         exact = torch.promote_types(k.dtype, torch.float32)
         with torch.autocast(k.device.type, enabled=False):
             k = k.to(exact)
             u = k @ self.projection.to(exact).T  # ωᵢᵀx: [..., m]
-            # log φ: ±ωᵢᵀx − ‖x‖²/2 − log √(2m)
-            a = torch.cat([u, -u], dim=-1) - (k.square().sum(-1, keepdim=True) / 2 + 0.5 * math.log(2 * self.features))
+            a = torch.cat([u, -u], dim=-1)
+            # log φ = a − ‖x‖²/2 − log √(2m)
+            log_scale = k.square().sum(-1, keepdim=True) * 0.5 + 0.5 * math.log(2 * self.features)
             if not self.sum_normalization:
-                return a.exp()
-            # φ / (Σφ + eps) = e^(a−c) / (Σ e^(a−c) + eps·e^(−c)) for any c; c = max a (no gradient: it cancels)
-            c = a.detach().amax(-1, keepdim=True)
+                return (a - log_scale).exp()
+            # φ / (Σφ + eps) = e^(a−c) / (Σ e^(a−c) + eps·e^(‖x‖²/2 + log √(2m) − c)) for any c; c = max a (no
+            # gradient: it cancels), so that large ‖x‖ neither overflows nor divides 0 by 0
+            c = u.detach().abs().amax(-1, keepdim=True)
             e = (a - c).exp()
-            scaled_eps = (math.log(self.eps) - c).exp() if self.eps > 0 else 0.0  # eps·e^(−c), no inf·0
-            return e / (e.sum(-1, keepdim=True) + scaled_eps)
+            scaled_eps = (log_scale - c + math.log(self.eps)).exp() if self.eps > 0 else 0.0
+            return e * (e.sum(-1, keepdim=True) + scaled_eps).reciprocal()
 
 
 def make_feature_map(name: str, d_key: int, *, nu: int = 1, features: int = 64, sum_normalization: bool = True,
@@ -310,3 +329,85 @@ def dpfp_normalised(k: torch.Tensor, nu: int, eps: float) -> torch.Tensor:
     if not 1 <= nu <= k.shape[-1]:
         raise ValueError(f"the fused DPFP needs 1 <= nu <= d_key, got nu={nu}, d_key={k.shape[-1]}")
     return _DPFPFunction.apply(k, nu, eps)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The fused ELU + 1 and FAVOR+ (for training: fewer passes over q and k than autograd's, and a short backward)
+# ----------------------------------------------------------------------------------------------------------------
+
+def _small_inference(k: torch.Tensor) -> bool:
+    """A few values without autograd (a generation step): the plain operations are quicker than a fused call."""
+    return k.numel() <= 16384 and not (torch.is_grad_enabled() and k.requires_grad)
+
+
+def _normalise_(phi: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """φ → φ' = φ · r in place, r = 1 / (Σ φ + eps); returns (φ', r)."""
+    r = phi.sum(-1, keepdim=True).add_(eps).reciprocal_()
+    return phi.mul_(r), r
+
+
+def _normalise_backward(grad: torch.Tensor, out: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """The gradient through φ' = φ · r, r = 1 / (Σ φ + eps): dφ = r (g − ⟨g, φ'⟩)."""
+    return (grad - torch.linalg.vecdot(grad, out).unsqueeze(-1)).mul_(r)
+
+
+class _LinearEluFunction(torch.autograd.Function):
+    """φ'(x) for φ(x) = ELU(x) + 1 = max(x, 0) + min(eˣ, 1), sum-normalised unless eps is None. The second form
+    takes one exp over all values (ELU's own kernel is five times slower on CPU), and min(eˣ, 1) is also φ's
+    slope (1 for x > 0, eˣ = φ below), so the backward needs nothing else. Not twice differentiable."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, eps: Optional[float]):
+        slope = torch.exp(x).clamp_max_(1)
+        phi = torch.relu(x).add_(slope)
+        if eps is None:
+            ctx.save_for_backward(slope)
+            return phi
+        out, r = _normalise_(phi, eps)
+        ctx.save_for_backward(slope, out, r)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        slope, *normalised = ctx.saved_tensors
+        grad = grad.to(slope.dtype)  # (a backward pass inside autocast may hand in another dtype)
+        if normalised:
+            return _normalise_backward(grad, *normalised).mul_(slope), None
+        return grad * slope, None
+
+
+class _FavorFunction(torch.autograd.Function):
+    """Sum-normalised FAVOR+ φ'(x) = softmax-like e^(b) / (Σ e^(b) + eps), b = [Ωx, −Ωx] − ‖x‖²/2 − log √(2m),
+    for x [..., d_key] and Ω [m, d_key] (no gradient: a buffer). ‖x‖²/2 and log √(2m) are the same for every
+    feature of a row, so they cancel but for the eps term: the exponent is taken as b − max b = a − max a with
+    a = [Ωx, −Ωx], and eps becomes eps · e^(‖x‖²/2 + log √(2m) − max a). Backward, as for a softmax:
+    db = φ' ⊙ (g − ⟨g, φ'⟩), dx = (db₁ − db₂) Ω − x Σ db, with db₁, db₂ the two halves. Not twice differentiable.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, omega: torch.Tensor, eps: float):
+        m = omega.shape[0]
+        u = x @ omega.T
+        a = x.new_empty(*u.shape[:-1], 2 * m)
+        a[..., :m] = u
+        torch.neg(u, out=a[..., m:])
+        a_max = u.abs().amax(-1, keepdim=True)  # = max a
+        e = a.sub_(a_max).exp_()
+        if eps > 0:  # eps · e^(‖x‖²/2 + log √(2m) − max a)
+            scaled_eps = x.square().sum(-1, keepdim=True).mul_(0.5).add_(0.5 * math.log(2 * m))
+            scaled_eps = scaled_eps.sub_(a_max).add_(math.log(eps)).exp_()
+        else:
+            scaled_eps = 0.0
+        r = e.sum(-1, keepdim=True).add_(scaled_eps).reciprocal_()
+        out = e.mul_(r)
+        ctx.save_for_backward(x, omega, out, r)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, omega, out, r = ctx.saved_tensors
+        m = omega.shape[0]
+        grad = grad.to(out.dtype)
+        d_b = (grad - torch.linalg.vecdot(grad, out).unsqueeze(-1)).mul_(out)
+        d_x = (d_b[..., :m] - d_b[..., m:]) @ omega
+        return d_x.sub_(x * d_b.sum(-1, keepdim=True)), None, None
