@@ -244,7 +244,7 @@ class _ChunkedDeltaRule(torch.autograd.Function):
         # U = T diag(β) R
         d_t_beta = torch.bmm(d_u, r.transpose(1, 2))
         d_beta = (d_t_beta * t).sum(1).unsqueeze(-1)  # column sums → [N, c, 1]
-        t_t = t.transpose(1, 2)
+        t_t = t.transpose(1, 2).contiguous()  # (as a right-hand operand below: see forward)
         # T = (I + A)⁻¹, A = strictly_lower(diag(β) K Kᵀ):  −dA = strictly_lower(Tᵀ dT Tᵀ)
         d_a_neg = torch.bmm(torch.bmm(t_t, d_t_beta.mul_(beta.transpose(1, 2))), t_t).tril_(-1)
         d_beta -= (d_a_neg * kkt).sum(-1, keepdim=True)
