@@ -275,8 +275,7 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
 
     T is one batched unit-triangular solve (`unit_lower_inverse`). The backward is hand-written
     (`_ChunkedDeltaRule`). Everything runs in float32 (float64 for float64 inputs), also under autocast and in a
-    backward pass started inside autocast; y is cast
-    back to v's dtype, the state stays float32.
+    backward pass started inside autocast; y is cast back to v's dtype, the state stays float32.
 
     Args:
         q, k, v, beta, state: see the module docstring.

@@ -10,9 +10,11 @@ rule, as the authors' code offers it.
 
 The normaliser z is carried with the fast weights: a module that normalises keeps the state as one tensor
 [batch, heads, d_v + 1, d_dot] whose last row is z (`split_state` / `join_state`), so the transformer's per-layer
-state stays one tensor per layer. With the sum rule, z is the sum rule itself run with v = 1: the modules append a
-column of ones to v, so that the kernel's state is [W; z] and its last output column zᵢ · qᵢ
-(`divide_by_last_column`); with the delta rule, `normalise_by_attention` sums z beside it.
+state stays one tensor per layer. With the sum rule, z is the sum rule itself run with v = 1: the chunked kernel
+keeps z beside W and divides in its own forward and backward (`sum_rule_chunked(…, attention_normalization=True)`);
+the loop and step kernels are given v with a column of ones appended, so that their state is [W; z] and their
+last output column zᵢ · qᵢ (`divide_by_last_column`). With the delta rule, `normalise_by_attention` sums z beside
+it.
 
 Precision: z and the denominators are float32 (float64 for float64 inputs), also under autocast.
 """
