@@ -19,7 +19,8 @@ and `--allow-changes` accepts it (each is then printed as a warning and recorded
 run.json: experiment, run_id, uuid, argv, created; the lazylab, torch and Python versions, the device, the git
 commit of the lazylab source when it is a git checkout (`git`: commit and whether the tree had changes), the
 parameter count; `status` (running, then completed, pruned — stopped by a sweep's pruner —, failed with its
-one-line `error`, or interrupted), and at the end `steps` (optimizer steps taken) and `finished`. At the end
+one-line `error`, interrupted by Ctrl-C or killed by SIGTERM — with `signal` and `checkpoint_step`, the step
+`lazylab resume` continues from), and at the end `steps` (optimizer steps taken) and `finished`. At the end
 configs.yaml is written again with `total_steps` / `optimizer.total_steps` as the run took them (the time budget
 fits them as it goes; the configuration's own values move to its `computed_before_run` section).
 """
@@ -36,7 +37,7 @@ from typing import Any, Optional
 
 from lazylab.configs import apply_overrides, dump, label_given, load, parse_overrides, replay_changes, to_dict
 from lazylab.configs.engine.overrides import expand_short_keys
-from lazylab.errors import UsageError, run_cli, user_error_message  # noqa: F401  (re-exported: the CLI's error path)
+from lazylab.errors import Interrupted, UsageError, run_cli, signals_interrupt, user_error_message
 from lazylab.experiments import EXPERIMENTS
 
 
@@ -229,15 +230,41 @@ def _run_values(conf, last: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def finish_run(conf, run_dir: Path, status: str, last: dict[str, Any], error: Optional[str] = None) -> None:
-    """Record the end of a run: run.json's status, steps and finish time; configs.yaml with the steps taken."""
-    extra: dict[str, Any] = {'status': status, 'finished': time.strftime('%Y-%m-%dT%H:%M:%S')}
+def finish_run(conf, run_dir: Path, status: str, last: dict[str, Any], error: Optional[str] = None,
+               **more: Any) -> None:
+    """Record the end of a run: run.json's status, steps and finish time (and `more`); configs.yaml with the steps
+    taken (only when `last`, the final record, is given: a run stopped midway keeps its configs.yaml, which its
+    resume replays)."""
+    extra: dict[str, Any] = {'status': status, 'finished': time.strftime('%Y-%m-%dT%H:%M:%S'), **more}
     if last.get('step') is not None:
         extra['steps'] = int(last['step'])
         dump(conf, run_dir / 'configs.yaml', run_values=_run_values(conf, last))
     if error is not None:
         extra['error'] = error
     update_run_json(run_dir, **extra)
+
+
+#: run.json's fields about how a run ended; a resume removes them (the run is running again)
+END_FIELDS = ('finished', 'error', 'signal', 'checkpoint_step')
+
+
+def record_interrupt(conf, run_dir: Path, e: KeyboardInterrupt) -> None:
+    """run.json of a run that Ctrl-C or SIGTERM stopped (see `trainer.train`, which sets `e.step` and
+    `e.checkpoint_step`): status `interrupted` (SIGINT) or `killed` (SIGTERM), `signal`, `steps` (the steps it
+    took) and `checkpoint_step` (where `lazylab resume` continues; None: no checkpoint yet). The checkpoint is left
+    as it is. An `Interrupted`'s message (what `run_cli` prints) then names the step and the resume command."""
+    name = getattr(e, 'signal_name', 'SIGINT')
+    step, saved = getattr(e, 'step', None), getattr(e, 'checkpoint_step', None)
+    status = 'interrupted' if name == 'SIGINT' else 'killed'
+    more: dict[str, Any] = {'signal': name, 'checkpoint_step': saved}
+    if step is not None:
+        more['steps'] = step
+    finish_run(conf, run_dir, status, {}, **more)
+    if isinstance(e, Interrupted):
+        at = f' at step {step:,}' if step is not None else ''
+        then = f'lazylab resume {run_dir} continues from the checkpoint of step {saved:,}' if saved is not None \
+            else f'no checkpoint was written yet (lazylab resume {run_dir} cannot continue it)'
+        e.message = f'{status} ({name}){at}; {then}'
 
 
 def prepare(conf) -> None:
@@ -381,11 +408,13 @@ def execute(name: str, conf, run_dir: Path, *, resume: bool, checkpoint: Optiona
     try:
         with labml_run as tracker:
             last = train(conf, run_dir, resume=resume, checkpoint=checkpoint, labml_run=tracker, on_validation=stop)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (see train_main's signals_interrupt)
+        if is_main:
+            record_interrupt(conf, run_dir, e)
+        raise
     except BaseException as e:
         if is_main:
-            interrupted = isinstance(e, KeyboardInterrupt)
-            message = None if interrupted else user_error_message(e) or f'{type(e).__name__}: {e}'
-            finish_run(conf, run_dir, 'interrupted' if interrupted else 'failed', {}, message)
+            finish_run(conf, run_dir, 'failed', {}, user_error_message(e) or f'{type(e).__name__}: {e}')
         raise
     if is_main and last:
         finish_run(conf, run_dir, (stop.reason if stop is not None else None) or 'completed', last)
@@ -407,7 +436,10 @@ def train_main(name: str, argv: Sequence[str], *, run_dir: Optional[Path] = None
 
     For a caller that runs the run (a sweep's trial): `run_dir` is the folder to use (created if needed; it must
     not hold a run yet), `on_validation` the trainer's hook, `labels` {label: keys} relabels given keys in the
-    dump (e.g. {'sweep': ['d_model']}), `info` is added to run.json."""
+    dump (e.g. {'sweep': ['d_model']}), `info` is added to run.json.
+
+    Ctrl-C and SIGTERM raise `lazylab.errors.Interrupted` while it runs (`signals_interrupt`): before the run
+    directory exists nothing is written; after, run.json records the stop (see `record_interrupt`)."""
     if '-h' in argv or '--help' in argv:
         print(f'usage: lazylab train {name} [key=value …] [--config FILE.yaml] [{ALLOW_CHANGES}]\n\n'
               + options_text(name))
@@ -418,7 +450,7 @@ def train_main(name: str, argv: Sequence[str], *, run_dir: Optional[Path] = None
     conf = make_configs(name, argv)
     for label, keys in (labels or {}).items():
         label_given(conf, keys, label)
-    with distributed.process_group(_device(conf)):  # under torchrun: join the job (a no-op otherwise)
+    with signals_interrupt(), distributed.process_group(_device(conf)):  # under torchrun: join the job
         prepare(conf)
         changes = check_replay(conf, allow_changes)
         given_dir, run_dir = run_dir, None
@@ -495,20 +527,24 @@ def open_run(run_dir: str) -> tuple[str, Any, Path]:
 
 def resume_main(run_dir: str, *, allow_changes: bool = False, on_validation=None) -> Path:
     """`lazylab resume RUN_DIR`: rebuild the run's configs (checked as any replay, see `check_replay`) and
-    continue from its checkpoint; `on_validation` is the trainer's hook (a sweep's trial passes its pruner)."""
+    continue from its checkpoint; `on_validation` is the trainer's hook (a sweep's trial passes its pruner).
+    A run that was interrupted or killed goes on from the checkpoint it kept (Ctrl-C and SIGTERM are handled
+    as in `train_main`)."""
     from lazylab.experiments import distributed
     from lazylab.experiments.checkpoint import CHECKPOINT, load_checkpoint
     from lazylab.experiments.trainer import check_resume
     name, conf, path = open_run(run_dir)
     checkpoint = load_checkpoint(path / CHECKPOINT)  # CheckpointError before anything else happens
-    with distributed.process_group(_device(conf)):
+    with signals_interrupt(), distributed.process_group(_device(conf)):
         prepare(conf)
         # first the checkpoint (another text says which characters differ), then the replay's computed values
         check_resume(conf, path / CHECKPOINT, checkpoint)  # vocabulary, model shapes, processes: before any write
         changes = check_replay(conf, allow_changes)
         position = checkpoint.get('position', {})
         if distributed.is_main_process() and position.get('step', 0) < position.get('total_steps', 0):
-            update_run_json(path, status='running', **({'replay_changes': changes} if changes else {}))
+            info = json.loads((path / 'run.json').read_text(encoding='utf-8'))
+            info = {k: v for k, v in info.items() if k not in END_FIELDS}  # how it ended before: no longer true
+            write_run_json(path, {**info, 'status': 'running', **({'replay_changes': changes} if changes else {})})
         execute(name, conf, path, resume=True, checkpoint=checkpoint, on_validation=on_validation)
     return path
 
