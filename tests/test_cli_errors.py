@@ -37,6 +37,8 @@ def _files(tmp_path):
     (tmp_path / 'tiny.txt').write_text('abcdefghij' * 2)  # 18 train / 2 valid
     (tmp_path / 'bad.yaml').write_text('d_model: [1, 2\n')
     (tmp_path / 'list.yaml').write_text('- 1\n- 2\n')
+    (tmp_path / 'empty.yaml').write_text('# only a comment\n')
+    (tmp_path / 'no_values.yaml').write_text('values: {}\ngiven: {}\n')
 
 
 CASES = [
@@ -66,6 +68,10 @@ CASES = [
     (['train', 'transformer', '--config', '{tmp}/none.yaml'], r'config file not found: .*none.yaml'),
     (['train', 'transformer', '--config', '{tmp}/bad.yaml'], r'bad.yaml is not valid YAML at line'),
     (['train', 'transformer', '--config', '{tmp}/list.yaml'], r'must hold a mapping'),
+    (['train', 'transformer', '--config', '{tmp}/empty.yaml'],
+     r'^config file \S+/empty.yaml is empty: it holds no settings$'),
+    (['train', 'transformer', '--config', '{tmp}/no_values.yaml'],
+     r'^config file \S+/no_values.yaml is empty: it holds no settings$'),
     (['train', 'transformer', '--config='], r'^--config needs a YAML file$'),
     (['train', 'transformer', '--config', ''], r'^--config needs a YAML file$'),
     (['train', 'transformer', 'preset=gpu'], r"unknown preset 'gpu' for transformer; presets: labml_nn"),
@@ -133,6 +139,19 @@ def test_damaged_configs_yaml_is_reported_by_resume_and_generate_naming_it(short
     for argv in (['resume', str(run)], ['generate', str(run), '--prompt', 'a', '--tokens', '3']):
         text = _error(capsys, argv)
         assert str(run / 'configs.yaml') in text and message.format(run=run) in text, text
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+@pytest.mark.parametrize('content', ['', '# a comment\n', '{}\n', 'values: {}\ngiven: {}\n'],
+                         ids=['nothing', 'a comment', 'an empty mapping', 'no values'])
+def test_an_empty_configs_yaml_is_reported_by_resume_and_generate_naming_it(short_run, tmp_path, capsys, content):
+    import shutil
+    run = tmp_path / 'run'
+    shutil.copytree(short_run, run)
+    (run / 'configs.yaml').write_text(content)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    for argv in (['resume', str(run)], ['generate', str(run), '--prompt', 'a', '--tokens', '3']):
+        assert _error(capsys, argv) == f"{run / 'configs.yaml'} is empty: the run's configuration is not in it any more"
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
 
 

@@ -74,7 +74,12 @@ def split_args(argv: Sequence[str]) -> tuple[list[str], Optional[str]]:
 
 
 def read_config_file(path: str) -> dict[str, Any]:
-    """A YAML mapping of overrides: flat `{key: value}` or a configs.yaml dump (its `values` section)."""
+    """A YAML mapping of overrides: flat `{key: value}` or a configs.yaml dump (its `values` section).
+
+    Raises:
+        UsageError: the file is missing, unreadable, not YAML, not a mapping, or empty (no settings: only
+            comments, `{}`, or a dump whose `values` are empty), naming the file.
+    """
     import yaml
     try:
         text = Path(path).read_text(encoding='utf-8')
@@ -88,11 +93,19 @@ def read_config_file(path: str) -> dict[str, Any]:
         where = getattr(e, 'problem_mark', None)
         at = f' at line {where.line + 1}' if where is not None else ''
         raise UsageError(f'config file {path} is not valid YAML{at}') from None
-    if doc is None:
-        return {}
-    if not isinstance(doc, dict):
+    if not isinstance(doc, (dict, type(None))):
         raise UsageError(f'config file {path} must hold a mapping of key: value')
+    if empty_dump(doc):
+        raise UsageError(f'config file {path} is empty: it holds no settings')
     return doc
+
+
+def empty_dump(doc: Any) -> bool:
+    """Whether a parsed --config file or configs.yaml holds no settings: nothing but comments, `{}`, or a dump
+    whose `values` section is empty."""
+    if doc is None:
+        return True
+    return isinstance(doc, dict) and (not doc or ('values' in doc and not doc['values'] and not doc.get('objects')))
 
 
 def make_configs(name: str, argv: Sequence[str] = ()):
@@ -521,8 +534,19 @@ def open_run(run_dir: str) -> tuple[str, Any, Path]:
     if not isinstance(name, str):
         raise UsageError(f'{path / "run.json"} is damaged')
     conf = load_experiment(name).Configs()
+    if empty_dump(_parsed_yaml(path / 'configs.yaml')):
+        raise UsageError(f'{path / "configs.yaml"} is empty: the run\'s configuration is not in it any more')
     load(conf, path / 'configs.yaml')
     return name, conf, path
+
+
+def _parsed_yaml(path: Path) -> Any:
+    """The YAML document in `path`; the text itself when it cannot be parsed (`load` then says what is wrong)."""
+    import yaml
+    try:
+        return yaml.safe_load(path.read_text(encoding='utf-8'))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return path
 
 
 def resume_main(run_dir: str, *, allow_changes: bool = False, on_validation=None) -> Path:
