@@ -155,6 +155,46 @@ def test_an_empty_configs_yaml_is_reported_by_resume_and_generate_naming_it(shor
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
 
 
+@pytest.mark.parametrize('section, key, hint', [
+    ('values', 'd_modle', "; did you mean 'd_model' or 'model'?"),
+    ('values', 'd_model.width', "; did you mean 'd_model'?"),  # replay used to skip this one without a word
+    ('values', 'transformer.ffn.d_fff', "; did you mean 'transformer.ffn.d_ff' or 'transformer.ffn.ffn' or "
+                                        "'transformer.ffn'?"),
+    ('given', 'n_layerz', "; did you mean 'n_layers'?"),
+    ('values', 'zzz', ''),
+], ids=['typo', 'below a plain item', 'in a sub-config', 'given', 'nothing close'])
+def test_an_unknown_key_written_into_a_dump_is_an_error_naming_it(short_run, tmp_path, capsys, section, key, hint):
+    import shutil
+
+    import yaml
+    run = tmp_path / 'run'
+    shutil.copytree(short_run, run)
+    doc = yaml.safe_load((run / 'configs.yaml').read_text())
+    doc[section][key] = 3 if section == 'values' else 'user'
+    if section == 'given':
+        doc['values'][key] = 3
+    (run / 'configs.yaml').write_text(yaml.safe_dump(doc))
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    dump = run / 'configs.yaml'
+    assert _error(capsys, ['resume', str(run)]) == f"{dump}: transformer has no config item {key!r}{hint}"
+    assert _error(capsys, ['generate', str(run), '--prompt', 'a', '--tokens', '3']) == \
+        f"{dump}: transformer has no config item {key!r}{hint}"
+    runs = tmp_path / 'runs'
+    assert _error(capsys, ['train', 'transformer', '--config', str(dump), f'runs_dir={runs}']) == \
+        f"{dump}: transformer has no config item {key!r}{hint}"
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before and not runs.exists()
+
+
+def test_every_unknown_key_of_a_dump_is_named(short_run, tmp_path, capsys):
+    import yaml
+    doc = yaml.safe_load((short_run / 'configs.yaml').read_text())
+    doc['values'].update({'d_modle': 3, 'zzz': 1, 'yyy': 2})
+    (tmp_path / 'dump.yaml').write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert _error(capsys, ['train', 'transformer', '--config', str(tmp_path / 'dump.yaml')]) == \
+        f"{tmp_path / 'dump.yaml'}: transformer has no config item 'd_modle'; did you mean 'd_model' or 'model'? " \
+        f"(also unknown: 'zzz', 'yyy')"
+
+
 def test_resume_and_generate_of_a_labml_run_say_what_it_is(tmp_path, capsys):
     run = tmp_path / 'run'  # what `lazylab labml` writes (see lazylab.labml.session)
     run.mkdir()

@@ -108,6 +108,26 @@ def empty_dump(doc: Any) -> bool:
     return isinstance(doc, dict) and (not doc or ('values' in doc and not doc['values'] and not doc.get('objects')))
 
 
+def check_dump(name: str, configs_class, doc: dict[str, Any], path: Path) -> None:
+    """Before a configs.yaml dump (`doc`, read from `path`) is replayed into experiment NAME: every key it gives
+    or holds a value of that lazylab did not record as computed is an item of NAME. (A key the dump records as
+    computed that NAME no longer has is the replay's to report: the code changed, and --allow-changes accepts it.)
+    A key that is neither was written into the file by hand, and replay would skip it without a word.
+
+    Raises:
+        UsageError: `PATH: NAME has no config item 'KEY'; did you mean …? (also unknown: …)`
+    """
+    from lazylab.configs import describe
+    from lazylab.configs.engine.errors import suggestion
+    names = {row['name'] for row in describe(configs_class)}
+    recorded = set(doc.get('computed') or {}) | set(doc.get('computed_before_run') or ())
+    keys = dict.fromkeys([*(doc.get('given') or {}), *(doc.get('values') or {})])
+    edited = [k for k in keys if k not in names and k not in recorded]
+    if edited:
+        more = f' (also unknown: {", ".join(map(repr, edited[1:]))})' if len(edited) > 1 else ''
+        raise UsageError(f'{path}: {name} has no config item {edited[0]!r}{suggestion(edited[0], names)}{more}')
+
+
 def make_configs(name: str, argv: Sequence[str] = ()):
     """A fresh `Configs` of experiment NAME with, in order, the preset, --config FILE and key=value applied.
 
@@ -127,6 +147,7 @@ def make_configs(name: str, argv: Sequence[str] = ()):
         preset = file_values.pop('preset', None)
     if isinstance(file_values.get('values'), dict):  # a configs.yaml dump: its values hold the settings
         file_values = {**file_values, 'values': expand_short_keys(conf, file_values['values'])}
+        check_dump(name, module.Configs, file_values, Path(config_file))
     else:
         file_values = expand_short_keys(conf, file_values)
     if preset is not None:
@@ -534,8 +555,11 @@ def open_run(run_dir: str) -> tuple[str, Any, Path]:
     if not isinstance(name, str):
         raise UsageError(f'{path / "run.json"} is damaged')
     conf = load_experiment(name).Configs()
-    if empty_dump(_parsed_yaml(path / 'configs.yaml')):
+    doc = _parsed_yaml(path / 'configs.yaml')
+    if empty_dump(doc):
         raise UsageError(f'{path / "configs.yaml"} is empty: the run\'s configuration is not in it any more')
+    if isinstance(doc, dict) and isinstance(doc.get('values'), dict):
+        check_dump(name, type(conf), doc, path / 'configs.yaml')
     load(conf, path / 'configs.yaml')
     return name, conf, path
 
