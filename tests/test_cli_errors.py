@@ -195,6 +195,20 @@ def test_every_unknown_key_of_a_dump_is_named(short_run, tmp_path, capsys):
         f"(also unknown: 'zzz', 'yyy')"
 
 
+@pytest.mark.parametrize('where', ['in its run directory', 'copied elsewhere'])
+@pytest.mark.parametrize('other', ['feedback', 'fast_weights', 'retrieval'])
+def test_config_with_another_experiments_dump_names_both_experiments(short_run, tmp_path, capsys, where, other):
+    import shutil
+    dump = short_run / 'configs.yaml'  # a transformer run's
+    if where == 'copied elsewhere':  # no run.json beside it: its keys tell which experiment wrote it
+        dump = Path(shutil.copy(dump, tmp_path / 'sizes.yaml'))
+    runs = tmp_path / 'runs'
+    assert _error(capsys, ['train', other, '--config', str(dump), f'runs_dir={runs}']) == \
+        f'{dump} is a dump of experiment transformer, not {other}; replay it with: lazylab train transformer ' \
+        f'--config {dump}'
+    assert not runs.exists()
+
+
 def test_resume_and_generate_of_a_labml_run_say_what_it_is(tmp_path, capsys):
     run = tmp_path / 'run'  # what `lazylab labml` writes (see lazylab.labml.session)
     run.mkdir()

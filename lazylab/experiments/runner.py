@@ -108,6 +108,44 @@ def empty_dump(doc: Any) -> bool:
     return isinstance(doc, dict) and (not doc or ('values' in doc and not doc['values'] and not doc.get('objects')))
 
 
+def declared_keys(configs_class) -> set[str]:
+    """Every key (dotted path) an experiment's Configs declares, sub-configs' items included."""
+    from lazylab.configs import describe
+    return {row['name'] for row in describe(configs_class)}
+
+
+def dump_experiment(path: Path, doc: dict[str, Any]) -> Optional[str]:
+    """The experiment that wrote the configs.yaml dump `doc` (read from `path`): the one its run.json says, when
+    `path` is a run directory's configs.yaml, else the one experiment that declares every key of it (None when no
+    experiment, or more than one, does)."""
+    if path.name == 'configs.yaml' and (path.parent / 'run.json').is_file():
+        try:
+            experiment = json.loads((path.parent / 'run.json').read_text(encoding='utf-8')).get('experiment')
+        except (OSError, ValueError, AttributeError):
+            experiment = None
+        if experiment in EXPERIMENTS:
+            return experiment
+    keys = {*(doc.get('values') or {}), *(doc.get('objects') or {})}
+    fits = [e for e in EXPERIMENTS if keys <= declared_keys(load_experiment(e).Configs)]
+    return fits[0] if len(fits) == 1 else None
+
+
+def check_dump_experiment(name: str, configs_class, doc: dict[str, Any], path: Path) -> None:
+    """Before `--config PATH` replays a configs.yaml dump into experiment NAME: that another experiment did not
+    write it (its run.json, or the keys it holds, say which did; see `dump_experiment`).
+
+    Raises:
+        UsageError: `PATH is a dump of experiment OTHER, not NAME; …`
+    """
+    beside = path.name == 'configs.yaml' and (path.parent / 'run.json').is_file()
+    if not beside and {*(doc.get('values') or {}), *(doc.get('objects') or {})} <= declared_keys(configs_class):
+        return  # every key is one of NAME's: nothing says it is another experiment's
+    other = dump_experiment(path, doc)
+    if other is not None and other != name:
+        raise UsageError(f'{path} is a dump of experiment {other}, not {name}; replay it with: lazylab train '
+                         f'{other} --config {path}')
+
+
 def check_dump(name: str, configs_class, doc: dict[str, Any], path: Path) -> None:
     """Before a configs.yaml dump (`doc`, read from `path`) is replayed into experiment NAME: every key it gives
     or holds a value of that lazylab did not record as computed is an item of NAME. (A key the dump records as
@@ -117,9 +155,8 @@ def check_dump(name: str, configs_class, doc: dict[str, Any], path: Path) -> Non
     Raises:
         UsageError: `PATH: NAME has no config item 'KEY'; did you mean …? (also unknown: …)`
     """
-    from lazylab.configs import describe
     from lazylab.configs.engine.errors import suggestion
-    names = {row['name'] for row in describe(configs_class)}
+    names = declared_keys(configs_class)
     recorded = set(doc.get('computed') or {}) | set(doc.get('computed_before_run') or ())
     keys = dict.fromkeys([*(doc.get('given') or {}), *(doc.get('values') or {})])
     edited = [k for k in keys if k not in names and k not in recorded]
@@ -146,6 +183,7 @@ def make_configs(name: str, argv: Sequence[str] = ()):
     if preset is None:
         preset = file_values.pop('preset', None)
     if isinstance(file_values.get('values'), dict):  # a configs.yaml dump: its values hold the settings
+        check_dump_experiment(name, module.Configs, file_values, Path(config_file))  # its keys as written
         file_values = {**file_values, 'values': expand_short_keys(conf, file_values['values'])}
         check_dump(name, module.Configs, file_values, Path(config_file))
     else:
