@@ -32,6 +32,7 @@ from torch import nn
 from lazylab.configs import option
 from lazylab.configs.types import NonNegativeFloat, NonNegativeInt, PositiveInt
 from lazylab.experiments import distributed
+from lazylab.experiments.memory import FLOAT, LONG, Need, feature_size, selected_option
 from lazylab.experiments.nlp_autoregression import device_of
 from lazylab.experiments.optimizers import OptimizerConfigs
 from lazylab.experiments.task import Batch, BatchLoss, Task, evaluate
@@ -253,6 +254,38 @@ def _optimizer(c: Configs):
     conf.set_default(OptimizerConfigs.warmup, value=0)
     conf.set_default(OptimizerConfigs.schedule, value='constant')
     return conf
+
+
+def memory_needs(c: Configs) -> list[Need]:
+    """The least memory a run takes (`lazylab.experiments.memory`): the parameters and their gradients (key
+    embedding n_keys × embedding_size, the key and query projections to hidden_size), the fixed one-hot values
+    [n_keys, n_keys], the evaluation batches, and for one evaluation batch (every key asked) the predictions
+    [n_keys, batch_size, n_keys] with, for fast weights, the features φ of its pairs and queries and the fast
+    weights [batch_size, n_keys, d_dot], or for softmax the attention scores [n_keys, batch_size, n_pairs]."""
+    n_keys, embedding, hidden, batch = c.n_keys, c.embedding_size, c.hidden_size, c.batch_size
+    n_pairs = 2 * n_keys if c.replace else n_keys
+    size = (('n_keys', n_keys), ('batch_size', batch))
+    n_eval = c.valid_batches + max(c.final_valid_batches, c.valid_batches)
+    parameters = n_keys * embedding + (n_keys + 2 * embedding) * hidden
+    needs = [Need('parameters and their gradients', 2 * FLOAT * parameters,
+                  (('n_keys', n_keys), ('embedding_size', embedding), ('hidden_size', hidden))),
+             Need('the one-hot values', FLOAT * n_keys * n_keys, size[:1]),
+             Need('the evaluation batches', LONG * n_eval * batch * (2 * (n_pairs + n_keys) + n_keys),
+                  (*size, ('valid_batches', c.valid_batches), ('final_valid_batches', c.final_valid_batches))),
+             Need('the predictions for every key of a batch', FLOAT * n_keys * batch * n_keys, size)]
+    model = selected_option(c, 'model')
+    if model == 'fast_weights':
+        phi = selected_option(c, 'phi')
+        d_dot = feature_size(phi, hidden, c.nu, c.favor_features)
+        phi_keys = {'dpfp': (('nu', c.nu), ('hidden_size', hidden)), 'linear': (('hidden_size', hidden),),
+                    'favor': (('favor_features', c.favor_features),)}.get(phi, ())
+        if d_dot is not None:
+            needs += [Need('fast-weight features φ(k), φ(q)', FLOAT * batch * (n_pairs + n_keys) * d_dot,
+                           (*phi_keys, *size)),
+                      Need('the fast weights', FLOAT * batch * n_keys * d_dot, (*phi_keys, *size))]
+    elif model == 'softmax':
+        needs.append(Need('the attention scores', FLOAT * n_keys * batch * n_pairs, (*size, ('replace', c.replace))))
+    return needs
 
 
 #: named settings applied before the user's

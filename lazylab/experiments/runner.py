@@ -347,8 +347,8 @@ def prepare(conf) -> None:
     take, a batch too big for the memory), with the model's state and the random states left as they were.
 
     Raises:
-        UsageError: see `check_values`; DataError, ConfigError: from the items computed here; TrainingError: the
-            model fails on its first batch.
+        UsageError: see `check_values`; the run needs more memory than the device has (`check_memory_needs`);
+            DataError, ConfigError: from the items computed here; TrainingError: the model fails on its first batch.
     """
     import torch
 
@@ -359,6 +359,7 @@ def prepare(conf) -> None:
             torch.set_num_threads(conf.threads)
         except (RuntimeError, ValueError) as e:  # an experiment may declare threads without its upper bound
             raise UsageError(f'threads={conf.threads}: torch cannot use that many ({e})') from None
+    check_memory_needs(conf)  # from the sizes alone: nothing is allocated yet
     torch.manual_seed(conf.seed)
     _ = conf.task  # the data: DataError if the text is too short or the prompt has characters outside it
     if conf.seq_len_start and conf.seq_len_start < conf.seq_len and not conf.task.shorter_sequences:
@@ -375,6 +376,21 @@ def prepare(conf) -> None:
             for part in row['name'].split('.'):
                 value = getattr(value, part)
     check_trains(conf)
+
+
+def check_memory_needs(conf) -> None:
+    """The least memory the run takes, `memory_needs(conf)` of its experiment's module (the first class of its MRO
+    whose module defines one), against what the device has (`lazylab.experiments.memory.check_memory`).
+
+    Raises:
+        UsageError: it needs more, naming the keys that size the biggest part.
+    """
+    from lazylab.experiments.memory import check_memory
+    for cls in type(conf).__mro__:
+        needs = getattr(sys.modules.get(cls.__module__), 'memory_needs', None)
+        if needs is not None:
+            check_memory(needs(conf), _device(conf))
+            return
 
 
 def check_values(conf) -> None:
