@@ -70,6 +70,8 @@ def retrieval_batch(n_keys: int, replace: bool, batch_size: int, generator: torc
 class RetrievalTask(Task):
     """The trainer's view of the experiment (see the module docstring).
 
+    Its sequences are pairs (and a query); its loss is the squared error of the values predicted for the queries.
+
     Batches are x = [pairs; queries] as one LongTensor [n_pairs + n_queries, batch, 2] (a query row holds the
     query key and −1) and y = the target value of each query [n_queries, batch] (−1: no such key, not counted).
     Training batches have one query per sequence; evaluation batches ask every key (n_queries = n_keys).
@@ -83,6 +85,7 @@ class RetrievalTask(Task):
         stop_loss: training ends once a validation's loss is at most this (0: never early).
         device: where evaluation batches go.
     """
+    position_unit, loss_unit, loss_label = 'pairs', '(½‖y − ŷ‖² per query)', 'squared error ½‖y − ŷ‖² per query'
 
     def __init__(self, *, n_keys: int, replace: bool, batch_size: int, seed: int, valid_batches: int,
                  final_valid_batches: int, stop_loss: float, device: torch.device,

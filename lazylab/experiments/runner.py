@@ -18,11 +18,12 @@ and `--allow-changes` accepts it (each is then printed as a warning and recorded
 
 run.json: experiment, run_id, uuid, argv, created; the lazylab, torch and Python versions, the device, the git
 commit of the lazylab source when it is a git checkout (`git`: commit and whether the tree had changes), the
-parameter count; `status` (running, then completed, pruned — stopped by a sweep's pruner —, failed with its
-one-line `error`, interrupted by Ctrl-C or killed by SIGTERM — with `signal` and `checkpoint_step`, the step
-`lazylab resume` continues from), and at the end `steps` (optimizer steps taken) and `finished`. At the end
-configs.yaml is written again with `total_steps` / `optimizer.total_steps` as the run took them (the time budget
-fits them as it goes; the configuration's own values move to its `computed_before_run` section).
+parameter count, `loss_label` (the task's loss and its unit, for plots); `status` (running, then completed,
+pruned — stopped by a sweep's pruner —, failed with its one-line `error`, interrupted by Ctrl-C or killed by
+SIGTERM — with `signal` and `checkpoint_step`, the step `lazylab resume` continues from), and at the end `steps`
+(optimizer steps taken) and `finished`. At the end configs.yaml is written again with `total_steps` /
+`optimizer.total_steps` as the run took them (the time budget fits them as it goes; the configuration's own values
+move to its `computed_before_run` section).
 """
 import difflib
 import importlib
@@ -480,11 +481,10 @@ def execute(name: str, conf, run_dir: Path, *, resume: bool, checkpoint: Optiona
             length = f'{conf.max_minutes:g} minutes (at most {conf.total_steps:,} steps)'
         elif conf.max_minutes > 0:
             length += f' (at most {conf.max_minutes:g} minutes)'
-        batch = f'{conf.batch_size}×{conf.seq_len}'
+        batch = f'{conf.batch_size}×{conf.seq_len} {conf.task.position_unit}'
         if world_size > 1:
             batch += f' per process, {world_size} processes (effective batch {conf.batch_size * world_size})'
-        print(f'{name}: {n_params:,} parameters, {length} of {batch} characters on {device_of(conf)} → {run_dir}',
-              flush=True)
+        print(f'{name}: {n_params:,} parameters, {length} of {batch} on {device_of(conf)} → {run_dir}', flush=True)
     labml_run = contextlib.nullcontext()
     if is_main:  # only rank 0 records the run in labml
         info = json.loads((run_dir / 'run.json').read_text(encoding='utf-8'))
@@ -509,7 +509,7 @@ def execute(name: str, conf, run_dir: Path, *, resume: bool, checkpoint: Optiona
     if is_main and not last:
         print(f'nothing to do: the run in {run_dir} has already finished', flush=True)
     if is_main and 'loss.valid' in last:
-        print(f'done: step {last["step"]:,}, valid loss {last["loss.valid"]:.4f} nats/char, '
+        print(f'done: step {last["step"]:,}, valid loss {last["loss.valid"]:.4f} {conf.task.loss_unit}, '
               f'accuracy {last["accuracy.valid"]:.3f}, '
               f'{last.get("tokens_per_s_avg", last.get("tokens_per_s", 0)):,.0f} tokens/s (the run\'s average); '
               f'run dir {run_dir}', flush=True)
@@ -565,7 +565,8 @@ def start_run(conf, name: str, argv: Sequence[str], *, run_dir: Optional[Path] =
         dump(conf, run_dir / 'configs.yaml')
         record = {'experiment': name, 'run_id': run_dir.name, 'uuid': uuid_lib.uuid4().hex,
                   'argv': list(argv), 'created': time.strftime('%Y-%m-%dT%H:%M:%S'),
-                  **run_environment(conf), 'parameters': parameter_count(conf.model), 'status': 'running'}
+                  **run_environment(conf), 'parameters': parameter_count(conf.model),
+                  'loss_label': conf.task.loss_label, 'status': 'running'}
         if changes:
             record['replay_changes'] = changes
         record.update(info or {})

@@ -357,7 +357,7 @@ def plot(t: Table, path: str) -> list[str]:
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
-    from lazylab.experiments.plot import check_output
+    from lazylab.experiments.plot import check_output, loss_label
     out = check_output(path, '--plot', figure=True)
     short = _short_names(t.keys)
     by_label = {(r.label if t.columns[0] == 'trial' else _run_label(r)): r for r in t.runs}
@@ -377,7 +377,8 @@ def plot(t: Table, path: str) -> list[str]:
         plt.close(fig)
         raise UsageError(f'no run has {t.metric} values yet')
     ax.set_xlabel('tokens seen')
-    ax.set_ylabel(t.metric + (' (nats/char)' if t.metric.startswith('loss') else ''))
+    losses = {loss_label(r.path) for r in t.runs}  # the runs' tasks say what their loss is
+    ax.set_ylabel(t.metric + (f': {losses.pop()}' if t.metric.startswith('loss') and len(losses) == 1 else ''))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
