@@ -31,6 +31,7 @@ from torch import nn
 
 from lazylab.configs import option
 from lazylab.configs.types import NonNegativeFloat, NonNegativeInt, PositiveInt
+from lazylab.errors import UsageError
 from lazylab.experiments import distributed
 from lazylab.experiments.memory import FLOAT, LONG, Need, feature_size, selected_option
 from lazylab.experiments.nlp_autoregression import device_of
@@ -229,8 +230,31 @@ def _fast_weights_model(c: Configs):
     return model.to(device_of(c))
 
 
+#: the keys only the fast-weight model reads (softmax attention has no feature map and no update rule)
+FAST_WEIGHT_KEYS = ('phi', 'nu', 'favor_features', 'update_rule', 'sum_normalization', 'attention_normalization',
+                    'kernel', 'chunk_size')
+
+
+def check_softmax_keys(c: Configs) -> None:
+    """With model=softmax the fast-weight keys change nothing: one given on the command line, in a --config file
+    or by a sweep is a mistake (a preset's, e.g. setting2's update_rule, is not: it sets both models up).
+
+    Raises:
+        UsageError: naming the keys (and where each came from, when not the command line).
+    """
+    from lazylab.configs.engine.state import state_of
+    given = {k: label for k, label in getattr(state_of(c), 'given', {}).items()
+             if k in FAST_WEIGHT_KEYS and not str(label).startswith('preset ')}
+    if given:
+        keys = ', '.join(k if label == 'user' else f'{k} (from {label})' for k, label in given.items())
+        them = 'it' if len(given) == 1 else 'them'
+        raise UsageError(f'{keys} {"has" if len(given) == 1 else "have"} no effect with model=softmax (only the '
+                         f'fast-weight model reads {them}); leave {them} out, or use model=fast_weights')
+
+
 @option(Configs.model, 'softmax')
 def _softmax_model(c: Configs):
+    check_softmax_keys(c)
     return SoftmaxRetrieval(c.n_keys, c.n_keys, c.embedding_size, c.hidden_size).to(device_of(c))
 
 

@@ -226,6 +226,41 @@ def test_plots_label_the_loss_as_the_runs_task_does(tmp_path, monkeypatch):
                       'loss.valid: squared error ½‖y − ŷ‖² per query']
 
 
+@pytest.mark.parametrize('keys, message', [
+    (['phi=favor'], 'phi has no effect with model=softmax (only the fast-weight model reads it); leave it out, or '
+                    'use model=fast_weights'),
+    (['nu=3', 'favor_features=8', 'update_rule=delta', 'sum_normalization=true', 'attention_normalization=false',
+      'kernel=loop', 'chunk_size=4'],
+     'nu, favor_features, update_rule, sum_normalization, attention_normalization, kernel, chunk_size have no effect '
+     'with model=softmax (only the fast-weight model reads them); leave them out, or use model=fast_weights'),
+    (['--config', '{tmp}/fast.yaml', 'hidden_size=8'],
+     'phi (from --config {tmp}/fast.yaml) has no effect with model=softmax (only the fast-weight model reads it); '
+     'leave it out, or use model=fast_weights'),
+], ids=['phi', 'every fast-weight key', 'from a --config file'])
+def test_fast_weight_keys_given_with_the_softmax_model_are_an_error(tmp_path, capsys, keys, message):
+    (tmp_path / 'fast.yaml').write_text('phi: linear\n')
+    runs = tmp_path / 'runs'
+    argv = ['train', 'retrieval', 'model=softmax', 'n_keys=4', 'max_steps=2', 'device=cpu', 'threads=1',
+            f'runs_dir={runs}', *(k.format(tmp=tmp_path) for k in keys)]
+    threads = torch.get_num_threads()
+    try:
+        assert cli.main(argv) == 2
+    finally:
+        torch.set_num_threads(threads)
+    assert capsys.readouterr().err == f'lazylab: error: {message.format(tmp=tmp_path)}\n'
+    assert not runs.exists()
+
+
+def test_a_presets_fast_weight_key_is_no_error_with_the_softmax_model():
+    conf = make_configs('retrieval', ['preset=setting2', 'model=softmax', 'n_keys=4', 'threads=1', 'device=cpu'])
+    threads = torch.get_num_threads()
+    try:
+        prepare(conf)  # setting2's update_rule=delta is for the fast-weight model; softmax ignores it
+    finally:
+        torch.set_num_threads(threads)
+    assert isinstance(conf.model, SoftmaxRetrieval) and conf.replace and conf.update_rule == 'delta'
+
+
 def test_keys_reach_the_model_and_defaults_follow_the_rule():
     conf = make_configs('retrieval', ['n_keys=9', 'replace=true', 'phi=favor', 'favor_features=5',
                                       'hidden_size=16', 'update_rule=delta', 'threads=1'])
