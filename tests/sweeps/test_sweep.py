@@ -402,6 +402,7 @@ def test_sigkill_of_the_sweep_then_resume_runs_every_point_once(tools, tmp_path)
     assert {row['trial']: row['status'] for row in compare.compare([str(d)]).rows} == \
         {'0000': 'completed', '0001': 'interrupted'}
     done_before = _files(d / 'trial-0000')
+    assert len(list((d / '.owners').iterdir())) == 1  # the killed sweep's lock file: the resume takes over through it
     checkpoint_step = __import__('torch').load(d / 'trial-0001' / 'checkpoint.pt',
                                                weights_only=True)['position']['step']
 
@@ -424,6 +425,19 @@ def test_sigkill_of_the_sweep_then_resume_runs_every_point_once(tools, tmp_path)
     assert steps == sorted(set(steps)) and steps[-1] == json.loads((d / 'trial-0001' / 'run.json').read_text())[
         'steps'] > checkpoint_step
     assert json.loads((d / 'trial-0002' / 'trial.json').read_text())['attempts'][0]['how'] == 'started'
+    assert not list((d / '.owners').iterdir())  # the dead owner's lock file went with its last trial, and the resume's
+
+
+def test_resuming_a_sweep_again_and_again_leaves_no_lock_files(tools, tmp_path):
+    rc, out = run_in_process(['sweep', 'transformer', *tools.TINY, 'seed=0,1', f'runs_dir={tmp_path}'])
+    assert rc == 0, out
+    d, = (tmp_path / 'transformer').glob('sweep-*')
+    counts = [len(list((d / '.owners').iterdir()))]
+    for _ in range(2):
+        rc, out = run_in_process(['sweep', '--resume', str(d)])
+        assert rc == 0 and '2 trials; keys that differ: 1' in out, out
+        counts.append(len(list((d / '.owners').iterdir())))
+    assert counts == [0, 0, 0]  # each process removed its own when it ended (it used to leave one per resume)
 
 
 def _two_sweeps(tools, command: str, tmp_path: Path, **replace) -> Path:
