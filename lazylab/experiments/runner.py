@@ -341,10 +341,9 @@ def record_interrupt(conf, run_dir: Path, e: KeyboardInterrupt) -> None:
 
 
 def prepare(conf) -> None:
-    """Compute everything a run needs, so every user mistake surfaces before a file is written.
-
-    Seeds torch first: the model's initial parameters depend only on `seed`. Last, one forward and backward pass on
-    the first batch (`trainer.check_trains`) catches what the declarations cannot say (a size the model cannot
+    """Compute everything a run needs, so every user mistake surfaces before a file is written: `check_values`,
+    the threads, `compute` (memory, data, model, optimizer, every plain item); last, one forward and backward pass
+    on the first batch (`trainer.check_trains`) catches what the declarations cannot say (a size the model cannot
     take, a batch too big for the memory), with the model's state and the random states left as they were.
 
     Raises:
@@ -360,23 +359,37 @@ def prepare(conf) -> None:
             torch.set_num_threads(conf.threads)
         except (RuntimeError, ValueError) as e:  # an experiment may declare threads without its upper bound
             raise UsageError(f'threads={conf.threads}: torch cannot use that many ({e})') from None
-    check_memory_needs(conf)  # from the sizes alone: nothing is allocated yet
+    compute(conf)
+    check_trains(conf)
+
+
+def compute(conf, optimizer: bool = True) -> None:
+    """Compute what a run is made of, in the order its mistakes should surface: the memory it needs (from the sizes
+    alone, `check_memory_needs`), the data, the model, the step count, the optimizer and its schedule (not with
+    `optimizer=False`: a sweep checking its points skips their cost) and every plain item, so that configs.yaml
+    records all of them. Seeds torch first: the model's initial parameters depend only on `seed`.
+
+    Raises:
+        UsageError, DataError, ConfigError: as `prepare`.
+    """
+    import torch
+    check_memory_needs(conf)  # nothing is allocated yet
     torch.manual_seed(conf.seed)
     _ = conf.task  # the data: DataError if the text is too short or the prompt has characters outside it
     if conf.seq_len_start and conf.seq_len_start < conf.seq_len and not conf.task.shorter_sequences:
         raise UsageError(f'seq_len_start: the task of this experiment ({type(conf.task).__name__}) has no shorter '
                          f'sequences, so it cannot warm up the sequence length; leave seq_len_start out')
     _ = conf.model, conf.total_steps
-    _ = conf.optimizer.optimizer, conf.optimizer.scheduler
-    # compute the remaining plain items too (numbers, strings, flags), so configs.yaml records all of them;
-    # unused component options (say, a decoder the causal model never builds) stay unbuilt
+    if optimizer:
+        _ = conf.optimizer.optimizer, conf.optimizer.scheduler
+    # the remaining plain items too (numbers, strings, flags); unused component options (say, a decoder the causal
+    # model never builds) stay unbuilt
     from lazylab.configs import describe
     for row in describe(conf):
         if row['plain']:
             value = conf
             for part in row['name'].split('.'):
                 value = getattr(value, part)
-    check_trains(conf)
 
 
 def check_memory_needs(conf) -> None:

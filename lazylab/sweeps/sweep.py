@@ -7,8 +7,8 @@
     lazylab sweep --resume SWEEP_DIR [--workers N] [--storage URL]
 
 Everything is checked before anything is written (the grammar, every key and value against the experiment's
-declarations, the first point's whole configuration, the flags); a mistake is one line `lazylab: error: …`,
-exit code 2. Then:
+declarations, the whole configuration of every grid point — of each swept value for a sampler —, the flags); a
+mistake is one line `lazylab: error: …` (naming the point), exit code 2. Then:
 
     RUNS_DIR/NAME/sweep-STUDY/     (STUDY: --study, or the start time and 4 random hex digits)
         sweep.yaml                 the command, the space, sampler, metric, storage, versions
@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lazylab.errors import UsageError
-from lazylab.sweeps.spec import Dimension, Fixed, Space, _plain, parse_value, type_space
+from lazylab.sweeps.spec import Dimension, Fixed, Space, _plain, check_points, parse_value, type_space
 from lazylab.sweeps.trial import OUTPUT, REPORT_ENV, TRIAL
 
 #: the keys of a validation record a sweep can optimize
@@ -208,6 +208,7 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
     import shutil
     if shutil.which(launcher[0]) is None:
         raise UsageError(f'--launcher {a.launcher!r}: no program {launcher[0]!r} (not on PATH, or not executable)')
+    check_points(name, fixed + config_args, space, grid=sampler == 'grid')  # as the first point, before any file
     default_threads = module.Configs().threads if not any(t.startswith('threads=') for t in fixed) else -1
     return Plan(name=name, argv=list(argv), fixed=fixed, config_file=a.config, space=space, sampler=sampler,
                 trials=trials, metric=a.metric, direction=direction, prune=a.prune, storage=storage,

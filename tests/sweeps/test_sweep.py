@@ -192,8 +192,11 @@ def test_zipped_keys_move_together_and_a_failing_trial_is_recorded(tools, tmp_pa
     sizes = tmp_path / 'tiny.yaml'
     sizes.write_text(''.join(f'{t.replace("=", ": ", 1)}\n' for t in tools.TINY if not t.startswith(('d_model=',
                                                                                                        'heads='))))
-    rc = cli.main(['sweep', 'transformer', '--config', str(sizes), 'd_model=16,30', 'heads=2,4', '--zip',
-                   'd_model,heads', '--workers', '2', f'runs_dir={tmp_path}'])
+    # the second point's learning rate makes the loss NaN: its trial fails while training (a point whose values
+    # cannot make a run, say heads=4 for d_model=30, is refused before the sweep starts: see the test below)
+    rc = cli.main(['sweep', 'transformer', '--config', str(sizes), 'd_model=16,30', 'heads=2,3',
+                   'optimizer.learning_rate=1e-3,1e30', '--zip', 'd_model,heads,optimizer.learning_rate',
+                   '--workers', '2', f'runs_dir={tmp_path}'])
     out = capsys.readouterr().out
     assert rc == 1, out  # a trial failed
     d = next((tmp_path / 'transformer').glob('sweep-*'))
@@ -203,13 +206,14 @@ def test_zipped_keys_move_together_and_a_failing_trial_is_recorded(tools, tmp_pa
     assert (first['d_model'], first['heads'], first['transformer.n_heads'], first['max_steps']) == (16, 2, 2, 4)
     assert doc['given']['max_steps'] == f'--config {d / "config.yaml"}' and doc['given']['heads'] == 'sweep'
     failed = json.loads((d / 'trial-0001' / 'trial.json').read_text())
-    assert failed['state'] == 'failed' and failed['params'] == {'d_model': 30, 'heads': 4}
-    assert 'd_model=30 is not divisible by heads=4' in failed['error']
-    assert not (d / 'trial-0001' / 'configs.yaml').exists()  # the run wrote nothing: a config error
+    assert failed['state'] == 'failed' and failed['params'] == {'d_model': 30, 'heads': 3,
+                                                                'optimizer.learning_rate': 1e30}
+    assert failed['error'].startswith('training loss is nan at step 2; no checkpoint was written')
+    assert json.loads((d / 'trial-0001' / 'run.json').read_text())['error'] == failed['error']
     study = journal_study(d)
     assert [t.state.name for t in study.trials] == ['COMPLETE', 'FAIL']
     assert study.trials[1].user_attrs['error'] == failed['error']
-    assert 'grid of 2 (d_model,heads)' in out.splitlines()[0]
+    assert 'grid of 2 (d_model,heads,optimizer.learning_rate)' in out.splitlines()[0]
     assert f'trial 0001 failed: {failed["error"]}' in out
 
 
@@ -287,6 +291,29 @@ def test_a_bad_sweep_is_one_error_line_and_writes_nothing(tmp_path, capsys, args
     captured = capsys.readouterr()
     err = captured.err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith('lazylab: error: ') and message in err[0], captured.err
+    assert captured.out == '' and not runs.exists()
+
+
+@pytest.mark.parametrize('args, message', [
+    (['prompt=he', 'text={tmp}/ok.txt,{tmp}/missing.txt'],
+     'grid point 2 of 2 (text={tmp}/missing.txt): text file not found: {tmp}/missing.txt'),
+    (['d_model=16,30', 'heads=2,4'], "grid point 4 of 4 (d_model=30 heads=4): transformer.encoder_attn: option 'mha' "
+                                     "failed: ValueError: MultiHeadAttention: d_model=30 is not divisible by heads=4"),
+    (['prompt=he', 'text={tmp}/ok.txt,{tmp}/missing.txt', 'seed=range(0,3)', '--sampler', 'random', '--trials', '2'],
+     'text={tmp}/missing.txt (the other swept keys at their first values): text file not found: {tmp}/missing.txt'),
+    (['d_model=tag(log, interval(16, 10000000))', '--trials', '2'],
+     'd_model=10000000: the run needs at least 1.6 PB of memory, more than the '),
+], ids=['a missing text', 'a grid point whose heads do not divide d_model', 'a value for the sampler',
+        'the end of an interval'])
+def test_every_point_of_a_sweep_is_checked_before_anything_is_written(tools, tmp_path, capsys, args, message):
+    (tmp_path / 'ok.txt').write_text('hello world, ' * 200)
+    runs = tmp_path / 'runs'
+    sizes = [t for t in tools.TINY if t.split('=')[0] not in {a.split('=')[0] for a in args}]
+    argv = ['sweep', 'transformer', *sizes, *(a.format(tmp=tmp_path) for a in args), f'runs_dir={runs}']
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f'lazylab: error: {message.format(tmp=tmp_path)}') and \
+        captured.err.count('\n') == 1, captured.err
     assert captured.out == '' and not runs.exists()
 
 
