@@ -1,5 +1,6 @@
 """Every mistake a user can make on the command line: one line `lazylab: error: …`, exit code 2, no traceback,
-and (before training starts) no run directory."""
+and (before training starts) no run directory. `short_run` (tests/conftest.py) is the finished run the tests
+damage, each in a copy."""
 import subprocess
 import sys
 from pathlib import Path
@@ -98,16 +99,6 @@ def test_user_error_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, argv
     text = _error(capsys, argv)
     assert re.search(message, text), text
     assert not runs.exists()
-
-
-@pytest.fixture(scope='module')
-def short_run(tmp_path_factory):
-    """A 3-step run to damage."""
-    runs = tmp_path_factory.mktemp('runs')
-    threads = torch.get_num_threads()
-    assert cli.main(['train', 'transformer', *TINY, f'runs_dir={runs}']) == 0
-    torch.set_num_threads(threads)
-    return next((runs / 'transformer').iterdir())
 
 
 def test_damaged_checkpoint_is_reported_by_resume_and_generate(short_run, tmp_path, capsys):
