@@ -12,13 +12,20 @@ command line treats the same way.
     └── TrainingError       a run cannot go on
         ├── CheckpointError     a checkpoint is missing, truncated or not a lazylab checkpoint
         └── NonFiniteLossError  the loss became NaN or infinite
+
+Not an error: `Interrupted` (a KeyboardInterrupt) is what Ctrl-C (SIGINT) and SIGTERM raise while a run trains
+(`signals_interrupt`), so the run records where it stopped before the process ends with 130 or 143.
 """
+import contextlib
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 __all__ = ['LazylabError', 'UsageError', 'DataError', 'DistributedError', 'TrainingError', 'CheckpointError',
-           'NonFiniteLossError', 'user_error_message', 'run_cli']
+           'NonFiniteLossError', 'Interrupted', 'signals_interrupt', 'user_error_message', 'run_cli']
 
 
 class LazylabError(Exception):
@@ -49,6 +56,50 @@ class NonFiniteLossError(TrainingError):
     """The training loss became NaN or infinite; the last good checkpoint is kept."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) or SIGTERM arrived while `signals_interrupt` was active (a KeyboardInterrupt, so whatever
+    handles Ctrl-C handles both).
+
+    Attributes:
+        signal_name: 'SIGINT' or 'SIGTERM'.
+        exit_code: 128 + the signal's number (130, 143), what a shell reports for a process the signal ended.
+        step, checkpoint_step: the trainer's step when it arrived and that of the checkpoint on disk (None: none
+            yet); set by `trainer.train` on its way out.
+        message: the line `run_cli` prints (the runner adds the run directory and how to resume it).
+    """
+
+    def __init__(self, signum: int):
+        super().__init__()
+        self.signal_name = signal.Signals(signum).name
+        self.exit_code = 128 + signum
+        self.step: Optional[int] = None
+        self.checkpoint_step: Optional[int] = None
+        self.message = 'interrupted' if signum == signal.SIGINT else f'killed ({self.signal_name})'
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """While the block runs, SIGINT and SIGTERM raise `Interrupted` (SIGTERM would otherwise end the process at
+    once, leaving a run's run.json saying `running`); the previous handlers are restored after. Outside the main
+    thread (where Python cannot set handlers) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def user_error_message(e: BaseException) -> Optional[str]:
     """The one-line message for an error the user caused, or None for a programming error (show the traceback).
 
@@ -67,14 +118,14 @@ def user_error_message(e: BaseException) -> Optional[str]:
 def run_cli(func: Callable[..., Any], *args) -> int:
     """Call `func(*args)`; a user error becomes `lazylab: error: …` on stderr and exit code 2.
 
-    Returns 0 on success, 130 on Ctrl-C, 1 when stdout was closed by its reader (`| head`), 2 on a user error;
-    a programming error is re-raised.
+    Returns 0 on success, 130 on Ctrl-C, 143 on SIGTERM (an `Interrupted`), 1 when stdout was closed by its reader
+    (`| head`), 2 on a user error; a programming error is re-raised.
     """
     try:
         func(*args)
-    except KeyboardInterrupt:
-        print('\nlazylab: interrupted', file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        print(f'\nlazylab: {e if isinstance(e, Interrupted) else "interrupted"}', file=sys.stderr)
+        return e.exit_code if isinstance(e, Interrupted) else 130
     except BrokenPipeError:  # output piped into a reader that stopped (`| head`): not an error worth a traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

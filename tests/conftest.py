@@ -1,9 +1,21 @@
-"""Shared test set-up.
+"""Shared test set-up, and the fixtures several test folders use.
 
 labml-nn 0.5.1 (the reference we compare against) calls `labml.tracker.debug`, which labml 0.5.3 lacks;
 we give it a no-op so the reference modules run unchanged.
+
+Fixtures (test files cannot import a conftest under --import-mode=importlib, so shared helpers come as fixtures):
+    short_run   a finished 3-step `lazylab train transformer` run directory, made once per session: copy it
+                before damaging it
+    ports       loopback ports for the servers tests start: ports.free(), ports.is_open(port),
+                ports.wait(port, proc, what) (until `proc` accepts connections on `port`)
 """
 import os
+import socket
+import subprocess
+import time
+from types import SimpleNamespace
+
+import pytest
 
 os.environ.setdefault('LABML_DISABLE_GIT', '1')
 
@@ -18,3 +30,66 @@ def _patch_labml_tracker():
 
 
 _patch_labml_tracker()
+
+#: the short run's settings: 3 steps of 4 × 16 characters, a validation (and a checkpoint) after each
+SHORT_RUN = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_size=4', 'sample_tokens=5',
+             'valid_batches=1', 'final_valid_batches=1', 'device=cpu', 'threads=1', 'max_steps=3',
+             'valid_interval=1']
+
+
+@pytest.fixture(scope='session')
+def short_run(tmp_path_factory):
+    """A finished 3-step transformer run (SHORT_RUN): its folder, shared by the session's tests; copy it before
+    changing anything in it."""
+    import torch
+
+    from lazylab import cli
+    runs = tmp_path_factory.mktemp('short-run')
+    threads = torch.get_num_threads()
+    try:
+        assert cli.main(['train', 'transformer', *SHORT_RUN, f'runs_dir={runs}']) == 0
+    finally:
+        torch.set_num_threads(threads)  # the run's threads=1 would stay for the rest of the session
+    run, = (runs / 'transformer').iterdir()
+    return run
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def port_open(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:`port`."""
+    try:
+        with socket.create_connection(('127.0.0.1', port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, what: str = 'the server', timeout: float = 60) -> None:
+    """Wait until `proc` accepts connections on `port`.
+
+    Raises:
+        AssertionError: `proc` ended, or `timeout` seconds passed (it is then killed); the message has the end of
+            what it printed (when its stdout is a pipe).
+    """
+    deadline = time.monotonic() + timeout
+    while not port_open(port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            output = proc.stdout.read() if proc.stdout is not None else ''
+            raise AssertionError(f'{what} did not start on port {port} (exit code {proc.returncode}): '
+                                 f'{output[-2000:]}')
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope='session')
+def ports():
+    """free_port, port_open and wait_for_port above, for the test modules."""
+    return SimpleNamespace(free=free_port, is_open=port_open, wait=wait_for_port)

@@ -1,5 +1,6 @@
 """Every mistake a user can make on the command line: one line `lazylab: error: …`, exit code 2, no traceback,
-and (before training starts) no run directory."""
+and (before training starts) no run directory. `short_run` (tests/conftest.py) is the finished run the tests
+damage, each in a copy."""
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,8 @@ def _files(tmp_path):
     (tmp_path / 'tiny.txt').write_text('abcdefghij' * 2)  # 18 train / 2 valid
     (tmp_path / 'bad.yaml').write_text('d_model: [1, 2\n')
     (tmp_path / 'list.yaml').write_text('- 1\n- 2\n')
+    (tmp_path / 'empty.yaml').write_text('# only a comment\n')
+    (tmp_path / 'no_values.yaml').write_text('values: {}\ngiven: {}\n')
 
 
 CASES = [
@@ -66,6 +69,10 @@ CASES = [
     (['train', 'transformer', '--config', '{tmp}/none.yaml'], r'config file not found: .*none.yaml'),
     (['train', 'transformer', '--config', '{tmp}/bad.yaml'], r'bad.yaml is not valid YAML at line'),
     (['train', 'transformer', '--config', '{tmp}/list.yaml'], r'must hold a mapping'),
+    (['train', 'transformer', '--config', '{tmp}/empty.yaml'],
+     r'^config file \S+/empty.yaml is empty: it holds no settings$'),
+    (['train', 'transformer', '--config', '{tmp}/no_values.yaml'],
+     r'^config file \S+/no_values.yaml is empty: it holds no settings$'),
     (['train', 'transformer', '--config='], r'^--config needs a YAML file$'),
     (['train', 'transformer', '--config', ''], r'^--config needs a YAML file$'),
     (['train', 'transformer', 'preset=gpu'], r"unknown preset 'gpu' for transformer; presets: labml_nn"),
@@ -92,16 +99,6 @@ def test_user_error_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, argv
     text = _error(capsys, argv)
     assert re.search(message, text), text
     assert not runs.exists()
-
-
-@pytest.fixture(scope='module')
-def short_run(tmp_path_factory):
-    """A 3-step run to damage."""
-    runs = tmp_path_factory.mktemp('runs')
-    threads = torch.get_num_threads()
-    assert cli.main(['train', 'transformer', *TINY, f'runs_dir={runs}']) == 0
-    torch.set_num_threads(threads)
-    return next((runs / 'transformer').iterdir())
 
 
 def test_damaged_checkpoint_is_reported_by_resume_and_generate(short_run, tmp_path, capsys):
@@ -134,6 +131,73 @@ def test_damaged_configs_yaml_is_reported_by_resume_and_generate_naming_it(short
         text = _error(capsys, argv)
         assert str(run / 'configs.yaml') in text and message.format(run=run) in text, text
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+@pytest.mark.parametrize('content', ['', '# a comment\n', '{}\n', 'values: {}\ngiven: {}\n'],
+                         ids=['nothing', 'a comment', 'an empty mapping', 'no values'])
+def test_an_empty_configs_yaml_is_reported_by_resume_and_generate_naming_it(short_run, tmp_path, capsys, content):
+    import shutil
+    run = tmp_path / 'run'
+    shutil.copytree(short_run, run)
+    (run / 'configs.yaml').write_text(content)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    for argv in (['resume', str(run)], ['generate', str(run), '--prompt', 'a', '--tokens', '3']):
+        assert _error(capsys, argv) == f"{run / 'configs.yaml'} is empty: the run's configuration is not in it any more"
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+@pytest.mark.parametrize('section, key, hint', [
+    ('values', 'd_modle', "; did you mean 'd_model' or 'model'?"),
+    ('values', 'd_model.width', "; did you mean 'd_model'?"),  # replay used to skip this one without a word
+    ('values', 'transformer.ffn.d_fff', "; did you mean 'transformer.ffn.d_ff' or 'transformer.ffn.ffn' or "
+                                        "'transformer.ffn'?"),
+    ('given', 'n_layerz', "; did you mean 'n_layers'?"),
+    ('values', 'zzz', ''),
+], ids=['typo', 'below a plain item', 'in a sub-config', 'given', 'nothing close'])
+def test_an_unknown_key_written_into_a_dump_is_an_error_naming_it(short_run, tmp_path, capsys, section, key, hint):
+    import shutil
+
+    import yaml
+    run = tmp_path / 'run'
+    shutil.copytree(short_run, run)
+    doc = yaml.safe_load((run / 'configs.yaml').read_text())
+    doc[section][key] = 3 if section == 'values' else 'user'
+    if section == 'given':
+        doc['values'][key] = 3
+    (run / 'configs.yaml').write_text(yaml.safe_dump(doc))
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    dump = run / 'configs.yaml'
+    assert _error(capsys, ['resume', str(run)]) == f"{dump}: transformer has no config item {key!r}{hint}"
+    assert _error(capsys, ['generate', str(run), '--prompt', 'a', '--tokens', '3']) == \
+        f"{dump}: transformer has no config item {key!r}{hint}"
+    runs = tmp_path / 'runs'
+    assert _error(capsys, ['train', 'transformer', '--config', str(dump), f'runs_dir={runs}']) == \
+        f"{dump}: transformer has no config item {key!r}{hint}"
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before and not runs.exists()
+
+
+def test_every_unknown_key_of_a_dump_is_named(short_run, tmp_path, capsys):
+    import yaml
+    doc = yaml.safe_load((short_run / 'configs.yaml').read_text())
+    doc['values'].update({'d_modle': 3, 'zzz': 1, 'yyy': 2})
+    (tmp_path / 'dump.yaml').write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert _error(capsys, ['train', 'transformer', '--config', str(tmp_path / 'dump.yaml')]) == \
+        f"{tmp_path / 'dump.yaml'}: transformer has no config item 'd_modle'; did you mean 'd_model' or 'model'? " \
+        f"(also unknown: 'zzz', 'yyy')"
+
+
+@pytest.mark.parametrize('where', ['in its run directory', 'copied elsewhere'])
+@pytest.mark.parametrize('other', ['feedback', 'fast_weights', 'retrieval'])
+def test_config_with_another_experiments_dump_names_both_experiments(short_run, tmp_path, capsys, where, other):
+    import shutil
+    dump = short_run / 'configs.yaml'  # a transformer run's
+    if where == 'copied elsewhere':  # no run.json beside it: its keys tell which experiment wrote it
+        dump = Path(shutil.copy(dump, tmp_path / 'sizes.yaml'))
+    runs = tmp_path / 'runs'
+    assert _error(capsys, ['train', other, '--config', str(dump), f'runs_dir={runs}']) == \
+        f'{dump} is a dump of experiment transformer, not {other}; replay it with: lazylab train transformer ' \
+        f'--config {dump}'
+    assert not runs.exists()
 
 
 def test_resume_and_generate_of_a_labml_run_say_what_it_is(tmp_path, capsys):

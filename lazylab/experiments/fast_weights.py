@@ -15,6 +15,7 @@ from torch import nn
 from lazylab.configs import option
 from lazylab.configs.fast_weights import FastWeightsConfigs
 from lazylab.configs.types import PositiveInt, Probability
+from lazylab.experiments.memory import Need, feature_size, language_model_needs, named, selected_option
 from lazylab.experiments.nlp_autoregression import LABML_NN_PRESET, NLPAutoRegressionConfigs, device_of
 
 
@@ -40,6 +41,21 @@ def _fast_weights_configs(c: Configs):
 @option(Configs.model, 'fast_weights_transformer')
 def _fast_weights_transformer(c: Configs):
     return c.fast_weights.model.to(device_of(c))
+
+
+def memory_needs(c: Configs) -> list[Need]:
+    """The least memory a run takes (`lazylab.experiments.memory`), from the sizes `fast_weights` is built with,
+    its feature maps' and states included."""
+    f = c.fast_weights
+    sizes = {'d_model': named(c, 'd_model', 'fast_weights.d_model', f.d_model),
+             'd_ff': named(c, 'd_ff', 'fast_weights.ffn.d_ff', f.ffn.d_ff),
+             'n_layers': named(c, 'n_layers', 'fast_weights.n_layers', f.n_layers),
+             'heads': named(c, 'heads', 'fast_weights.heads', f.heads)}
+    phi = selected_option(f, 'phi')
+    d_dot = feature_size(phi, max(1, f.d_model // f.heads), f.nu, f.favor_features)
+    phi_keys = {'dpfp': (named(c, 'nu', 'fast_weights.nu', f.nu), sizes['d_model']), 'linear': (sizes['d_model'],),
+                'favor': (('fast_weights.favor_features', f.favor_features), sizes['heads'])}.get(phi, ())
+    return language_model_needs(c, sizes, features=None if d_dot is None else (d_dot, phi_keys))
 
 
 #: named settings applied before the user's (`preset=labml_nn`: labml_nn's fast-weights experiment)

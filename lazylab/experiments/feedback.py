@@ -16,6 +16,7 @@ from lazylab.configs import option
 from lazylab.configs.feedback import FeedbackConfigs
 from lazylab.configs.types import PositiveInt, Probability, ThreadCount
 from lazylab.errors import UsageError
+from lazylab.experiments.memory import FLOAT, Need, language_model_needs, named
 from lazylab.experiments.nlp_autoregression import LABML_NN_PRESET, NLPAutoRegressionConfigs, device_of
 
 
@@ -82,6 +83,18 @@ def _feedback_transformer(c: Configs):
 def _feedback_transformer_kv(c: Configs):
     """Keys and values computed once per memory vector and shared by the layers (labml_nn's faster variant)."""
     return _build(c, 'feedback_transformer_kv')
+
+
+def memory_needs(c: Configs) -> list[Need]:
+    """The least memory a run takes (`lazylab.experiments.memory`), from the sizes `feedback` is built with, and
+    the relative-position table (n_positions × d_model, with its gradient)."""
+    f = c.feedback
+    d_model = named(c, 'd_model', 'feedback.d_model', f.d_model)
+    return language_model_needs(c, {'d_model': d_model, 'd_ff': named(c, 'd_ff', 'feedback.ffn.d_ff', f.ffn.d_ff),
+                                    'n_layers': named(c, 'n_layers', 'feedback.n_layers', f.n_layers),
+                                    'heads': named(c, 'heads', 'feedback.heads', f.heads)}) + [
+        Need('relative-position tables', 2 * FLOAT * f.n_positions * f.d_model,
+             (('feedback.n_positions', f.n_positions), d_model))]
 
 
 #: named settings applied before the user's (`preset=labml_nn`: labml_nn's feedback experiment)

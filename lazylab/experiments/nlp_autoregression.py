@@ -106,6 +106,7 @@ class TextTask(Task):
         self.final_valid_ratio = len(self.valid_full) / len(self.valid_quick)
 
     shorter_sequences = True  # every position is a prediction: a window's first L positions are a window of L
+    position_unit, loss_unit, loss_label = 'characters', 'nats/char', 'cross-entropy (nats/char)'
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         return self.train_loader.epoch(epoch, start=start)

@@ -1,4 +1,5 @@
 """`lazylab plot RUN_DIR [RUN_DIR …] -o FILE.png`: train and valid loss against tokens seen, one colour per run."""
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -35,6 +36,9 @@ def plot_runs(run_dirs: Sequence[str], output: str) -> Path:
     a run does not record tokens: a `lazylab labml` run); save a PNG (or another format matplotlib writes, by the
     suffix of `output`).
 
+    The y axis says what the loss is: the runs' `loss_label` (run.json: their task's, e.g. 'cross-entropy
+    (nats/char)'), or 'loss' when the runs' tasks differ.
+
     Raises:
         UsageError: a bad output file (see `check_output`), a folder has no metrics.jsonl, or no loss values yet.
     """
@@ -66,13 +70,27 @@ def plot_runs(run_dirs: Sequence[str], output: str) -> Path:
         if valid:
             ax.plot(*zip(*valid), color=color, marker='o', markersize=3, linewidth=1.6, label=f'{label} valid')
     ax.set_xlabel('tokens seen' if x == 'tokens' else 'step')
-    ax.set_ylabel('cross-entropy (nats/char)')
+    labels = {loss_label(Path(d)) for d in run_dirs}
+    ax.set_ylabel(labels.pop() if len(labels) == 1 else 'loss')
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+#: the loss of runs whose run.json does not say (older ones, `lazylab labml` runs): all character models
+TEXT_LOSS_LABEL = 'cross-entropy (nats/char)'
+
+
+def loss_label(run_dir: Path) -> str:
+    """What the run's loss is, with its unit: run.json's `loss_label` (its task's), else TEXT_LOSS_LABEL."""
+    try:
+        label = json.loads((run_dir / 'run.json').read_text(encoding='utf-8')).get('loss_label')
+    except (OSError, ValueError, AttributeError):
+        label = None
+    return label if isinstance(label, str) and label else TEXT_LOSS_LABEL
 
 
 def _label(run_dir: Path) -> str:

@@ -31,7 +31,9 @@ from torch import nn
 
 from lazylab.configs import option
 from lazylab.configs.types import NonNegativeFloat, NonNegativeInt, PositiveInt
+from lazylab.errors import UsageError
 from lazylab.experiments import distributed
+from lazylab.experiments.memory import FLOAT, LONG, Need, feature_size, selected_option
 from lazylab.experiments.nlp_autoregression import device_of
 from lazylab.experiments.optimizers import OptimizerConfigs
 from lazylab.experiments.task import Batch, BatchLoss, Task, evaluate
@@ -69,6 +71,8 @@ def retrieval_batch(n_keys: int, replace: bool, batch_size: int, generator: torc
 class RetrievalTask(Task):
     """The trainer's view of the experiment (see the module docstring).
 
+    Its sequences are pairs (and a query); its loss is the squared error of the values predicted for the queries.
+
     Batches are x = [pairs; queries] as one LongTensor [n_pairs + n_queries, batch, 2] (a query row holds the
     query key and −1) and y = the target value of each query [n_queries, batch] (−1: no such key, not counted).
     Training batches have one query per sequence; evaluation batches ask every key (n_queries = n_keys).
@@ -82,6 +86,7 @@ class RetrievalTask(Task):
         stop_loss: training ends once a validation's loss is at most this (0: never early).
         device: where evaluation batches go.
     """
+    position_unit, loss_unit, loss_label = 'pairs', '(½‖y − ŷ‖² per query)', 'squared error ½‖y − ŷ‖² per query'
 
     def __init__(self, *, n_keys: int, replace: bool, batch_size: int, seed: int, valid_batches: int,
                  final_valid_batches: int, stop_loss: float, device: torch.device,
@@ -225,8 +230,31 @@ def _fast_weights_model(c: Configs):
     return model.to(device_of(c))
 
 
+#: the keys only the fast-weight model reads (softmax attention has no feature map and no update rule)
+FAST_WEIGHT_KEYS = ('phi', 'nu', 'favor_features', 'update_rule', 'sum_normalization', 'attention_normalization',
+                    'kernel', 'chunk_size')
+
+
+def check_softmax_keys(c: Configs) -> None:
+    """With model=softmax the fast-weight keys change nothing: one given on the command line, in a --config file
+    or by a sweep is a mistake (a preset's, e.g. setting2's update_rule, is not: it sets both models up).
+
+    Raises:
+        UsageError: naming the keys (and where each came from, when not the command line).
+    """
+    from lazylab.configs.engine.state import state_of
+    given = {k: label for k, label in getattr(state_of(c), 'given', {}).items()
+             if k in FAST_WEIGHT_KEYS and not str(label).startswith('preset ')}
+    if given:
+        keys = ', '.join(k if label == 'user' else f'{k} (from {label})' for k, label in given.items())
+        them = 'it' if len(given) == 1 else 'them'
+        raise UsageError(f'{keys} {"has" if len(given) == 1 else "have"} no effect with model=softmax (only the '
+                         f'fast-weight model reads {them}); leave {them} out, or use model=fast_weights')
+
+
 @option(Configs.model, 'softmax')
 def _softmax_model(c: Configs):
+    check_softmax_keys(c)
     return SoftmaxRetrieval(c.n_keys, c.n_keys, c.embedding_size, c.hidden_size).to(device_of(c))
 
 
@@ -253,6 +281,38 @@ def _optimizer(c: Configs):
     conf.set_default(OptimizerConfigs.warmup, value=0)
     conf.set_default(OptimizerConfigs.schedule, value='constant')
     return conf
+
+
+def memory_needs(c: Configs) -> list[Need]:
+    """The least memory a run takes (`lazylab.experiments.memory`): the parameters and their gradients (key
+    embedding n_keys × embedding_size, the key and query projections to hidden_size), the fixed one-hot values
+    [n_keys, n_keys], the evaluation batches, and for one evaluation batch (every key asked) the predictions
+    [n_keys, batch_size, n_keys] with, for fast weights, the features φ of its pairs and queries and the fast
+    weights [batch_size, n_keys, d_dot], or for softmax the attention scores [n_keys, batch_size, n_pairs]."""
+    n_keys, embedding, hidden, batch = c.n_keys, c.embedding_size, c.hidden_size, c.batch_size
+    n_pairs = 2 * n_keys if c.replace else n_keys
+    size = (('n_keys', n_keys), ('batch_size', batch))
+    n_eval = c.valid_batches + max(c.final_valid_batches, c.valid_batches)
+    parameters = n_keys * embedding + (n_keys + 2 * embedding) * hidden
+    needs = [Need('parameters and their gradients', 2 * FLOAT * parameters,
+                  (('n_keys', n_keys), ('embedding_size', embedding), ('hidden_size', hidden))),
+             Need('the one-hot values', FLOAT * n_keys * n_keys, size[:1]),
+             Need('the evaluation batches', LONG * n_eval * batch * (2 * (n_pairs + n_keys) + n_keys),
+                  (*size, ('valid_batches', c.valid_batches), ('final_valid_batches', c.final_valid_batches))),
+             Need('the predictions for every key of a batch', FLOAT * n_keys * batch * n_keys, size)]
+    model = selected_option(c, 'model')
+    if model == 'fast_weights':
+        phi = selected_option(c, 'phi')
+        d_dot = feature_size(phi, hidden, c.nu, c.favor_features)
+        phi_keys = {'dpfp': (('nu', c.nu), ('hidden_size', hidden)), 'linear': (('hidden_size', hidden),),
+                    'favor': (('favor_features', c.favor_features),)}.get(phi, ())
+        if d_dot is not None:
+            needs += [Need('fast-weight features φ(k), φ(q)', FLOAT * batch * (n_pairs + n_keys) * d_dot,
+                           (*phi_keys, *size)),
+                      Need('the fast weights', FLOAT * batch * n_keys * d_dot, (*phi_keys, *size))]
+    elif model == 'softmax':
+        needs.append(Need('the attention scores', FLOAT * n_keys * batch * n_pairs, (*size, ('replace', c.replace))))
+    return needs
 
 
 #: named settings applied before the user's

@@ -18,10 +18,12 @@ and `--allow-changes` accepts it (each is then printed as a warning and recorded
 
 run.json: experiment, run_id, uuid, argv, created; the lazylab, torch and Python versions, the device, the git
 commit of the lazylab source when it is a git checkout (`git`: commit and whether the tree had changes), the
-parameter count; `status` (running, then completed, pruned — stopped by a sweep's pruner —, failed with its
-one-line `error`, or interrupted), and at the end `steps` (optimizer steps taken) and `finished`. At the end
-configs.yaml is written again with `total_steps` / `optimizer.total_steps` as the run took them (the time budget
-fits them as it goes; the configuration's own values move to its `computed_before_run` section).
+parameter count, `loss_label` (the task's loss and its unit, for plots); `status` (running, then completed,
+pruned — stopped by a sweep's pruner —, failed with its one-line `error`, interrupted by Ctrl-C or killed by
+SIGTERM — with `signal` and `checkpoint_step`, the step `lazylab resume` continues from), and at the end `steps`
+(optimizer steps taken) and `finished`. At the end configs.yaml is written again with `total_steps` /
+`optimizer.total_steps` as the run took them (the time budget fits them as it goes; the configuration's own values
+move to its `computed_before_run` section).
 """
 import difflib
 import importlib
@@ -36,7 +38,7 @@ from typing import Any, Optional
 
 from lazylab.configs import apply_overrides, dump, label_given, load, parse_overrides, replay_changes, to_dict
 from lazylab.configs.engine.overrides import expand_short_keys
-from lazylab.errors import UsageError, run_cli, user_error_message  # noqa: F401  (re-exported: the CLI's error path)
+from lazylab.errors import Interrupted, UsageError, run_cli, signals_interrupt, user_error_message
 from lazylab.experiments import EXPERIMENTS
 
 
@@ -73,7 +75,12 @@ def split_args(argv: Sequence[str]) -> tuple[list[str], Optional[str]]:
 
 
 def read_config_file(path: str) -> dict[str, Any]:
-    """A YAML mapping of overrides: flat `{key: value}` or a configs.yaml dump (its `values` section)."""
+    """A YAML mapping of overrides: flat `{key: value}` or a configs.yaml dump (its `values` section).
+
+    Raises:
+        UsageError: the file is missing, unreadable, not YAML, not a mapping, or empty (no settings: only
+            comments, `{}`, or a dump whose `values` are empty), naming the file.
+    """
     import yaml
     try:
         text = Path(path).read_text(encoding='utf-8')
@@ -87,11 +94,76 @@ def read_config_file(path: str) -> dict[str, Any]:
         where = getattr(e, 'problem_mark', None)
         at = f' at line {where.line + 1}' if where is not None else ''
         raise UsageError(f'config file {path} is not valid YAML{at}') from None
-    if doc is None:
-        return {}
-    if not isinstance(doc, dict):
+    if not isinstance(doc, (dict, type(None))):
         raise UsageError(f'config file {path} must hold a mapping of key: value')
+    if empty_dump(doc):
+        raise UsageError(f'config file {path} is empty: it holds no settings')
     return doc
+
+
+def empty_dump(doc: Any) -> bool:
+    """Whether a parsed --config file or configs.yaml holds no settings: nothing but comments, `{}`, or a dump
+    whose `values` section is empty."""
+    if doc is None:
+        return True
+    return isinstance(doc, dict) and (not doc or ('values' in doc and not doc['values'] and not doc.get('objects')))
+
+
+def declared_keys(configs_class) -> set[str]:
+    """Every key (dotted path) an experiment's Configs declares, sub-configs' items included."""
+    from lazylab.configs import describe
+    return {row['name'] for row in describe(configs_class)}
+
+
+def dump_experiment(path: Path, doc: dict[str, Any]) -> Optional[str]:
+    """The experiment that wrote the configs.yaml dump `doc` (read from `path`): the one its run.json says, when
+    `path` is a run directory's configs.yaml, else the one experiment that declares every key of it (None when no
+    experiment, or more than one, does)."""
+    if path.name == 'configs.yaml' and (path.parent / 'run.json').is_file():
+        try:
+            experiment = json.loads((path.parent / 'run.json').read_text(encoding='utf-8')).get('experiment')
+        except (OSError, ValueError, AttributeError):
+            experiment = None
+        if experiment in EXPERIMENTS:
+            return experiment
+    keys = {*(doc.get('values') or {}), *(doc.get('objects') or {})}
+    fits = [e for e in EXPERIMENTS if keys <= declared_keys(load_experiment(e).Configs)]
+    return fits[0] if len(fits) == 1 else None
+
+
+def check_dump_experiment(name: str, configs_class, doc: dict[str, Any], path: Path) -> None:
+    """Before `--config PATH` replays a configs.yaml dump into experiment NAME: that another experiment did not
+    write it (its run.json, or the keys it holds, say which did; see `dump_experiment`).
+
+    Raises:
+        UsageError: `PATH is a dump of experiment OTHER, not NAME; …`
+    """
+    beside = path.name == 'configs.yaml' and (path.parent / 'run.json').is_file()
+    if not beside and {*(doc.get('values') or {}), *(doc.get('objects') or {})} <= declared_keys(configs_class):
+        return  # every key is one of NAME's: nothing says it is another experiment's
+    other = dump_experiment(path, doc)
+    if other is not None and other != name:
+        raise UsageError(f'{path} is a dump of experiment {other}, not {name}; replay it with: lazylab train '
+                         f'{other} --config {path}')
+
+
+def check_dump(name: str, configs_class, doc: dict[str, Any], path: Path) -> None:
+    """Before a configs.yaml dump (`doc`, read from `path`) is replayed into experiment NAME: every key it gives
+    or holds a value of that lazylab did not record as computed is an item of NAME. (A key the dump records as
+    computed that NAME no longer has is the replay's to report: the code changed, and --allow-changes accepts it.)
+    A key that is neither was written into the file by hand, and replay would skip it without a word.
+
+    Raises:
+        UsageError: `PATH: NAME has no config item 'KEY'; did you mean …? (also unknown: …)`
+    """
+    from lazylab.configs.engine.errors import suggestion
+    names = declared_keys(configs_class)
+    recorded = set(doc.get('computed') or {}) | set(doc.get('computed_before_run') or ())
+    keys = dict.fromkeys([*(doc.get('given') or {}), *(doc.get('values') or {})])
+    edited = [k for k in keys if k not in names and k not in recorded]
+    if edited:
+        more = f' (also unknown: {", ".join(map(repr, edited[1:]))})' if len(edited) > 1 else ''
+        raise UsageError(f'{path}: {name} has no config item {edited[0]!r}{suggestion(edited[0], names)}{more}')
 
 
 def make_configs(name: str, argv: Sequence[str] = ()):
@@ -112,7 +184,9 @@ def make_configs(name: str, argv: Sequence[str] = ()):
     if preset is None:
         preset = file_values.pop('preset', None)
     if isinstance(file_values.get('values'), dict):  # a configs.yaml dump: its values hold the settings
+        check_dump_experiment(name, module.Configs, file_values, Path(config_file))  # its keys as written
         file_values = {**file_values, 'values': expand_short_keys(conf, file_values['values'])}
+        check_dump(name, module.Configs, file_values, Path(config_file))
     else:
         file_values = expand_short_keys(conf, file_values)
     if preset is not None:
@@ -229,9 +303,12 @@ def _run_values(conf, last: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def finish_run(conf, run_dir: Path, status: str, last: dict[str, Any], error: Optional[str] = None) -> None:
-    """Record the end of a run: run.json's status, steps and finish time; configs.yaml with the steps taken."""
-    extra: dict[str, Any] = {'status': status, 'finished': time.strftime('%Y-%m-%dT%H:%M:%S')}
+def finish_run(conf, run_dir: Path, status: str, last: dict[str, Any], error: Optional[str] = None,
+               **more: Any) -> None:
+    """Record the end of a run: run.json's status, steps and finish time (and `more`); configs.yaml with the steps
+    taken (only when `last`, the final record, is given: a run stopped midway keeps its configs.yaml, which its
+    resume replays)."""
+    extra: dict[str, Any] = {'status': status, 'finished': time.strftime('%Y-%m-%dT%H:%M:%S'), **more}
     if last.get('step') is not None:
         extra['steps'] = int(last['step'])
         dump(conf, run_dir / 'configs.yaml', run_values=_run_values(conf, last))
@@ -240,16 +317,38 @@ def finish_run(conf, run_dir: Path, status: str, last: dict[str, Any], error: Op
     update_run_json(run_dir, **extra)
 
 
-def prepare(conf) -> None:
-    """Compute everything a run needs, so every user mistake surfaces before a file is written.
+#: run.json's fields about how a run ended; a resume removes them (the run is running again)
+END_FIELDS = ('finished', 'error', 'signal', 'checkpoint_step')
 
-    Seeds torch first: the model's initial parameters depend only on `seed`. Last, one forward and backward pass on
-    the first batch (`trainer.check_trains`) catches what the declarations cannot say (a size the model cannot
+
+def record_interrupt(conf, run_dir: Path, e: KeyboardInterrupt) -> None:
+    """run.json of a run that Ctrl-C or SIGTERM stopped (see `trainer.train`, which sets `e.step` and
+    `e.checkpoint_step`): status `interrupted` (SIGINT) or `killed` (SIGTERM), `signal`, `steps` (the steps it
+    took) and `checkpoint_step` (where `lazylab resume` continues; None: no checkpoint yet). The checkpoint is left
+    as it is. An `Interrupted`'s message (what `run_cli` prints) then names the step and the resume command."""
+    name = getattr(e, 'signal_name', 'SIGINT')
+    step, saved = getattr(e, 'step', None), getattr(e, 'checkpoint_step', None)
+    status = 'interrupted' if name == 'SIGINT' else 'killed'
+    more: dict[str, Any] = {'signal': name, 'checkpoint_step': saved}
+    if step is not None:
+        more['steps'] = step
+    finish_run(conf, run_dir, status, {}, **more)
+    if isinstance(e, Interrupted):
+        at = f' at step {step:,}' if step is not None else ''
+        then = f'lazylab resume {run_dir} continues from the checkpoint of step {saved:,}' if saved is not None \
+            else f'no checkpoint was written yet (lazylab resume {run_dir} cannot continue it)'
+        e.message = f'{status} ({name}){at}; {then}'
+
+
+def prepare(conf) -> None:
+    """Compute everything a run needs, so every user mistake surfaces before a file is written: `check_values`,
+    the threads, `compute` (memory, data, model, optimizer, every plain item); last, one forward and backward pass
+    on the first batch (`trainer.check_trains`) catches what the declarations cannot say (a size the model cannot
     take, a batch too big for the memory), with the model's state and the random states left as they were.
 
     Raises:
-        UsageError: see `check_values`; DataError, ConfigError: from the items computed here; TrainingError: the
-            model fails on its first batch.
+        UsageError: see `check_values`; the run needs more memory than the device has (`check_memory_needs`);
+            DataError, ConfigError: from the items computed here; TrainingError: the model fails on its first batch.
     """
     import torch
 
@@ -260,22 +359,52 @@ def prepare(conf) -> None:
             torch.set_num_threads(conf.threads)
         except (RuntimeError, ValueError) as e:  # an experiment may declare threads without its upper bound
             raise UsageError(f'threads={conf.threads}: torch cannot use that many ({e})') from None
+    compute(conf)
+    check_trains(conf)
+
+
+def compute(conf, optimizer: bool = True) -> None:
+    """Compute what a run is made of, in the order its mistakes should surface: the memory it needs (from the sizes
+    alone, `check_memory_needs`), the data, the model, the step count, the optimizer and its schedule (not with
+    `optimizer=False`: a sweep checking its points skips their cost) and every plain item, so that configs.yaml
+    records all of them. Seeds torch first: the model's initial parameters depend only on `seed`.
+
+    Raises:
+        UsageError, DataError, ConfigError: as `prepare`.
+    """
+    import torch
+    check_memory_needs(conf)  # nothing is allocated yet
     torch.manual_seed(conf.seed)
     _ = conf.task  # the data: DataError if the text is too short or the prompt has characters outside it
     if conf.seq_len_start and conf.seq_len_start < conf.seq_len and not conf.task.shorter_sequences:
         raise UsageError(f'seq_len_start: the task of this experiment ({type(conf.task).__name__}) has no shorter '
                          f'sequences, so it cannot warm up the sequence length; leave seq_len_start out')
     _ = conf.model, conf.total_steps
-    _ = conf.optimizer.optimizer, conf.optimizer.scheduler
-    # compute the remaining plain items too (numbers, strings, flags), so configs.yaml records all of them;
-    # unused component options (say, a decoder the causal model never builds) stay unbuilt
+    if optimizer:
+        _ = conf.optimizer.optimizer, conf.optimizer.scheduler
+    # the remaining plain items too (numbers, strings, flags); unused component options (say, a decoder the causal
+    # model never builds) stay unbuilt
     from lazylab.configs import describe
     for row in describe(conf):
         if row['plain']:
             value = conf
             for part in row['name'].split('.'):
                 value = getattr(value, part)
-    check_trains(conf)
+
+
+def check_memory_needs(conf) -> None:
+    """The least memory the run takes, `memory_needs(conf)` of its experiment's module (the first class of its MRO
+    whose module defines one), against what the device has (`lazylab.experiments.memory.check_memory`).
+
+    Raises:
+        UsageError: it needs more, naming the keys that size the biggest part.
+    """
+    from lazylab.experiments.memory import check_memory
+    for cls in type(conf).__mro__:
+        needs = getattr(sys.modules.get(cls.__module__), 'memory_needs', None)
+        if needs is not None:
+            check_memory(needs(conf), _device(conf))
+            return
 
 
 def check_values(conf) -> None:
@@ -365,11 +494,10 @@ def execute(name: str, conf, run_dir: Path, *, resume: bool, checkpoint: Optiona
             length = f'{conf.max_minutes:g} minutes (at most {conf.total_steps:,} steps)'
         elif conf.max_minutes > 0:
             length += f' (at most {conf.max_minutes:g} minutes)'
-        batch = f'{conf.batch_size}×{conf.seq_len}'
+        batch = f'{conf.batch_size}×{conf.seq_len} {conf.task.position_unit}'
         if world_size > 1:
             batch += f' per process, {world_size} processes (effective batch {conf.batch_size * world_size})'
-        print(f'{name}: {n_params:,} parameters, {length} of {batch} characters on {device_of(conf)} → {run_dir}',
-              flush=True)
+        print(f'{name}: {n_params:,} parameters, {length} of {batch} on {device_of(conf)} → {run_dir}', flush=True)
     labml_run = contextlib.nullcontext()
     if is_main:  # only rank 0 records the run in labml
         info = json.loads((run_dir / 'run.json').read_text(encoding='utf-8'))
@@ -381,18 +509,20 @@ def execute(name: str, conf, run_dir: Path, *, resume: bool, checkpoint: Optiona
     try:
         with labml_run as tracker:
             last = train(conf, run_dir, resume=resume, checkpoint=checkpoint, labml_run=tracker, on_validation=stop)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (see train_main's signals_interrupt)
+        if is_main:
+            record_interrupt(conf, run_dir, e)
+        raise
     except BaseException as e:
         if is_main:
-            interrupted = isinstance(e, KeyboardInterrupt)
-            message = None if interrupted else user_error_message(e) or f'{type(e).__name__}: {e}'
-            finish_run(conf, run_dir, 'interrupted' if interrupted else 'failed', {}, message)
+            finish_run(conf, run_dir, 'failed', {}, user_error_message(e) or f'{type(e).__name__}: {e}')
         raise
     if is_main and last:
         finish_run(conf, run_dir, (stop.reason if stop is not None else None) or 'completed', last)
     if is_main and not last:
         print(f'nothing to do: the run in {run_dir} has already finished', flush=True)
     if is_main and 'loss.valid' in last:
-        print(f'done: step {last["step"]:,}, valid loss {last["loss.valid"]:.4f} nats/char, '
+        print(f'done: step {last["step"]:,}, valid loss {last["loss.valid"]:.4f} {conf.task.loss_unit}, '
               f'accuracy {last["accuracy.valid"]:.3f}, '
               f'{last.get("tokens_per_s_avg", last.get("tokens_per_s", 0)):,.0f} tokens/s (the run\'s average); '
               f'run dir {run_dir}', flush=True)
@@ -407,7 +537,10 @@ def train_main(name: str, argv: Sequence[str], *, run_dir: Optional[Path] = None
 
     For a caller that runs the run (a sweep's trial): `run_dir` is the folder to use (created if needed; it must
     not hold a run yet), `on_validation` the trainer's hook, `labels` {label: keys} relabels given keys in the
-    dump (e.g. {'sweep': ['d_model']}), `info` is added to run.json."""
+    dump (e.g. {'sweep': ['d_model']}), `info` is added to run.json.
+
+    Ctrl-C and SIGTERM raise `lazylab.errors.Interrupted` while it runs (`signals_interrupt`): before the run
+    directory exists nothing is written; after, run.json records the stop (see `record_interrupt`)."""
     if '-h' in argv or '--help' in argv:
         print(f'usage: lazylab train {name} [key=value …] [--config FILE.yaml] [{ALLOW_CHANGES}]\n\n'
               + options_text(name))
@@ -418,7 +551,7 @@ def train_main(name: str, argv: Sequence[str], *, run_dir: Optional[Path] = None
     conf = make_configs(name, argv)
     for label, keys in (labels or {}).items():
         label_given(conf, keys, label)
-    with distributed.process_group(_device(conf)):  # under torchrun: join the job (a no-op otherwise)
+    with signals_interrupt(), distributed.process_group(_device(conf)):  # under torchrun: join the job
         prepare(conf)
         changes = check_replay(conf, allow_changes)
         given_dir, run_dir = run_dir, None
@@ -445,7 +578,8 @@ def start_run(conf, name: str, argv: Sequence[str], *, run_dir: Optional[Path] =
         dump(conf, run_dir / 'configs.yaml')
         record = {'experiment': name, 'run_id': run_dir.name, 'uuid': uuid_lib.uuid4().hex,
                   'argv': list(argv), 'created': time.strftime('%Y-%m-%dT%H:%M:%S'),
-                  **run_environment(conf), 'parameters': parameter_count(conf.model), 'status': 'running'}
+                  **run_environment(conf), 'parameters': parameter_count(conf.model),
+                  'loss_label': conf.task.loss_label, 'status': 'running'}
         if changes:
             record['replay_changes'] = changes
         record.update(info or {})
@@ -489,26 +623,44 @@ def open_run(run_dir: str) -> tuple[str, Any, Path]:
     if not isinstance(name, str):
         raise UsageError(f'{path / "run.json"} is damaged')
     conf = load_experiment(name).Configs()
+    doc = _parsed_yaml(path / 'configs.yaml')
+    if empty_dump(doc):
+        raise UsageError(f'{path / "configs.yaml"} is empty: the run\'s configuration is not in it any more')
+    if isinstance(doc, dict) and isinstance(doc.get('values'), dict):
+        check_dump(name, type(conf), doc, path / 'configs.yaml')
     load(conf, path / 'configs.yaml')
     return name, conf, path
 
 
+def _parsed_yaml(path: Path) -> Any:
+    """The YAML document in `path`; the text itself when it cannot be parsed (`load` then says what is wrong)."""
+    import yaml
+    try:
+        return yaml.safe_load(path.read_text(encoding='utf-8'))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return path
+
+
 def resume_main(run_dir: str, *, allow_changes: bool = False, on_validation=None) -> Path:
     """`lazylab resume RUN_DIR`: rebuild the run's configs (checked as any replay, see `check_replay`) and
-    continue from its checkpoint; `on_validation` is the trainer's hook (a sweep's trial passes its pruner)."""
+    continue from its checkpoint; `on_validation` is the trainer's hook (a sweep's trial passes its pruner).
+    A run that was interrupted or killed goes on from the checkpoint it kept (Ctrl-C and SIGTERM are handled
+    as in `train_main`)."""
     from lazylab.experiments import distributed
     from lazylab.experiments.checkpoint import CHECKPOINT, load_checkpoint
     from lazylab.experiments.trainer import check_resume
     name, conf, path = open_run(run_dir)
     checkpoint = load_checkpoint(path / CHECKPOINT)  # CheckpointError before anything else happens
-    with distributed.process_group(_device(conf)):
+    with signals_interrupt(), distributed.process_group(_device(conf)):
         prepare(conf)
         # first the checkpoint (another text says which characters differ), then the replay's computed values
         check_resume(conf, path / CHECKPOINT, checkpoint)  # vocabulary, model shapes, processes: before any write
         changes = check_replay(conf, allow_changes)
         position = checkpoint.get('position', {})
         if distributed.is_main_process() and position.get('step', 0) < position.get('total_steps', 0):
-            update_run_json(path, status='running', **({'replay_changes': changes} if changes else {}))
+            info = json.loads((path / 'run.json').read_text(encoding='utf-8'))
+            info = {k: v for k, v in info.items() if k not in END_FIELDS}  # how it ended before: no longer true
+            write_run_json(path, {**info, 'status': 'running', **({'replay_changes': changes} if changes else {})})
         execute(name, conf, path, resume=True, checkpoint=checkpoint, on_validation=on_validation)
     return path
 

@@ -67,6 +67,11 @@ class Task:
     final_valid_ratio: float = 1.0
     #: whether `shorten` gives batches of shorter sequences (the trainer's sequence-length warm-up needs it)
     shorter_sequences: bool = False
+    #: the task's units, for what a run prints and plots: a position of a training sequence (the first line's
+    #: '16×64 characters'), the loss's unit after a number ('valid loss 1.5212 nats/char'), the loss on an axis
+    position_unit: str = 'tokens'
+    loss_unit: str = 'nats/token'
+    loss_label: str = 'cross-entropy (nats/token)'
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         """The training batches (x, y) of `epoch` from batch index `start` on (resuming mid-epoch), as a pure

@@ -142,6 +142,8 @@ def train(c, run_dir: Path, *, resume: bool = False, checkpoint: Optional[dict[s
     Raises:
         CheckpointError: resume=True and the checkpoint is missing or damaged.
         NonFiniteLossError: the training loss became NaN/inf (the checkpoint of the last validation is kept).
+        KeyboardInterrupt: Ctrl-C, or SIGTERM as `lazylab.errors.Interrupted`; it leaves with `step` (the steps
+            taken) and `checkpoint_step` (the step of the checkpoint on disk, or None) set on the exception.
     """
     device, world_size = resolve_device(c.device), distributed.get_world_size()
     model, optimizer, scheduler, task = c.model, c.optimizer.optimizer, c.optimizer.scheduler, c.task
@@ -166,55 +168,59 @@ def train(c, run_dir: Path, *, resume: bool = False, checkpoint: Optional[dict[s
                         work=warmup.work if warmup.active else None)
     last: dict[str, Any] = {}
     model.train()
-    while pos.step < pos.total_steps:
-        for x, y in task.batches(pos.epoch, start=pos.batch):
-            step_started = time.time()
-            if warmup.active and warmup.length(pos.step) < c.seq_len:
-                x, y = task.shorten(x, y, warmup.length(pos.step))
-            x, y = x.to(device), y.to(device)
-            with autocast():
-                batch = task.loss(step_model, x, y)
-            # one all-reduce (nothing in a single process) gives every process the mean loss, the accuracy counts
-            # and whether any of them ran out of time, so that all take the same decisions below
-            loss_sum, correct, count, tokens, late = distributed.all_reduce_sum(
-                batch.loss.item(), batch.correct, batch.count, x.numel(), float(budget.out_of_time()))
-            loss = loss_sum / world_size
-            check_finite(loss, f'training loss is {loss} at step {pos.step + 1}', ckpt)
-            optimizer.zero_grad(set_to_none=True)
-            batch.loss.backward()
-            if c.grad_norm_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_norm_clip)
-            lr = optimizer.param_groups[0]['lr']  # the rate this update uses (logged as `lr`)
-            optimizer.step()
-            scheduler.step()
+    try:
+        while pos.step < pos.total_steps:
+            for x, y in task.batches(pos.epoch, start=pos.batch):
+                step_started = time.time()
+                if warmup.active and warmup.length(pos.step) < c.seq_len:
+                    x, y = task.shorten(x, y, warmup.length(pos.step))
+                x, y = x.to(device), y.to(device)
+                with autocast():
+                    batch = task.loss(step_model, x, y)
+                # one all-reduce (nothing in a single process) gives every process the mean loss, the accuracy counts
+                # and whether any of them ran out of time, so that all take the same decisions below
+                loss_sum, correct, count, tokens, late = distributed.all_reduce_sum(
+                    batch.loss.item(), batch.correct, batch.count, x.numel(), float(budget.out_of_time()))
+                loss = loss_sum / world_size
+                check_finite(loss, f'training loss is {loss} at step {pos.step + 1}', ckpt)
+                optimizer.zero_grad(set_to_none=True)
+                batch.loss.backward()
+                if c.grad_norm_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_norm_clip)
+                lr = optimizer.param_groups[0]['lr']  # the rate this update uses (logged as `lr`)
+                optimizer.step()
+                scheduler.step()
 
-            seconds = time.time() - step_started
-            pos.step, pos.batch, pos.tokens = pos.step + 1, pos.batch + 1, pos.tokens + int(tokens)
-            pos.train_seconds += seconds
-            metrics.add(loss, correct, count, tokens, seconds=seconds, lr=lr)
-            budget.step_done(pos)
-            done = pos.step >= pos.total_steps or late > 0
-            if pos.step % valid_every == 0 or done or budget.calibration_due(pos):
-                valid_started = time.time()
-                valid = validate(task, model, autocast, final=done, pos=pos, ckpt=ckpt)
-                if not done and task.converged(valid):  # the task's own stopping rule (e.g. a target loss):
-                    done, pos.total_steps = True, pos.step  # the run ends here, and a resume finds it finished
-                last = log.write(metrics.record(pos, task.batches_per_epoch, valid), pos, budget.eta(pos))
-                log.sample(pos, sample(task, model, autocast, pos.step) if log.enabled else None)
-                if not done and budget.validated(pos, seconds=time.time() - valid_started):
-                    scheduler.set_total_steps(pos.total_steps)
-                pos.elapsed = budget.elapsed()
-                ckpt.save(pos, metrics.state())
-                if on_validation is not None and not done and stop_asked(on_validation, pos.step, last):
-                    return last
-            elif pos.step % c.log_interval == 0:
-                last = log.write(metrics.record(pos, task.batches_per_epoch), pos, budget.eta(pos))
-                if budget.refit(pos):
-                    scheduler.set_total_steps(pos.total_steps)
-            if done:
-                return _with_average(last, pos)
-        pos.epoch, pos.batch = pos.epoch + 1, 0
-    return _with_average(last, pos)
+                seconds = time.time() - step_started
+                pos.step, pos.batch, pos.tokens = pos.step + 1, pos.batch + 1, pos.tokens + int(tokens)
+                pos.train_seconds += seconds
+                metrics.add(loss, correct, count, tokens, seconds=seconds, lr=lr)
+                budget.step_done(pos)
+                done = pos.step >= pos.total_steps or late > 0
+                if pos.step % valid_every == 0 or done or budget.calibration_due(pos):
+                    valid_started = time.time()
+                    valid = validate(task, model, autocast, final=done, pos=pos, ckpt=ckpt)
+                    if not done and task.converged(valid):  # the task's own stopping rule (e.g. a target loss):
+                        done, pos.total_steps = True, pos.step  # the run ends here, and a resume finds it finished
+                    last = log.write(metrics.record(pos, task.batches_per_epoch, valid), pos, budget.eta(pos))
+                    log.sample(pos, sample(task, model, autocast, pos.step) if log.enabled else None)
+                    if not done and budget.validated(pos, seconds=time.time() - valid_started):
+                        scheduler.set_total_steps(pos.total_steps)
+                    pos.elapsed = budget.elapsed()
+                    ckpt.save(pos, metrics.state())
+                    if on_validation is not None and not done and stop_asked(on_validation, pos.step, last):
+                        return last
+                elif pos.step % c.log_interval == 0:
+                    last = log.write(metrics.record(pos, task.batches_per_epoch), pos, budget.eta(pos))
+                    if budget.refit(pos):
+                        scheduler.set_total_steps(pos.total_steps)
+                if done:
+                    return _with_average(last, pos)
+            pos.epoch, pos.batch = pos.epoch + 1, 0
+        return _with_average(last, pos)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (errors.Interrupted): the runner records where it stopped
+        e.step, e.checkpoint_step = pos.step, ckpt.saved_step
+        raise
 
 
 def _with_average(last: dict[str, Any], pos: Position) -> dict[str, Any]:

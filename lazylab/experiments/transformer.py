@@ -12,6 +12,7 @@ from torch import nn
 from lazylab.configs import option
 from lazylab.configs.transformer import TransformerConfigs
 from lazylab.configs.types import LayerCount, PositiveInt, Probability
+from lazylab.experiments.memory import Need, language_model_needs, named
 from lazylab.experiments.nlp_autoregression import LABML_NN_PRESET, NLPAutoRegressionConfigs, device_of
 from lazylab.models.autoregressive import AutoregressiveTransformer, TokenAndPositionEmbeddings
 
@@ -48,6 +49,15 @@ def _transformer_configs(c: Configs):
 def _transformer(c: Configs):
     t = c.transformer
     return AutoregressiveTransformer(t.encoder, t.src_embed, t.generator, c.seq_len).to(device_of(c))
+
+
+def memory_needs(c: Configs) -> list[Need]:
+    """The least memory a run takes (`lazylab.experiments.memory`), from the sizes `transformer` is built with."""
+    t = c.transformer
+    return language_model_needs(c, {'d_model': named(c, 'd_model', 'transformer.d_model', t.d_model),
+                                    'd_ff': named(c, 'd_ff', 'transformer.ffn.d_ff', t.ffn.d_ff),
+                                    'n_layers': named(c, 'n_layers', 'transformer.n_layers', t.n_layers),
+                                    'heads': named(c, 'heads', 'transformer.n_heads', t.n_heads)})
 
 
 #: named settings applied before the user's (`preset=labml_nn`)

@@ -32,6 +32,8 @@ from lazylab.errors import UsageError
 
 _MISSING = object()
 FIXED_COLUMNS = ('final', 'best', 'steps', 'tok/s', 'params', 'time', 'status')
+#: the keys of a metrics.jsonl record that say where the run was, not how it did (see lazylab.experiments.metrics)
+POSITION_KEYS = ('step', 'tokens', 'epoch', 'time')
 
 
 @dataclass
@@ -225,11 +227,13 @@ def compare(paths: list[str], metric: str = 'loss.valid', sort: Optional[str] = 
     """The comparison of the module docstring, as raw values.
 
     Raises:
-        UsageError: no runs, a path that is not a run or sweep, an unknown --sort column.
+        UsageError: no runs, a path that is not a run or sweep, a metric no run has (see `check_metric`), an
+            unknown --sort column.
     """
     runs = [load_run(p) for p in expand(paths)]
     if not runs:
         raise UsageError(f'no runs in {" ".join(paths)}')
+    check_metric(metric, runs)
     keys = differing_keys(runs)
     maximize = _direction(paths, metric) == 'maximize'
     name = 'trial' if all(r.is_trial for r in runs) and len({r.trial.get('sweep') for r in runs}) == 1 else 'run'
@@ -256,6 +260,23 @@ def compare(paths: list[str], metric: str = 'loss.valid', sort: Optional[str] = 
         present.sort(key=lambda row: _sortable(row[column]), reverse=descending)
         rows = present + [row for row in rows if row[column] is None]
     return Table(paths, metric, runs, keys, rows, columns)
+
+
+def check_metric(metric: str, runs: list[Run]) -> None:
+    """That some run's metrics.jsonl has `metric`, or that it is one the trainer records (lazylab sweep's
+    metrics: a run may not have validated yet).
+
+    Raises:
+        UsageError: `--metric NAME: no run has it; did you mean …? the runs' metrics: …`
+    """
+    from lazylab.configs.engine.errors import suggestion
+    from lazylab.sweeps.sweep import METRICS
+    have = sorted({k for r in runs for record in r.records for k in record} - set(POSITION_KEYS))
+    if metric in have or metric in METRICS:
+        return
+    known = have or sorted(METRICS)
+    what = "the runs' metrics" if have else 'no run has recorded any yet; metrics'
+    raise UsageError(f'--metric {metric}: no run has it{suggestion(metric, known)} ({what}: {", ".join(known)})')
 
 
 def _sortable(v: Any) -> tuple:
@@ -336,7 +357,7 @@ def plot(t: Table, path: str) -> list[str]:
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
-    from lazylab.experiments.plot import check_output
+    from lazylab.experiments.plot import check_output, loss_label
     out = check_output(path, '--plot', figure=True)
     short = _short_names(t.keys)
     by_label = {(r.label if t.columns[0] == 'trial' else _run_label(r)): r for r in t.runs}
@@ -356,7 +377,8 @@ def plot(t: Table, path: str) -> list[str]:
         plt.close(fig)
         raise UsageError(f'no run has {t.metric} values yet')
     ax.set_xlabel('tokens seen')
-    ax.set_ylabel(t.metric + (' (nats/char)' if t.metric.startswith('loss') else ''))
+    losses = {loss_label(r.path) for r in t.runs}  # the runs' tasks say what their loss is
+    ax.set_ylabel(t.metric + (f': {losses.pop()}' if t.metric.startswith('loss') and len(losses) == 1 else ''))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

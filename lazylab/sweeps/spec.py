@@ -408,22 +408,53 @@ def type_space(name: str, fixed: list[str], dims: list[Dimension]) -> Any:
     return conf
 
 
-def _compute(conf: Any) -> None:
-    """What `runner.prepare` computes, but the torch optimizer and its schedule (which the trials build; making one
-    here would cost the sweep's start a second, importing torch's compiler): the data, the model, and every plain
-    item, so that each sub-config exists and each of its keys is known."""
+def check_points(name: str, fixed: list[str], space: Space, grid: bool) -> None:
+    """Check the sweep's other points as `type_space` checks its first (as `lazylab train` checks a run before it
+    writes anything, on the CPU: `_compute`), so that a point that would fail in its trial (a text file that does
+    not exist, a width its heads do not divide, a model too big for the memory) is an error before the sweep
+    directory is made. The grid: every point. A sampler's: each value of a list or range, and the high end of each
+    interval, with the other swept keys at their first values (what it will draw is not known yet).
+
+    Raises:
+        UsageError: the first bad point, in one line: `grid point 2 of 4 (text=b.txt): text file not found: b.txt`.
+    """
     import torch
 
-    from lazylab.configs import describe
+    from lazylab.errors import user_error_message
+    from lazylab.experiments import runner
+    first = {d.key: d.texts[0] if d.discrete else d.low_text for d in space.dims}
+    if grid:
+        points = space.grid()[1:]
+        checks = [(f'grid point {i} of {len(points) + 1}', space.overrides(p)) for i, p in enumerate(points, 2)]
+    else:
+        others = ' (the other swept keys at their first values)' if len(space.dims) > 1 else ''
+        checks = [(f'{d.key}={text}{others}', [f'{k}={text if k == d.key else v}' for k, v in first.items()])
+                  for d in space.dims for text in (d.texts[1:] if d.discrete else [d.high_text])]
+    device = [a for a in fixed if a.startswith('device=')]
+    threads = torch.get_num_threads()
+    try:
+        for label, tokens in checks:
+            try:
+                _compute(runner.make_configs(name, fixed + tokens + ([] if device == ['device=cpu'] else
+                                                                     ['device=cpu'])))
+            except Exception as e:
+                message = user_error_message(e)
+                if message is None:
+                    raise
+                where = f' ({" ".join(tokens)})' if grid else ''
+                raise UsageError(f'{label}{where}: {message}') from None
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compute(conf: Any) -> None:
+    """What `runner.prepare` checks and computes, but the torch optimizer and its schedule (which the trials build;
+    making one here would cost the sweep's start a second, importing torch's compiler) and the pass on a first
+    batch: the device, the memory, the data, the model, and every plain item, so that each sub-config exists and
+    each of its keys is known (`runner.check_values`, `runner.compute`)."""
     from lazylab.experiments import runner
     runner.check_values(conf)
-    torch.manual_seed(conf.seed)
-    _ = conf.task, conf.model, conf.total_steps
-    for row in describe(conf):
-        if row['plain']:
-            value = conf
-            for part in row['name'].split('.'):
-                value = getattr(value, part)
+    runner.compute(conf, optimizer=False)
 
 
 def _owner(conf: Any, key: str, name: str) -> tuple[Any, str]:

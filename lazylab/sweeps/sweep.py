@@ -7,8 +7,8 @@
     lazylab sweep --resume SWEEP_DIR [--workers N] [--storage URL]
 
 Everything is checked before anything is written (the grammar, every key and value against the experiment's
-declarations, the first point's whole configuration, the flags); a mistake is one line `lazylab: error: …`,
-exit code 2. Then:
+declarations, the whole configuration of every grid point — of each swept value for a sampler —, the flags); a
+mistake is one line `lazylab: error: …` (naming the point), exit code 2. Then:
 
     RUNS_DIR/NAME/sweep-STUDY/     (STUDY: --study, or the start time and 4 random hex digits)
         sweep.yaml                 the command, the space, sampler, metric, storage, versions
@@ -36,7 +36,9 @@ holds a lock file SWEEP_DIR/.owners/TOKEN while it lives, and tags the trials it
 RUNNING whose owner's lock is free (its process was killed, or the machine lost power) is taken over by the next
 process that runs on that sweep directory — `lazylab sweep --resume SWEEP_DIR` runs the recorded command again for
 that — and continues from its checkpoint (or starts again without one; its status says which). Completed trials
-are never run again, and their files are not touched.
+are never run again, and their files are not touched. A lock file goes when no RUNNING trial is tagged with its
+token any more: its process removes it at the end (unless it leaves trials to take over), and the process that
+takes over a dead owner's last trial removes that owner's; so .owners/ holds only the live and the interrupted.
 """
 import argparse
 import hashlib
@@ -54,7 +56,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lazylab.errors import UsageError
-from lazylab.sweeps.spec import Dimension, Fixed, Space, _plain, parse_value, type_space
+from lazylab.sweeps.spec import Dimension, Fixed, Space, _plain, check_points, parse_value, type_space
 from lazylab.sweeps.trial import OUTPUT, REPORT_ENV, TRIAL
 
 #: the keys of a validation record a sweep can optimize
@@ -206,6 +208,7 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
     import shutil
     if shutil.which(launcher[0]) is None:
         raise UsageError(f'--launcher {a.launcher!r}: no program {launcher[0]!r} (not on PATH, or not executable)')
+    check_points(name, fixed + config_args, space, grid=sampler == 'grid')  # as the first point, before any file
     default_threads = module.Configs().threads if not any(t.startswith('threads=') for t in fixed) else -1
     return Plan(name=name, argv=list(argv), fixed=fixed, config_file=a.config, space=space, sampler=sampler,
                 trials=trials, metric=a.metric, direction=direction, prune=a.prune, storage=storage,
@@ -457,8 +460,21 @@ class Sweep:
             return 130
         finally:
             signal.signal(signal.SIGTERM, previous)
-            self.owner_lock.close()
+            self.release()
         return self.summary()
+
+    def release(self) -> None:
+        """Let go of this process's owner lock; its file goes too unless a trial it owns is left RUNNING (then
+        the next process on the directory takes the trial over through that file, and removes it)."""
+        if not self.owned_running(self.token):
+            (self.owners / self.token).unlink(missing_ok=True)
+        self.owner_lock.close()
+
+    def owned_running(self, owner: str) -> bool:
+        """Whether a RUNNING trial of the study is tagged with `owner`."""
+        from lazylab.sweeps.study import OWNER
+        running = self.study.trials((self.study.optuna.trial.TrialState.RUNNING,))
+        return any(t.system_attrs.get(OWNER) == owner for t in running)
 
     def loop(self, slots: list[Slot]) -> None:
         exhausted = False
@@ -515,15 +531,18 @@ class Sweep:
         import fcntl
 
         from lazylab.sweeps.study import OWNER
-        jobs = []
+        jobs, taken_from = [], set()
         for t in sorted(self.study.trials((self.study.optuna.trial.TrialState.RUNNING,)), key=lambda t: t.number):
             owner = t.system_attrs.get(OWNER)
-            lock_file = self.owners / owner if owner else None
-            if owner is None or owner == self.token or not lock_file.exists():
-                continue  # not claimed by a lazylab sweep, ours, or another machine's (that machine resumes it)
-            with open(lock_file, 'a') as f:
+            if owner is None or owner == self.token:
+                continue  # not claimed by a lazylab sweep, or ours
+            try:  # (opened, not created: a missing file is another machine's trial, which that machine resumes)
+                fd = os.open(self.owners / owner, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
                 try:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     continue  # its process is alive
                 fresh = self.study.storage.get_trial(
@@ -531,10 +550,32 @@ class Sweep:
                 if fresh.state.name != 'RUNNING' or fresh.system_attrs.get(OWNER) != owner:
                     continue  # another process took it over first
                 self.study.set_owner(t.number, self.token)
+                taken_from.add(owner)
+            finally:
+                os.close(fd)
             trial = self.study.trial(t.number)  # its params as suggested, fixed (grid) or drawn now
             params = {d.key: self._suggest(trial, d) for d in self.plan.space.dims}
             jobs.append(Job(t.number, params, self.plan.space.overrides(params), resume=True))
+        for owner in taken_from:  # its process is gone: once no trial is left to it, its lock file goes
+            self.remove_dead_owner(owner)
         return jobs
+
+    def remove_dead_owner(self, owner: str) -> None:
+        """Remove the lock file of `owner`, a process that is gone (its lock is free), when no RUNNING trial is
+        tagged with it."""
+        import fcntl
+        try:
+            fd = os.open(self.owners / owner, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if not self.owned_running(owner):
+                (self.owners / owner).unlink(missing_ok=True)
+        except BlockingIOError:
+            pass  # alive after all
+        finally:
+            os.close(fd)
 
     def start(self, slot: Slot, job: Job) -> None:
         plan = self.plan

@@ -7,7 +7,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,12 +23,6 @@ STEPS = 30
 # A tiny model on the first 20,000 characters of Tiny Shakespeare: seconds per run, a loss.train record every step.
 TINY = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=32', 'batch_size=4', 'log_interval=1',
         'valid_batches=2', 'sample_tokens=40', 'device=cpu', 'seed=1', 'optimizer.optimizer=Adam']
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def _env(tmp_path: Path = None):
@@ -84,26 +77,14 @@ def _f32(b64: str) -> np.ndarray:
     return np.frombuffer(base64.b64decode(b64), dtype='<f4')
 
 
-def _port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(('127.0.0.1', port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
-def _start_dashboard(tmp_path: Path, store: Path, *flags: str):
-    """`lazylab dashboard` on a free loopback port over `store`; returns (url, process, port) once it accepts."""
-    port = _free_port()
+def _start_dashboard(ports, tmp_path: Path, store: Path, *flags: str):
+    """`lazylab dashboard` on a free loopback port over `store`; returns (url, process, port) once it accepts
+    (`ports`: the fixture of tests/conftest.py)."""
+    port = ports.free()
     proc = subprocess.Popen([sys.executable, '-m', 'lazylab.cli', 'dashboard', '--port', str(port),
                              '--store', str(store), *flags],
                             cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 60
-    while not _port_open(port):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            _stop_dashboard(proc, port, signal.SIGKILL)
-            raise AssertionError(f'dashboard did not start: {proc.stdout.read()[-2000:]}')
-        time.sleep(0.2)
+    ports.wait(port, proc, 'the dashboard')
     return f'http://127.0.0.1:{port}', proc, port
 
 
@@ -120,19 +101,19 @@ def _stop_dashboard(proc: subprocess.Popen, port: int, sig=signal.SIGTERM) -> in
 
 
 @pytest.fixture
-def server(tmp_path):
+def server(tmp_path, ports):
     """A dashboard over a temporary store; stopped with SIGTERM afterwards, which must end it cleanly (exit 0)."""
     store = tmp_path / 'store'
-    url, proc, port = _start_dashboard(tmp_path, store)
+    url, proc, port = _start_dashboard(ports, tmp_path, store)
     try:
         yield url, proc, store
     finally:
         returncode = _stop_dashboard(proc, port)
     assert returncode == 0, f'dashboard exited with {returncode}: {proc.stdout.read()[-2000:]}'
-    assert not _port_open(port), 'the dashboard port is still open after it stopped'
+    assert not ports.is_open(port), 'the dashboard port is still open after it stopped'
 
 
-def test_run_streams_configs_metrics_and_sample_to_dashboard(server, tmp_path):
+def test_run_streams_configs_metrics_and_sample_to_dashboard(server, tmp_path, ports):
     url, proc, store = server
     run_dir, uuid, _, _ = _train(tmp_path, url)
 
@@ -165,18 +146,18 @@ def test_run_streams_configs_metrics_and_sample_to_dashboard(server, tmp_path):
     assert not (tmp_path / 'browser-opened').exists()
 
     # The store outlives the server: a second dashboard on it (stopped with Ctrl-C's SIGINT) serves the same run.
-    url2, proc2, port2 = _start_dashboard(tmp_path, store)
+    url2, proc2, port2 = _start_dashboard(ports, tmp_path, store)
     try:
         assert _get(f'{url2}/api/v1/run/{uuid}')[1]['configs'] == run['configs']
         _, metrics2 = _post(f'{url2}/api/v1/metrics/{uuid}', {'get_all': True, 'indicators': [], 'current_uuid': ''})
         assert {s['name']: s['value'] for s in metrics2['series']} == {k: s['value'] for k, s in series.items()}
     finally:
         assert _stop_dashboard(proc2, port2, signal.SIGINT) == 0
-    assert not _port_open(port2)
+    assert not ports.is_open(port2)
 
 
-def test_closed_port_warns_once_and_trains_normally(tmp_path):
-    closed = f'http://127.0.0.1:{_free_port()}'
+def test_closed_port_warns_once_and_trains_normally(tmp_path, ports):
+    closed = f'http://127.0.0.1:{ports.free()}'
     dir_none, _, err_none, t_none = _train(tmp_path, '', steps=20)
     dir_closed, _, err_closed, t_closed = _train(tmp_path, closed, steps=20)
     warnings = [line for line in err_closed.splitlines() if 'warning' in line.lower()]
@@ -198,7 +179,7 @@ def _get_text(url: str) -> str:
         return r.read().decode('utf-8')
 
 
-def test_assets_folder_replaces_the_pages_cdn_files(tmp_path):
+def test_assets_folder_replaces_the_pages_cdn_files(tmp_path, ports):
     """`--assets DIR`: index.html loads d3, Bootstrap and Font Awesome from /vendor/ (DIR), without integrity
     hashes of the CDN's bytes, and /vendor/ serves DIR's files."""
     assets = tmp_path / 'assets'
@@ -207,7 +188,7 @@ def test_assets_folder_replaces_the_pages_cdn_files(tmp_path):
     for name, text in files.items():
         (assets / name).parent.mkdir(parents=True, exist_ok=True)
         (assets / name).write_text(text)
-    url, proc, port = _start_dashboard(tmp_path, tmp_path / 'store', '--assets', str(assets))
+    url, proc, port = _start_dashboard(ports, tmp_path, tmp_path / 'store', '--assets', str(assets))
     try:
         html = _get_text(f'{url}/')
         for cdn_url, name in dashboard.CDN_ASSETS.items():

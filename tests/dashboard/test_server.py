@@ -9,12 +9,6 @@ from lazylab import dashboard
 from lazylab.dashboard import DashboardError, server
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
 def test_busy_port_is_a_one_line_error(capsys):
     with socket.socket() as busy:
         busy.bind(('127.0.0.1', 0))
@@ -25,9 +19,9 @@ def test_busy_port_is_a_one_line_error(capsys):
     assert err == [f'lazylab: error: 127.0.0.1:{port} is already in use; choose another --port']
 
 
-def test_missing_extra_says_what_to_install(monkeypatch, capsys):
+def test_missing_extra_says_what_to_install(monkeypatch, capsys, ports):
     monkeypatch.setitem(sys.modules, 'labml_app', None)  # makes `import labml_app` raise ImportError
-    assert dashboard.main(['--port', str(_free_port())]) == 2
+    assert dashboard.main(['--port', str(ports.free())]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pip install 'lazylab[dashboard]'" in err[0]
 
@@ -48,19 +42,19 @@ def test_port_out_of_range_is_a_dashboard_error(flags, message):
     (['--store', '{tmp}/notes.txt/store'], "--store '{tmp}/notes.txt/store': {tmp}/notes.txt is a file, not a folder"),
     (['--store', ''], "--store '': give a folder"),
 ], ids=['port-not-a-number', 'store-a-file', 'store-in-a-file', 'store-empty'])
-def test_bad_flags_are_one_line_and_write_nothing(tmp_path, capsys, flags, message):
+def test_bad_flags_are_one_line_and_write_nothing(tmp_path, capsys, flags, message, ports):
     (tmp_path / 'notes.txt').write_text('not a folder\n')
     flags = [f.format(tmp=tmp_path) for f in flags]
-    assert dashboard.main(['--port', str(_free_port()), *flags]) == 2
+    assert dashboard.main(['--port', str(ports.free()), *flags]) == 2
     assert capsys.readouterr().err == f'lazylab: error: {message.format(tmp=tmp_path)}\n'
     assert [p.name for p in tmp_path.iterdir()] == ['notes.txt']
 
 
-def test_assets_folder_missing_files_is_a_dashboard_error(tmp_path):
+def test_assets_folder_missing_files_is_a_dashboard_error(tmp_path, ports):
     (tmp_path / 'd3.v6.min.js').write_text('')
     store = tmp_path / 'store'
     with pytest.raises(DashboardError) as e:
-        server.run(['--port', str(_free_port()), '--assets', str(tmp_path), '--store', str(store)])
+        server.run(['--port', str(ports.free()), '--assets', str(tmp_path), '--store', str(store)])
     assert str(e.value) == (f'--assets {tmp_path} lacks bootstrap.min.css, fontawesome/css/all.css, '
                             'fontawesome/webfonts')
     assert not store.exists()  # nothing written

@@ -1,5 +1,6 @@
 """User mistakes end to end (one line, exit 2, nothing written), what resume refuses, sampling and decoding
-errors, a checkpoint write that fails, help and listing, the progress line and the summary's average."""
+errors, a checkpoint write that fails, help and listing, the progress line and the summary's average.
+`short_run` (tests/conftest.py) is the finished run the resume and generate tests start from."""
 import io
 import json
 import math
@@ -168,15 +169,6 @@ def test_training_whose_checkpoint_cannot_be_written_stops_with_one_line(tmp_pat
     run, = (tmp_path / 'transformer').iterdir()
     assert not [p for p in run.iterdir() if '.tmp' in p.name]
     assert load_checkpoint(run / CHECKPOINT)['position']['step'] == 1
-
-
-@pytest.fixture(scope='module')
-def short_run(tmp_path_factory):
-    runs = tmp_path_factory.mktemp('runs')
-    threads = torch.get_num_threads()
-    assert cli.main(['train', 'transformer', *TINY, f'runs_dir={runs}']) == 0
-    torch.set_num_threads(threads)
-    return next((runs / 'transformer').iterdir())
 
 
 def _copy_with(run: Path, folder: Path, **values) -> Path:

@@ -185,6 +185,82 @@ def test_generate_on_a_retrieval_run_is_one_line(tmp_path, capsys):
                    f'takes a run of a language model (feedback, fast_weights, transformer)')
 
 
+@pytest.mark.parametrize('name, keys, position, loss', [
+    ('retrieval', ['n_keys=4'], '32×4 pairs', '(½‖y − ŷ‖² per query)'),
+    ('transformer', ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_size=4',
+                     'sample_tokens=4', 'valid_batches=1', 'final_valid_batches=1'], '4×16 characters', 'nats/char'),
+], ids=['retrieval', 'transformer'])
+def test_the_first_and_last_lines_use_the_units_of_the_task(tmp_path, capsys, name, keys, position, loss):
+    runs = tmp_path / 'runs'
+    threads = torch.get_num_threads()
+    try:
+        assert cli.main(['train', name, *keys, 'max_steps=2', 'valid_interval=2', 'max_minutes=0', 'threads=1',
+                         'device=cpu', f'runs_dir={runs}']) == 0
+    finally:
+        torch.set_num_threads(threads)
+    lines = capsys.readouterr().out.splitlines()
+    run = next((runs / name).iterdir())
+    info, last = json.loads((run / 'run.json').read_text()), read_metrics(run / 'metrics.jsonl')[-1]
+    assert lines[0] == f'{name}: {info["parameters"]:,} parameters, 2 steps of {position} on cpu → {run}'
+    assert lines[-1].startswith(f'done: step 2, valid loss {last["loss.valid"]:.4f} {loss}, accuracy ')
+    if name == 'retrieval':
+        assert 'characters' not in '\n'.join(lines) and 'nats' not in '\n'.join(lines)
+    assert info['loss_label'] == {'retrieval': 'squared error ½‖y − ŷ‖² per query',
+                                  'transformer': 'cross-entropy (nats/char)'}[name]
+
+
+def test_plots_label_the_loss_as_the_runs_task_does(tmp_path, monkeypatch):
+    import matplotlib.axes
+    train(tmp_path, 'n_keys=4', 'max_steps=2', 'valid_interval=2', 'log_interval=1')
+    retrieval = next((tmp_path / 'runs' / 'retrieval').iterdir())
+    text = tmp_path / 'runs' / 'transformer' / 'old'  # a text run from before run.json said what its loss is
+    text.mkdir(parents=True)
+    (text / 'run.json').write_text('{"experiment": "transformer"}')
+    (text / 'metrics.jsonl').write_text('{"step": 1, "tokens": 64, "loss.train": 4.1}\n')
+    labels = []
+    monkeypatch.setattr(matplotlib.axes.Axes, 'set_ylabel', lambda ax, label, **kw: labels.append(label))
+    for runs in ([retrieval], [text], [retrieval, text]):
+        assert cli.main(['plot', *map(str, runs), '-o', str(tmp_path / 'loss.png')]) == 0
+    assert cli.main(['compare', str(retrieval), '--plot', str(tmp_path / 'compare.png')]) == 0
+    assert labels == ['squared error ½‖y − ŷ‖² per query', 'cross-entropy (nats/char)', 'loss',
+                      'loss.valid: squared error ½‖y − ŷ‖² per query']
+
+
+@pytest.mark.parametrize('keys, message', [
+    (['phi=favor'], 'phi has no effect with model=softmax (only the fast-weight model reads it); leave it out, or '
+                    'use model=fast_weights'),
+    (['nu=3', 'favor_features=8', 'update_rule=delta', 'sum_normalization=true', 'attention_normalization=false',
+      'kernel=loop', 'chunk_size=4'],
+     'nu, favor_features, update_rule, sum_normalization, attention_normalization, kernel, chunk_size have no effect '
+     'with model=softmax (only the fast-weight model reads them); leave them out, or use model=fast_weights'),
+    (['--config', '{tmp}/fast.yaml', 'hidden_size=8'],
+     'phi (from --config {tmp}/fast.yaml) has no effect with model=softmax (only the fast-weight model reads it); '
+     'leave it out, or use model=fast_weights'),
+], ids=['phi', 'every fast-weight key', 'from a --config file'])
+def test_fast_weight_keys_given_with_the_softmax_model_are_an_error(tmp_path, capsys, keys, message):
+    (tmp_path / 'fast.yaml').write_text('phi: linear\n')
+    runs = tmp_path / 'runs'
+    argv = ['train', 'retrieval', 'model=softmax', 'n_keys=4', 'max_steps=2', 'device=cpu', 'threads=1',
+            f'runs_dir={runs}', *(k.format(tmp=tmp_path) for k in keys)]
+    threads = torch.get_num_threads()
+    try:
+        assert cli.main(argv) == 2
+    finally:
+        torch.set_num_threads(threads)
+    assert capsys.readouterr().err == f'lazylab: error: {message.format(tmp=tmp_path)}\n'
+    assert not runs.exists()
+
+
+def test_a_presets_fast_weight_key_is_no_error_with_the_softmax_model():
+    conf = make_configs('retrieval', ['preset=setting2', 'model=softmax', 'n_keys=4', 'threads=1', 'device=cpu'])
+    threads = torch.get_num_threads()
+    try:
+        prepare(conf)  # setting2's update_rule=delta is for the fast-weight model; softmax ignores it
+    finally:
+        torch.set_num_threads(threads)
+    assert isinstance(conf.model, SoftmaxRetrieval) and conf.replace and conf.update_rule == 'delta'
+
+
 def test_keys_reach_the_model_and_defaults_follow_the_rule():
     conf = make_configs('retrieval', ['n_keys=9', 'replace=true', 'phi=favor', 'favor_features=5',
                                       'hidden_size=16', 'update_rule=delta', 'threads=1'])

@@ -11,10 +11,8 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -312,30 +310,13 @@ def test_engine_switch_is_one_library_call(tmp_path):
 
 # ---- the dashboard ---------------------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
-def _port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(('127.0.0.1', port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
-def test_run_appears_in_dashboard_with_its_configs(tmp_path):
-    port = _free_port()
+def test_run_appears_in_dashboard_with_its_configs(tmp_path, ports):
+    port = ports.free()
     server = subprocess.Popen([sys.executable, '-m', 'lazylab.cli', 'dashboard', '--port', str(port),
                                '--store', str(tmp_path / 'store')], cwd=tmp_path, env=_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while not _port_open(port):
-            assert server.poll() is None and time.monotonic() < deadline, 'dashboard did not start'
-            time.sleep(0.2)
+        ports.wait(port, server, 'the dashboard')
         url = f'http://127.0.0.1:{port}'
         res = lazylab_labml(tmp_path, str(HELPERS_SCRIPT), 'd_model=20', '--steps', '5', '--dashboard', url)
         assert res.returncode == 0, res.stderr[-3000:]

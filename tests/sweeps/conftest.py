@@ -12,7 +12,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -75,12 +74,6 @@ def lazylab(args: list[str], timeout: float = 240, **kwargs) -> subprocess.Compl
                           timeout=timeout, **kwargs)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
 def _tool(name: str):
     """A PostgreSQL or util-linux program: on PATH, or where Debian's postgresql package puts it."""
     found = shutil.which(name)
@@ -108,7 +101,7 @@ def _missing_postgres() -> str:
 
 
 @pytest.fixture(scope='module')
-def postgres_url():
+def postgres_url(ports):
     """postgresql://postgres@127.0.0.1:PORT/postgres of a server that lives for the test module."""
     missing = _missing_postgres()
     if missing:
@@ -119,7 +112,7 @@ def postgres_url():
     user = pwd.getpwnam('postgres')
     home = Path(tempfile.mkdtemp(prefix='lazylab-pg-'))
     os.chown(home, user.pw_uid, user.pw_gid)
-    data, port = home / 'data', _free_port()
+    data, port = home / 'data', ports.free()
     as_postgres = [_tool('runuser'), '-u', 'postgres', '--']
     initdb, pg_ctl = _tool('initdb'), _tool('pg_ctl')
     try:

@@ -101,3 +101,27 @@ def test_a_run_named_twice_or_also_through_its_folder_is_one_row(tmp_path, capsy
     table = compare.compare([str(a), str(tmp_path / 'runs' / 'transformer'), str(a / '..' / 'a')])
     assert [row['run'] for row in table.rows] == ['transformer/b', 'transformer/a']
     assert [r.path for r in table.runs] == [a, b]  # each as first named
+
+
+@pytest.mark.parametrize('metric, message', [
+    ('nometric', "--metric nometric: no run has it (the runs' metrics: loss.valid)"),
+    ('loss.vaild', "--metric loss.vaild: no run has it; did you mean 'loss.valid'? (the runs' metrics: loss.valid)"),
+], ids=['unknown', 'a typo'])
+def test_a_metric_no_run_has_is_an_error_listing_the_runs_metrics(tmp_path, capsys, metric, message):
+    a = make_run(tmp_path / 'a', 16, [2.0, 1.5])
+    b = make_run(tmp_path / 'b', 32, [2.0, 1.4])
+    assert cli.main(['compare', str(a), str(b), '--metric', metric, '--csv', str(tmp_path / 'out.csv')]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f'lazylab: error: {message}\n'
+    assert captured.out == '' and not (tmp_path / 'out.csv').exists()  # no table, no file
+
+
+def test_a_metric_the_trainer_records_but_no_run_has_yet_is_a_column_of_dashes(tmp_path, capsys):
+    a = make_run(tmp_path / 'a', 16, [2.0, 1.5])
+    (tmp_path / 'empty').mkdir()
+    (tmp_path / 'empty' / 'run.json').write_text('{"status": "running"}')  # started, nothing recorded yet
+    table = compare.compare([str(a), str(tmp_path / 'empty')], metric='accuracy.valid')
+    assert [row['final'] for row in table.rows] == [None, None]
+    assert _error(capsys, ['compare', str(tmp_path / 'empty'), '--metric', 'nometric']) == \
+        '--metric nometric: no run has it (no run has recorded any yet; metrics: accuracy.train, accuracy.valid, ' \
+        'loss.train, loss.valid, tokens_per_s)'

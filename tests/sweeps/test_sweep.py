@@ -192,8 +192,11 @@ def test_zipped_keys_move_together_and_a_failing_trial_is_recorded(tools, tmp_pa
     sizes = tmp_path / 'tiny.yaml'
     sizes.write_text(''.join(f'{t.replace("=", ": ", 1)}\n' for t in tools.TINY if not t.startswith(('d_model=',
                                                                                                        'heads='))))
-    rc = cli.main(['sweep', 'transformer', '--config', str(sizes), 'd_model=16,30', 'heads=2,4', '--zip',
-                   'd_model,heads', '--workers', '2', f'runs_dir={tmp_path}'])
+    # the second point's learning rate makes the loss NaN: its trial fails while training (a point whose values
+    # cannot make a run, say heads=4 for d_model=30, is refused before the sweep starts: see the test below)
+    rc = cli.main(['sweep', 'transformer', '--config', str(sizes), 'd_model=16,30', 'heads=2,3',
+                   'optimizer.learning_rate=1e-3,1e30', '--zip', 'd_model,heads,optimizer.learning_rate',
+                   '--workers', '2', f'runs_dir={tmp_path}'])
     out = capsys.readouterr().out
     assert rc == 1, out  # a trial failed
     d = next((tmp_path / 'transformer').glob('sweep-*'))
@@ -203,13 +206,14 @@ def test_zipped_keys_move_together_and_a_failing_trial_is_recorded(tools, tmp_pa
     assert (first['d_model'], first['heads'], first['transformer.n_heads'], first['max_steps']) == (16, 2, 2, 4)
     assert doc['given']['max_steps'] == f'--config {d / "config.yaml"}' and doc['given']['heads'] == 'sweep'
     failed = json.loads((d / 'trial-0001' / 'trial.json').read_text())
-    assert failed['state'] == 'failed' and failed['params'] == {'d_model': 30, 'heads': 4}
-    assert 'd_model=30 is not divisible by heads=4' in failed['error']
-    assert not (d / 'trial-0001' / 'configs.yaml').exists()  # the run wrote nothing: a config error
+    assert failed['state'] == 'failed' and failed['params'] == {'d_model': 30, 'heads': 3,
+                                                                'optimizer.learning_rate': 1e30}
+    assert failed['error'].startswith('training loss is nan at step 2; no checkpoint was written')
+    assert json.loads((d / 'trial-0001' / 'run.json').read_text())['error'] == failed['error']
     study = journal_study(d)
     assert [t.state.name for t in study.trials] == ['COMPLETE', 'FAIL']
     assert study.trials[1].user_attrs['error'] == failed['error']
-    assert 'grid of 2 (d_model,heads)' in out.splitlines()[0]
+    assert 'grid of 2 (d_model,heads,optimizer.learning_rate)' in out.splitlines()[0]
     assert f'trial 0001 failed: {failed["error"]}' in out
 
 
@@ -287,6 +291,29 @@ def test_a_bad_sweep_is_one_error_line_and_writes_nothing(tmp_path, capsys, args
     captured = capsys.readouterr()
     err = captured.err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith('lazylab: error: ') and message in err[0], captured.err
+    assert captured.out == '' and not runs.exists()
+
+
+@pytest.mark.parametrize('args, message', [
+    (['prompt=he', 'text={tmp}/ok.txt,{tmp}/missing.txt'],
+     'grid point 2 of 2 (text={tmp}/missing.txt): text file not found: {tmp}/missing.txt'),
+    (['d_model=16,30', 'heads=2,4'], "grid point 4 of 4 (d_model=30 heads=4): transformer.encoder_attn: option 'mha' "
+                                     "failed: ValueError: MultiHeadAttention: d_model=30 is not divisible by heads=4"),
+    (['prompt=he', 'text={tmp}/ok.txt,{tmp}/missing.txt', 'seed=range(0,3)', '--sampler', 'random', '--trials', '2'],
+     'text={tmp}/missing.txt (the other swept keys at their first values): text file not found: {tmp}/missing.txt'),
+    (['d_model=tag(log, interval(16, 10000000))', '--trials', '2'],
+     'd_model=10000000: the run needs at least 1.6 PB of memory, more than the '),
+], ids=['a missing text', 'a grid point whose heads do not divide d_model', 'a value for the sampler',
+        'the end of an interval'])
+def test_every_point_of_a_sweep_is_checked_before_anything_is_written(tools, tmp_path, capsys, args, message):
+    (tmp_path / 'ok.txt').write_text('hello world, ' * 200)
+    runs = tmp_path / 'runs'
+    sizes = [t for t in tools.TINY if t.split('=')[0] not in {a.split('=')[0] for a in args}]
+    argv = ['sweep', 'transformer', *sizes, *(a.format(tmp=tmp_path) for a in args), f'runs_dir={runs}']
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f'lazylab: error: {message.format(tmp=tmp_path)}') and \
+        captured.err.count('\n') == 1, captured.err
     assert captured.out == '' and not runs.exists()
 
 
@@ -402,6 +429,7 @@ def test_sigkill_of_the_sweep_then_resume_runs_every_point_once(tools, tmp_path)
     assert {row['trial']: row['status'] for row in compare.compare([str(d)]).rows} == \
         {'0000': 'completed', '0001': 'interrupted'}
     done_before = _files(d / 'trial-0000')
+    assert len(list((d / '.owners').iterdir())) == 1  # the killed sweep's lock file: the resume takes over through it
     checkpoint_step = __import__('torch').load(d / 'trial-0001' / 'checkpoint.pt',
                                                weights_only=True)['position']['step']
 
@@ -424,6 +452,19 @@ def test_sigkill_of_the_sweep_then_resume_runs_every_point_once(tools, tmp_path)
     assert steps == sorted(set(steps)) and steps[-1] == json.loads((d / 'trial-0001' / 'run.json').read_text())[
         'steps'] > checkpoint_step
     assert json.loads((d / 'trial-0002' / 'trial.json').read_text())['attempts'][0]['how'] == 'started'
+    assert not list((d / '.owners').iterdir())  # the dead owner's lock file went with its last trial, and the resume's
+
+
+def test_resuming_a_sweep_again_and_again_leaves_no_lock_files(tools, tmp_path):
+    rc, out = run_in_process(['sweep', 'transformer', *tools.TINY, 'seed=0,1', f'runs_dir={tmp_path}'])
+    assert rc == 0, out
+    d, = (tmp_path / 'transformer').glob('sweep-*')
+    counts = [len(list((d / '.owners').iterdir()))]
+    for _ in range(2):
+        rc, out = run_in_process(['sweep', '--resume', str(d)])
+        assert rc == 0 and '2 trials; keys that differ: 1' in out, out
+        counts.append(len(list((d / '.owners').iterdir())))
+    assert counts == [0, 0, 0]  # each process removed its own when it ended (it used to leave one per resume)
 
 
 def _two_sweeps(tools, command: str, tmp_path: Path, **replace) -> Path:

@@ -1,0 +1,83 @@
+"""A run stopped by a real SIGTERM or Ctrl-C (SIGINT) records it in run.json (status, signal, the step it reached
+and that of its checkpoint), keeps its checkpoint, exits with 128 + the signal's number, and resumes."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from lazylab.errors import Interrupted, run_cli
+from lazylab.experiments.metrics import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+#: long enough (600 steps) not to end before the signal; a checkpoint every 5 steps
+SIZES = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_size=4', 'sample_tokens=4',
+         'valid_batches=1', 'final_valid_batches=1', 'device=cpu', 'threads=1', 'max_steps=600', 'valid_interval=5',
+         'log_interval=5']
+
+
+def _lazylab(*args: str, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, 'PYTHONPATH': str(ROOT), 'PYTHONUNBUFFERED': '1'}
+    return subprocess.Popen([sys.executable, '-m', 'lazylab.cli', *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def _train_then_signal(runs: Path, signum: int) -> tuple[Path, subprocess.CompletedProcess]:
+    """Start a run; once it has a checkpoint, send it `signum`; returns its folder and how the process ended."""
+    proc = _lazylab('train', 'transformer', *SIZES, f'runs_dir={runs}')
+    deadline = time.monotonic() + 120
+    while not list(runs.glob('transformer/*/checkpoint.pt')):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=60)
+    run, = (runs / 'transformer').iterdir()
+    return run, subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.mark.parametrize('signum, code, status', [(signal.SIGTERM, 143, 'killed'), (signal.SIGINT, 130, 'interrupted')],
+                         ids=['SIGTERM', 'SIGINT'])
+def test_a_signal_records_where_the_run_stopped_and_keeps_its_checkpoint(tmp_path, signum, code, status):
+    run, done = _train_then_signal(tmp_path, signum)
+    assert done.returncode == code, done.stderr
+    info = json.loads((run / 'run.json').read_text())
+    ck = torch.load(run / 'checkpoint.pt', weights_only=True)
+    assert info['status'] == status and info['signal'] == signal.Signals(signum).name
+    assert info['checkpoint_step'] == ck['position']['step'] and info['checkpoint_step'] % 5 == 0
+    assert info['checkpoint_step'] <= info['steps'] < 600
+    assert 'Traceback' not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f'lazylab: {status} ({signal.Signals(signum).name}) at step {info["steps"]:,}; lazylab resume {run} '
+        f'continues from the checkpoint of step {info["checkpoint_step"]:,}')
+    assert not [p.name for p in run.iterdir() if '.tmp' in p.name]  # no half-written checkpoint or run.json
+
+
+def test_resume_finishes_a_run_that_sigterm_killed(tmp_path):
+    run, done = _train_then_signal(tmp_path, signal.SIGTERM)
+    assert done.returncode == 143, done.stderr
+    killed = json.loads((run / 'run.json').read_text())
+    resumed = _lazylab('resume', str(run))
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    info = json.loads((run / 'run.json').read_text())
+    assert info['status'] == 'completed' and info['steps'] == 600
+    assert not {'signal', 'checkpoint_step'} & set(info)  # how it ended before is no longer true
+    assert info['uuid'] == killed['uuid']
+    steps = [r['step'] for r in read_metrics(run / 'metrics.jsonl')]
+    assert steps == sorted(set(steps)) and steps[-1] == 600  # the records after the checkpoint were logged again
+    assert torch.load(run / 'checkpoint.pt', weights_only=True)['position']['step'] == 600
+
+
+def test_run_cli_ends_an_interrupted_command_with_128_plus_the_signal(capsys):
+    def stopped(signum):
+        raise Interrupted(signum)
+
+    assert run_cli(stopped, signal.SIGTERM) == 143
+    assert capsys.readouterr().err == '\nlazylab: killed (SIGTERM)\n'
+    assert run_cli(stopped, signal.SIGINT) == 130
+    assert capsys.readouterr().err == '\nlazylab: interrupted\n'
