@@ -166,7 +166,7 @@ class _ChunkedSumRule(torch.autograd.Function):
         d_q.addcmul_(d_den, z_start)
         d_zs = torch.empty_like(zs)  # the same suffix sums for z
         d_zs[n] = 0 if d_z_final is None else d_z_final
-        torch.sum(q * d_den, 1, out=d_zs[:n].view(q.shape[0], -1))
+        torch.bmm(d_den.transpose(1, 2), q, out=d_zs[:n].view(q.shape[0], 1, -1))  # Qᵀ dden, as rows
         for j in reversed(range(n)):
             d_zs[j] += d_zs[j + 1]
         d_k += d_zs[1:].view(q.shape[0], 1, -1)
