@@ -45,6 +45,8 @@ def _files(tmp_path):
 CASES = [
     (['train', 'transformer', 'd_modle=3'], r"no config item 'd_modle'; did you mean 'd_model'"),
     (['train', 'transformer', 'seq_len=abc'], r'bad value for seq_len: expected int'),
+    (['train', 'transformer', 'd_model.x=3'], r'd_model is not a sub-config \(its type is .*int.*\), so d_model.x'),
+    (['train', 'transformer', 'optimizer.learning_rate.x=3'], r'optimizer.learning_rate is not a sub-config'),
     (['train', 'transformer', 'dropout=lots'], r'bad value for dropout'),
     (['train', 'transformer', 'optimizer.optimizer=Adamm'],
      r"unknown option 'Adamm' for optimizer.optimizer .*did you mean 'Adam'"),

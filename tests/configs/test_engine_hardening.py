@@ -197,3 +197,37 @@ def test_format_description_shows_given_defaults():
     rows = lc.describe(Inner)
     text = lc.format_description(rows, {'dropout': '0.0 (follows attn_dropout)'})
     assert "glu_variant: str = 'none'" in text and 'dropout: float = 0.0 (follows attn_dropout)' in text
+
+
+def test_a_dotted_key_below_a_plain_item_is_an_error_before_anything_is_computed():
+    from typing import Annotated, Literal
+
+    from annotated_types import Ge
+
+    from lazylab.configs.engine.state import state_of
+
+    class Sub(BaseConfigs):
+        width: int = 4
+
+    class C(BaseConfigs):
+        d_model: Annotated[int, Ge(1)] = 8
+        name: Optional[str] = None
+        mode: Literal['a', 'b'] = 'a'
+        sub: Sub
+        thing: Any = 'x'
+
+    for key in ('d_model.x', 'name.x', 'mode.x'):
+        conf = C()
+        with pytest.raises(UnknownItemError, match=rf'{key.split(".")[0]} is not a sub-config \(its type is .*\), '
+                                                   rf'so {key} does not exist'):
+            conf._set_values({key: '3'})
+        st = state_of(conf)
+        assert st.cache == {} and st.overrides == {}  # refused while planning: nothing computed or applied
+    conf = C()
+    conf._set_values({'sub.width': '16'})  # a sub-config's dotted key still waits for it, and applies
+    assert conf.sub.width == 16
+    # an item whose type does not say (Any): the key waits, and is refused when the value is no config
+    conf = C()
+    conf._set_values({'thing.width': '16'})
+    with pytest.raises(UnknownItemError, match=r'thing is not a sub-config \(it came out a str\), so thing.width'):
+        conf.thing

@@ -49,6 +49,25 @@ def takes_any_string(annotation: Any) -> bool:
     return isinstance(annotation, type) and issubclass(annotation, str)
 
 
+#: value types that never hold config items: a dotted key below an item of one of these cannot exist
+_PLAIN_VALUES = (bool, int, float, complex, str, bytes, tuple, list, dict, set, frozenset, Enum)
+
+
+def is_plain_value(annotation: Any) -> bool:
+    """Whether ``annotation`` only admits plain values (numbers, strings, containers, enums, ``Literal``
+    choices, ``Annotated`` or ``Optional`` forms of those), never a config object."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return is_plain_value(get_args(annotation)[0])
+    if origin is Literal:
+        return True
+    if origin in UNION_ORIGINS:
+        return all(a is type(None) or is_plain_value(a) for a in get_args(annotation))
+    if origin is not None:
+        return isinstance(origin, type) and issubclass(origin, _PLAIN_VALUES)
+    return isinstance(annotation, type) and issubclass(annotation, _PLAIN_VALUES)
+
+
 def describe_type(annotation: Any) -> str:
     if isinstance(annotation, type):
         return annotation.__name__

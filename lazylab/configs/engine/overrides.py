@@ -21,7 +21,7 @@ list item is an error), and other values are fitted to the type or refused.
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Optional, get_args, get_origin
 
-from .coerce import TypeMismatch, coerce_text, conform, takes_any_string
+from .coerce import TypeMismatch, coerce_text, conform, describe_type, is_plain_value, takes_any_string
 from .constraints import check
 from .declarations import AGGREGATE_MARKER, ItemRef, Spec, spec_of
 from .errors import (
@@ -185,6 +185,10 @@ def _check_unborn(view: Any, top: str, sub: dict[str, Any], from_text: bool):
     """
     spec = view.spec
     annotation = spec.types[top]
+    if is_plain_value(annotation):
+        path = view.path_of(top)
+        raise UnknownItemError(f'{path} is not a sub-config (its type is {describe_type(annotation)}), so '
+                               f'{path}.{next(iter(sub))} does not exist', path)
     if not (isinstance(annotation, type) and getattr(annotation, '_lazylab_is_configs', False)):
         return
     try:

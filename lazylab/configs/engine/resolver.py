@@ -24,7 +24,15 @@ from typing import Any, Callable, Optional
 from .coerce import describe_type
 from .constraints import check
 from .declarations import AGGREGATE_MARKER, Calculator, _version
-from .errors import CalculatorError, ConfigError, CycleError, DeclarationError, NoValueError, unknown_item
+from .errors import (
+    CalculatorError,
+    ConfigError,
+    CycleError,
+    DeclarationError,
+    NoValueError,
+    UnknownItemError,
+    unknown_item,
+)
 from .state import Provenance, State, state_of
 
 # Types labml never constructs from an annotation.
@@ -245,6 +253,10 @@ def store(st: State, key: str, value: Any):
         primary = value.__dict__.get('_primary')
         if primary is not None:
             value = read(state_of(value), primary)
+    elif key in st.pending:  # dotted overrides that waited for a sub-config which turned out a plain value
+        path = st.path_of(key)
+        raise UnknownItemError(f'{path} is not a sub-config (it came out a {type(value).__name__}), so '
+                               f'{path}.{next(iter(st.pending.pop(key)))} does not exist', path)
     rule = st._spec.rules.get(key)  # current: refreshed by compute
     if rule is not None and rule.violation(value) is not None:
         # not stored, so not reported by explain() either
