@@ -8,6 +8,11 @@ Fixtures (test files cannot import a conftest under --import-mode=importlib, so 
                 before damaging it
     ports       loopback ports for the servers tests start: ports.free(), ports.is_open(port),
                 ports.wait(port, proc, what) (until `proc` accepts connections on `port`)
+    cli_error   cli_error(argv): run `lazylab ARGV` in-process, assert it is one error line with exit code 2,
+                and return the message after 'lazylab: error: '
+
+Every test leaves torch's thread count as it found it (a run's `threads=1` would otherwise stay for the rest of
+the session).
 """
 import os
 import socket
@@ -35,6 +40,30 @@ _patch_labml_tracker()
 SHORT_RUN = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_size=4', 'sample_tokens=5',
              'valid_batches=1', 'final_valid_batches=1', 'device=cpu', 'threads=1', 'max_steps=3',
              'valid_interval=1']
+
+
+@pytest.fixture(autouse=True)
+def _keep_threads():
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def cli_error(capsys):
+    """cli_error(argv) -> the message of the one `lazylab: error: …` line that `lazylab ARGV` ends with (exit 2)."""
+    from lazylab import cli
+
+    def run(argv) -> str:
+        code = cli.main(argv)
+        err = capsys.readouterr().err
+        assert code == 2, err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith('lazylab: error: '), err
+        return lines[0][len('lazylab: error: '):]
+    return run
 
 
 @pytest.fixture(scope='session')

@@ -15,22 +15,6 @@ TINY = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_s
         'valid_batches=1', 'final_valid_batches=1', 'device=cpu', 'threads=1', 'max_steps=3']
 
 
-@pytest.fixture(autouse=True)
-def _keep_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-def _error(capsys, argv):
-    code = cli.main(argv)
-    err = capsys.readouterr().err
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith('lazylab: error: '), err
-    return lines[0][len('lazylab: error: '):]
-
-
 def _files(tmp_path):
     """(path, bytes) of the texts the cases use."""
     (tmp_path / 'latin1.txt').write_bytes(b'First Citizen:\nBefore we proceed' + 'caf\xe9'.encode('latin-1'))
@@ -91,30 +75,30 @@ CASES = [
 
 
 @pytest.mark.parametrize('argv, message', CASES, ids=[' '.join(a)[:60] for a, _ in CASES])
-def test_user_error_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, argv, message):
+def test_user_error_is_one_line_exit_2_and_writes_nothing(tmp_path, cli_error, argv, message):
     import re
     _files(tmp_path)
     runs = tmp_path / 'runs'
     argv = [a.format(tmp=tmp_path) for a in argv]
     if argv[0] == 'train':  # the tiny settings first, so the case's own key=value wins
         argv = argv[:2] + TINY + [f'runs_dir={runs}'] + argv[2:]
-    text = _error(capsys, argv)
+    text = cli_error(argv)
     assert re.search(message, text), text
     assert not runs.exists()
 
 
-def test_damaged_checkpoint_is_reported_by_resume_and_generate(short_run, tmp_path, capsys):
+def test_damaged_checkpoint_is_reported_by_resume_and_generate(short_run, tmp_path, cli_error):
     import shutil
     run = tmp_path / 'run'
     shutil.copytree(short_run, run)
     data = (run / 'checkpoint.pt').read_bytes()
     (run / 'checkpoint.pt').write_bytes(data[:len(data) // 2])
-    assert 'checkpoint.pt: it is damaged or not a lazylab checkpoint' in _error(capsys, ['resume', str(run)])
-    assert 'damaged' in _error(capsys, ['generate', str(run), '--prompt', 'a', '--tokens', '3'])
+    assert 'checkpoint.pt: it is damaged or not a lazylab checkpoint' in cli_error(['resume', str(run)])
+    assert 'damaged' in cli_error(['generate', str(run), '--prompt', 'a', '--tokens', '3'])
     (run / 'checkpoint.pt').unlink()
-    assert 'no checkpoint at' in _error(capsys, ['resume', str(run)])
-    assert "character 'é'" in _error(capsys, ['generate', str(short_run), '--prompt', 'é', '--tokens', '3'])
-    assert '--tokens must be ≥ 0' in _error(capsys, ['generate', str(short_run), '--prompt', 'a', '--tokens', '-1'])
+    assert 'no checkpoint at' in cli_error(['resume', str(run)])
+    assert "character 'é'" in cli_error(['generate', str(short_run), '--prompt', 'é', '--tokens', '3'])
+    assert '--tokens must be ≥ 0' in cli_error(['generate', str(short_run), '--prompt', 'a', '--tokens', '-1'])
 
 
 @pytest.mark.parametrize('content, message', [
@@ -122,29 +106,29 @@ def test_damaged_checkpoint_is_reported_by_resume_and_generate(short_run, tmp_pa
     (b'values: [1, 2\n', 'configs.yaml: while parsing a flow sequence'),
     (b'- 1\n', 'a configuration YAML must be a mapping of keys to values: {run}/configs.yaml'),
 ], ids=['not UTF-8', 'not YAML', 'a list'])
-def test_damaged_configs_yaml_is_reported_by_resume_and_generate_naming_it(short_run, tmp_path, capsys, content,
-                                                                           message):
+def test_damaged_configs_yaml_is_reported_by_resume_and_generate_naming_it(
+        short_run, tmp_path, cli_error, content, message):
     import shutil
     run = tmp_path / 'run'
     shutil.copytree(short_run, run)
     (run / 'configs.yaml').write_bytes(content)
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     for argv in (['resume', str(run)], ['generate', str(run), '--prompt', 'a', '--tokens', '3']):
-        text = _error(capsys, argv)
+        text = cli_error(argv)
         assert str(run / 'configs.yaml') in text and message.format(run=run) in text, text
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
 
 
 @pytest.mark.parametrize('content', ['', '# a comment\n', '{}\n', 'values: {}\ngiven: {}\n'],
                          ids=['nothing', 'a comment', 'an empty mapping', 'no values'])
-def test_an_empty_configs_yaml_is_reported_by_resume_and_generate_naming_it(short_run, tmp_path, capsys, content):
+def test_an_empty_configs_yaml_is_reported_by_resume_and_generate_naming_it(short_run, tmp_path, cli_error, content):
     import shutil
     run = tmp_path / 'run'
     shutil.copytree(short_run, run)
     (run / 'configs.yaml').write_text(content)
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     for argv in (['resume', str(run)], ['generate', str(run), '--prompt', 'a', '--tokens', '3']):
-        assert _error(capsys, argv) == f"{run / 'configs.yaml'} is empty: the run's configuration is not in it any more"
+        assert cli_error(argv) == f"{run / 'configs.yaml'} is empty: the run's configuration is not in it any more"
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
 
 
@@ -156,7 +140,7 @@ def test_an_empty_configs_yaml_is_reported_by_resume_and_generate_naming_it(shor
     ('given', 'n_layerz', "; did you mean 'n_layers'?"),
     ('values', 'zzz', ''),
 ], ids=['typo', 'below a plain item', 'in a sub-config', 'given', 'nothing close'])
-def test_an_unknown_key_written_into_a_dump_is_an_error_naming_it(short_run, tmp_path, capsys, section, key, hint):
+def test_an_unknown_key_written_into_a_dump_is_an_error_naming_it(short_run, tmp_path, cli_error, section, key, hint):
     import shutil
 
     import yaml
@@ -169,59 +153,59 @@ def test_an_unknown_key_written_into_a_dump_is_an_error_naming_it(short_run, tmp
     (run / 'configs.yaml').write_text(yaml.safe_dump(doc))
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     dump = run / 'configs.yaml'
-    assert _error(capsys, ['resume', str(run)]) == f"{dump}: transformer has no config item {key!r}{hint}"
-    assert _error(capsys, ['generate', str(run), '--prompt', 'a', '--tokens', '3']) == \
+    assert cli_error(['resume', str(run)]) == f"{dump}: transformer has no config item {key!r}{hint}"
+    assert cli_error(['generate', str(run), '--prompt', 'a', '--tokens', '3']) == \
         f"{dump}: transformer has no config item {key!r}{hint}"
     runs = tmp_path / 'runs'
-    assert _error(capsys, ['train', 'transformer', '--config', str(dump), f'runs_dir={runs}']) == \
+    assert cli_error(['train', 'transformer', '--config', str(dump), f'runs_dir={runs}']) == \
         f"{dump}: transformer has no config item {key!r}{hint}"
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before and not runs.exists()
 
 
-def test_every_unknown_key_of_a_dump_is_named(short_run, tmp_path, capsys):
+def test_every_unknown_key_of_a_dump_is_named(short_run, tmp_path, cli_error):
     import yaml
     doc = yaml.safe_load((short_run / 'configs.yaml').read_text())
     doc['values'].update({'d_modle': 3, 'zzz': 1, 'yyy': 2})
     (tmp_path / 'dump.yaml').write_text(yaml.safe_dump(doc, sort_keys=False))
-    assert _error(capsys, ['train', 'transformer', '--config', str(tmp_path / 'dump.yaml')]) == \
+    assert cli_error(['train', 'transformer', '--config', str(tmp_path / 'dump.yaml')]) == \
         f"{tmp_path / 'dump.yaml'}: transformer has no config item 'd_modle'; did you mean 'd_model' or 'model'? " \
         f"(also unknown: 'zzz', 'yyy')"
 
 
 @pytest.mark.parametrize('where', ['in its run directory', 'copied elsewhere'])
 @pytest.mark.parametrize('other', ['feedback', 'fast_weights', 'retrieval'])
-def test_config_with_another_experiments_dump_names_both_experiments(short_run, tmp_path, capsys, where, other):
+def test_config_with_another_experiments_dump_names_both_experiments(short_run, tmp_path, cli_error, where, other):
     import shutil
     dump = short_run / 'configs.yaml'  # a transformer run's
     if where == 'copied elsewhere':  # no run.json beside it: its keys tell which experiment wrote it
         dump = Path(shutil.copy(dump, tmp_path / 'sizes.yaml'))
     runs = tmp_path / 'runs'
-    assert _error(capsys, ['train', other, '--config', str(dump), f'runs_dir={runs}']) == \
+    assert cli_error(['train', other, '--config', str(dump), f'runs_dir={runs}']) == \
         f'{dump} is a dump of experiment transformer, not {other}; replay it with: lazylab train transformer ' \
         f'--config {dump}'
     assert not runs.exists()
 
 
-def test_resume_and_generate_of_a_labml_run_say_what_it_is(tmp_path, capsys):
+def test_resume_and_generate_of_a_labml_run_say_what_it_is(tmp_path, cli_error):
     run = tmp_path / 'run'  # what `lazylab labml` writes (see lazylab.labml.session)
     run.mkdir()
     (run / 'run.json').write_text('{"module": "labml_nn.transformers.feedback.experiment", "steps": 2}')
     (run / 'configs.yaml').write_text('values:\n  d_model: 16\n')
     message = f'{run} is a run of lazylab labml labml_nn.transformers.feedback.experiment; lazylab resume and ' \
               f'generate take runs of lazylab train'
-    assert _error(capsys, ['resume', str(run)]) == message
-    assert _error(capsys, ['generate', str(run), '--prompt', 'a', '--tokens', '3']) == message
+    assert cli_error(['resume', str(run)]) == message
+    assert cli_error(['generate', str(run), '--prompt', 'a', '--tokens', '3']) == message
 
 
-def test_nan_loss_stops_with_exit_2_naming_the_step(tmp_path, capsys):
+def test_nan_loss_stops_with_exit_2_naming_the_step(tmp_path, cli_error):
     runs = tmp_path / 'runs'
     # an infinite learning rate makes the parameters inf/NaN in the first update, so step 2's loss is NaN
-    text = _error(capsys, ['train', 'transformer', *TINY, 'max_steps=5', 'valid_interval=2',
+    text = cli_error(['train', 'transformer', *TINY, 'max_steps=5', 'valid_interval=2',
                            'optimizer.learning_rate=1e30', f'runs_dir={runs}'])
     assert text.startswith('training loss is nan at step 2; no checkpoint was written'), text
 
 
-def test_resume_on_another_number_of_processes_is_refused(short_run, tmp_path, capsys):
+def test_resume_on_another_number_of_processes_is_refused(short_run, tmp_path, cli_error):
     import shutil
     run = tmp_path / 'run'
     shutil.copytree(short_run, run)
@@ -229,11 +213,11 @@ def test_resume_on_another_number_of_processes_is_refused(short_run, tmp_path, c
     ck['world_size'] = 2  # as if a two-process torchrun job had written it
     torch.save(ck, run / 'checkpoint.pt')
     before = (run / 'metrics.jsonl').read_bytes()
-    assert 'was saved by 2 process(es); resume it with 2, not 1' in _error(capsys, ['resume', str(run)])
+    assert 'was saved by 2 process(es); resume it with 2, not 1' in cli_error(['resume', str(run)])
     assert (run / 'metrics.jsonl').read_bytes() == before
 
 
-def test_nan_loss_keeps_the_last_good_checkpoint(tmp_path, capsys, monkeypatch):
+def test_nan_loss_keeps_the_last_good_checkpoint(tmp_path, cli_error, monkeypatch):
     import torch.nn.functional as F
     runs = tmp_path / 'runs'
     cross_entropy, calls = F.cross_entropy, []
@@ -247,7 +231,7 @@ def test_nan_loss_keeps_the_last_good_checkpoint(tmp_path, capsys, monkeypatch):
         return loss
 
     monkeypatch.setattr(F, 'cross_entropy', nan_at_training_step_4)
-    text = _error(capsys, ['train', 'transformer', *TINY, 'max_steps=6', 'valid_interval=1', f'runs_dir={runs}'])
+    text = cli_error(['train', 'transformer', *TINY, 'max_steps=6', 'valid_interval=1', f'runs_dir={runs}'])
     assert text.startswith('training loss is nan at step 4; the checkpoint of step 3 is kept'), text
     run = next((runs / 'transformer').iterdir())
     ck = load_checkpoint(run / 'checkpoint.pt')

@@ -195,13 +195,6 @@ def _tokens(draws):
     return [f'{k}={v}' for k, v in draws]
 
 
-@pytest.fixture(autouse=True)
-def _keep_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize('name', EXPERIMENTS)
 def test_train_with_drawn_overrides_exits_0_or_2_with_one_line_and_nothing_written(name):
     work = _workdir()

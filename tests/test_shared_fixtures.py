@@ -1,11 +1,14 @@
-"""The fixtures tests/conftest.py shares: the ports helper's wait gives up with the server's output, and the
-short run is a finished run."""
+"""The fixtures tests/conftest.py shares: the ports helper's wait gives up with the server's output, the short run
+is a finished run, cli_error takes one error line only, and every test leaves the thread count as it found it."""
 import json
 import socket
 import subprocess
 import sys
 
 import pytest
+import torch
+
+THREADS_AT_START = torch.get_num_threads()  # when this file is collected, before any of its tests ran
 
 
 def test_wait_for_a_port_returns_once_it_accepts_and_reports_a_server_that_died(ports):
@@ -33,3 +36,18 @@ def test_short_run_is_a_finished_three_step_run(short_run):
     info = json.loads((short_run / 'run.json').read_text())
     assert (info['experiment'], info['status'], info['steps']) == ('transformer', 'completed', 3)
     assert (short_run / 'checkpoint.pt').is_file() and (short_run / 'configs.yaml').is_file()
+
+
+def test_cli_error_returns_the_one_error_message_and_refuses_anything_else(cli_error):
+    assert cli_error(['train', 'transformr']).startswith("unknown experiment 'transformr' (did you mean")
+    with pytest.raises(AssertionError):  # exit code 0 is not an error
+        cli_error(['options', 'transformer'])
+
+
+def test_a_test_that_leaves_one_thread_set():
+    # the autouse fixture restores it after each test; this test and the next see what the one before left
+    torch.set_num_threads(1)
+
+
+def test_the_thread_count_was_restored_after_the_test_before():
+    assert torch.get_num_threads() == THREADS_AT_START

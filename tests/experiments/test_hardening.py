@@ -24,22 +24,6 @@ TINY = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_s
         'valid_batches=1', 'final_valid_batches=1', 'device=cpu', 'threads=1', 'max_steps=3', 'valid_interval=1']
 
 
-@pytest.fixture(autouse=True)
-def _keep_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-def _error(capsys, argv) -> str:
-    code = cli.main(argv)
-    err = capsys.readouterr().err
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith('lazylab: error: '), err
-    return lines[0][len('lazylab: error: '):]
-
-
 def _everything(folder: Path) -> set:
     return {str(p.relative_to(folder)) for p in folder.rglob('*')}
 
@@ -67,10 +51,10 @@ def _everything(folder: Path) -> set:
     (['transformer.ffn.d_model=8'], r'^the model cannot train with these settings: one batch \(16×4\) fails with '),
     (['glu_variant=SwiGLu'], r"^bad value for transformer.ffn.glu_variant: expected one of 'none', 'GLU'"),
 ])
-def test_a_bad_value_is_one_line_naming_the_key_and_nothing_is_written(tmp_path, capsys, argv, message):
+def test_a_bad_value_is_one_line_naming_the_key_and_nothing_is_written(tmp_path, cli_error, argv, message):
     import re
     runs = tmp_path / 'runs'
-    text = _error(capsys, ['train', 'transformer', *TINY, f'runs_dir={runs}', *argv])
+    text = cli_error(['train', 'transformer', *TINY, f'runs_dir={runs}', *argv])
     assert re.search(message, text), text
     assert not runs.exists()
 
@@ -79,16 +63,16 @@ def test_a_bad_value_is_one_line_naming_the_key_and_nothing_is_written(tmp_path,
     ('{tmp}/afile', '/afile is a file, not a folder'), ('{tmp}/afile/below', '/afile is a file, not a folder'),
     ('/proc/lazylab-cannot-be-made', 'No such file or directory'), ('\x00', 'embedded null byte'),
 ])
-def test_a_runs_dir_that_cannot_be_made_is_one_line_and_leaves_no_folder(tmp_path, capsys, runs_dir, why):
+def test_a_runs_dir_that_cannot_be_made_is_one_line_and_leaves_no_folder(tmp_path, cli_error, runs_dir, why):
     (tmp_path / 'afile').write_text('a file where a folder should be')
     before = _everything(tmp_path)
     runs_dir = runs_dir.format(tmp=tmp_path)
-    text = _error(capsys, ['train', 'transformer', *TINY, f'runs_dir={runs_dir}'])
+    text = cli_error(['train', 'transformer', *TINY, f'runs_dir={runs_dir}'])
     assert text.startswith(f'cannot create a run directory in runs_dir={runs_dir!r}: ') and why in text, text
     assert _everything(tmp_path) == before
 
 
-def test_a_folder_made_before_the_failure_is_removed(tmp_path, capsys, monkeypatch):
+def test_a_folder_made_before_the_failure_is_removed(tmp_path, cli_error, monkeypatch):
     """runs_dir/transformer is made, then the run's own folder fails: neither stays."""
     original = Path.mkdir
 
@@ -98,19 +82,19 @@ def test_a_folder_made_before_the_failure_is_removed(tmp_path, capsys, monkeypat
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, 'mkdir', mkdir)
-    text = _error(capsys, ['train', 'transformer', *TINY, f'runs_dir={tmp_path}/new/runs'])
+    text = cli_error(['train', 'transformer', *TINY, f'runs_dir={tmp_path}/new/runs'])
     assert text == f"cannot create a run directory in runs_dir='{tmp_path}/new/runs': Permission denied"
     assert _everything(tmp_path) == set()
 
 
-def test_a_run_directory_whose_files_cannot_be_written_is_removed(tmp_path, capsys, monkeypatch):
+def test_a_run_directory_whose_files_cannot_be_written_is_removed(tmp_path, cli_error, monkeypatch):
     from lazylab.experiments import runner
 
     def full_disk(conf, path):
         Path(path).write_text('half')
         raise OSError(28, 'No space left on device')
     monkeypatch.setattr(runner, 'dump', full_disk)
-    text = _error(capsys, ['train', 'transformer', *TINY, f'runs_dir={tmp_path}/runs'])
+    text = cli_error(['train', 'transformer', *TINY, f'runs_dir={tmp_path}/runs'])
     assert text.startswith('cannot write the run directory ') and text.endswith(': No space left on device'), text
     assert _everything(tmp_path) == set()
 
@@ -154,7 +138,7 @@ def test_a_checkpoint_write_interrupted_by_anything_else_leaves_no_temporary_fil
     assert list(tmp_path.iterdir()) == []
 
 
-def test_training_whose_checkpoint_cannot_be_written_stops_with_one_line(tmp_path, capsys, monkeypatch):
+def test_training_whose_checkpoint_cannot_be_written_stops_with_one_line(tmp_path, cli_error, monkeypatch):
     real_save, calls = checkpoint_module.torch.save, []
 
     def second_fails(payload, f):
@@ -164,7 +148,7 @@ def test_training_whose_checkpoint_cannot_be_written_stops_with_one_line(tmp_pat
         real_save(payload, f)
 
     monkeypatch.setattr(checkpoint_module.torch, 'save', second_fails)
-    text = _error(capsys, ['train', 'transformer', *TINY, f'runs_dir={tmp_path}'])
+    text = cli_error(['train', 'transformer', *TINY, f'runs_dir={tmp_path}'])
     assert text.endswith('checkpoint.pt: No space left on device; the previous checkpoint is kept'), text
     run, = (tmp_path / 'transformer').iterdir()
     assert not [p for p in run.iterdir() if '.tmp' in p.name]
@@ -194,8 +178,8 @@ def _files(run: Path) -> dict:
     ('bigger', r"\(65 → 67 characters; added 'Ä', 'é'\)"),
     ('smaller', r"\(65 → 64 characters; removed 'z'\)"),
 ])
-def test_resume_refuses_a_text_with_another_vocabulary_saying_what_differs(short_run, tmp_path, capsys, change,
-                                                                         message):
+def test_resume_refuses_a_text_with_another_vocabulary_saying_what_differs(
+        short_run, tmp_path, cli_error, change, message):
     import re
     original = (Path(cli.__file__).parent / 'data' / 'tiny_shakespeare.txt').read_text(encoding='utf-8')
     text = {'same size': original.replace('z', 'é'), 'bigger': original + 'éÄ',
@@ -203,15 +187,15 @@ def test_resume_refuses_a_text_with_another_vocabulary_saying_what_differs(short
     (tmp_path / 'text.txt').write_text(text, encoding='utf-8')
     run = _copy_with(short_run, tmp_path, text=str(tmp_path / 'text.txt'), n_tokens=None)
     before = _files(run)
-    got = _error(capsys, ['resume', str(run)])
+    got = cli_error(['resume', str(run)])
     assert re.search(message, got), got
     assert _files(run) == before
 
 
-def test_resume_refuses_a_model_that_does_not_match_the_checkpoint_before_writing(short_run, tmp_path, capsys):
+def test_resume_refuses_a_model_that_does_not_match_the_checkpoint_before_writing(short_run, tmp_path, cli_error):
     run = _copy_with(short_run, tmp_path, **{'transformer.ffn.d_ff': 64})
     before = _files(run)
-    got = _error(capsys, ['resume', str(run)])
+    got = cli_error(['resume', str(run)])
     assert got.endswith("does not match the model of configs.yaml: 'encoder.layers.0.feed_forward.layer1.bias' is "
                         "(32,) there, (64,) here"), got
     assert _files(run) == before
@@ -276,18 +260,18 @@ def test_generate_arguments_out_of_range(tokens, temperature, top_k, message):
     (['--seed', str(2**64)], f'--seed must be in 0 … 2**64 − 1, got {2**64}'),
     (['--prompt', ''], '--prompt must not be empty'),
 ])
-def test_generate_refuses_bad_arguments_with_one_line(short_run, capsys, args, message):
+def test_generate_refuses_bad_arguments_with_one_line(short_run, cli_error, args, message):
     argv = dict([('--prompt', 'A'), ('--tokens', '3')] + [tuple(args)])
-    assert _error(capsys, ['generate', str(short_run), *[p for kv in argv.items() for p in kv]]) == message
+    assert cli_error(['generate', str(short_run), *[p for kv in argv.items() for p in kv]]) == message
 
 
-def test_generate_from_nan_weights_says_so(short_run, tmp_path, capsys):
+def test_generate_from_nan_weights_says_so(short_run, tmp_path, cli_error):
     run = tmp_path / 'run'
     shutil.copytree(short_run, run)
     ck = torch.load(run / CHECKPOINT, weights_only=True)
     ck['model'] = {k: v * float('nan') if v.is_floating_point() else v for k, v in ck['model'].items()}
     torch.save(ck, run / CHECKPOINT)
-    got = _error(capsys, ['generate', str(run), '--prompt', 'A', '--tokens', '3', '--temperature', '0'])
+    got = cli_error(['generate', str(run), '--prompt', 'A', '--tokens', '3', '--temperature', '0'])
     assert got.endswith('checkpoint.pt: the logits of row 0 are NaN: no next token (are the weights finite?)'), got
 
 
@@ -313,10 +297,10 @@ def test_every_command_answers_help_with_exit_0(capsys, command, flag):
     assert code == 0 and out.startswith('usage: lazylab ' + command), out
 
 
-def test_train_without_a_name_asks_for_one_and_help_names_the_experiments(capsys):
+def test_train_without_a_name_asks_for_one_and_help_names_the_experiments(capsys, cli_error):
     assert cli.main(['train', '--help']) == 0
     assert 'Train experiment NAME (feedback, fast_weights, transformer, retrieval)' in capsys.readouterr().out
-    assert _error(capsys, ['train']) == 'usage: lazylab train NAME [key=value …] [--config FILE.yaml]'
+    assert cli_error(['train']) == 'usage: lazylab train NAME [key=value …] [--config FILE.yaml]'
 
 
 def test_options_shows_the_experiments_own_defaults_of_its_sub_configs(capsys):

@@ -3,29 +3,12 @@ of the biggest part, exit code 2 (lazylab.experiments.memory)."""
 import pytest
 import torch
 
-from lazylab import cli
 from lazylab.errors import UsageError
 from lazylab.experiments import memory
 from lazylab.experiments.memory import Need, check_memory, size_text
 
 TINY = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_size=4', 'device=cpu', 'threads=1',
         'max_steps=1']
-
-
-@pytest.fixture(autouse=True)
-def _keep_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-def _error(capsys, argv) -> str:
-    code = cli.main(argv)
-    err = capsys.readouterr().err
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith('lazylab: error: '), err
-    return lines[0][len('lazylab: error: '):]
 
 
 # the figures worked by hand from each experiment's memory_needs (float32: 4 bytes; ids: 8)
@@ -57,15 +40,15 @@ CASES = [
 
 @pytest.mark.parametrize('argv, message', CASES, ids=['retrieval nu', 'transformer d_model', 'fast_weights.nu',
                                                       'feedback batch'])
-def test_a_run_too_big_for_the_memory_is_refused_naming_its_keys(tmp_path, capsys, monkeypatch, argv, message):
+def test_a_run_too_big_for_the_memory_is_refused_naming_its_keys(tmp_path, cli_error, monkeypatch, argv, message):
     monkeypatch.setattr(memory, 'available_bytes', lambda device: 10**9)
-    assert _error(capsys, [*argv, f'runs_dir={tmp_path / "runs"}']) == message
+    assert cli_error([*argv, f'runs_dir={tmp_path / "runs"}']) == message
     assert not (tmp_path / 'runs').exists()
 
 
-def test_this_machines_memory_refuses_an_absurd_size(tmp_path, capsys):
+def test_this_machines_memory_refuses_an_absurd_size(tmp_path, cli_error):
     import re
-    text = _error(capsys, ['train', 'retrieval', 'n_keys=1000000', 'device=cpu', f'runs_dir={tmp_path / "runs"}'])
+    text = cli_error(['train', 'retrieval', 'n_keys=1000000', 'device=cpu', f'runs_dir={tmp_path / "runs"}'])
     assert re.fullmatch(r'the run needs at least 149\.7 TB of memory, more than the [\d.]+ [kMGT]?B available '
                         r'\(cpu\): the predictions for every key of a batch alone take 128\.0 TB \(n_keys=1000000, '
                         r'batch_size=32\); make one of them smaller', text), text

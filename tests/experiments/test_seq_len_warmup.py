@@ -15,13 +15,6 @@ TINY = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=32', 'batch_s
         'log_interval=2', 'optimizer.warmup=2', 'seq_len_start=8', 'seq_len_warmup=8']
 
 
-@pytest.fixture(autouse=True)
-def _keep_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_the_length_grows_linearly_from_start_to_seq_len_over_the_warmup_steps():
     warmup = SeqLenWarmup(start=8, warmup=8, seq_len=32)
     # 8 + ⌊24 · step / 8⌋ = 8 + 3 · step, then 32

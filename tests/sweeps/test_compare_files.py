@@ -24,22 +24,15 @@ def make_run(folder: Path, d_model: int, losses: list[float]) -> Path:
     return folder
 
 
-def _error(capsys, argv) -> str:
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith('lazylab: error: '), err
-    return err[0][len('lazylab: error: '):]
-
-
 @pytest.mark.parametrize('content', [b'\xff\xfe not utf-8', b'values: [1, 2\n', b'- 1\n- 2\n', b'values: [1]\n'],
                          ids=['not UTF-8', 'not YAML', 'a list', 'values not a mapping'])
-def test_a_damaged_configs_yaml_is_one_error_line_naming_it(tmp_path, capsys, content):
+def test_a_damaged_configs_yaml_is_one_error_line_naming_it(tmp_path, cli_error, content):
     a = make_run(tmp_path / 'a', 16, [2.0, 1.5])
     b = make_run(tmp_path / 'b', 32, [2.0, 1.4])
     (a / 'configs.yaml').write_bytes(content)
-    assert _error(capsys, ['compare', str(a), str(b)]) == f'{a / "configs.yaml"} is damaged (not a YAML ' \
+    assert cli_error(['compare', str(a), str(b)]) == f'{a / "configs.yaml"} is damaged (not a YAML ' \
                                                            f'configuration dump)'
-    assert _error(capsys, ['diff', str(b), str(a)]) == f'{a / "configs.yaml"} is damaged (not a YAML ' \
+    assert cli_error(['diff', str(b), str(a)]) == f'{a / "configs.yaml"} is damaged (not a YAML ' \
                                                         f'configuration dump)'
 
 
@@ -61,11 +54,11 @@ def test_run_json_and_trial_json_that_are_not_objects_count_as_missing(tmp_path)
     assert rows[f'{tmp_path.name}/b']['d_model'] == 32  # from configs.yaml; the trial's label is its folder's name
 
 
-def test_a_damaged_sweep_yaml_is_one_error_line_naming_it(tmp_path, capsys):
+def test_a_damaged_sweep_yaml_is_one_error_line_naming_it(tmp_path, cli_error):
     sweep = tmp_path / 'sweep-x'
     make_run(sweep / 'trial-0000', 16, [2.0])
     (sweep / 'sweep.yaml').write_bytes(b'- not a mapping\n')
-    assert _error(capsys, ['compare', str(sweep)]) == f'{sweep / "sweep.yaml"} is damaged (not a YAML mapping)'
+    assert cli_error(['compare', str(sweep)]) == f'{sweep / "sweep.yaml"} is damaged (not a YAML mapping)'
 
 
 @pytest.mark.parametrize('flag, name, message', [
@@ -116,12 +109,12 @@ def test_a_metric_no_run_has_is_an_error_listing_the_runs_metrics(tmp_path, caps
     assert captured.out == '' and not (tmp_path / 'out.csv').exists()  # no table, no file
 
 
-def test_a_metric_the_trainer_records_but_no_run_has_yet_is_a_column_of_dashes(tmp_path, capsys):
+def test_a_metric_the_trainer_records_but_no_run_has_yet_is_a_column_of_dashes(tmp_path, cli_error):
     a = make_run(tmp_path / 'a', 16, [2.0, 1.5])
     (tmp_path / 'empty').mkdir()
     (tmp_path / 'empty' / 'run.json').write_text('{"status": "running"}')  # started, nothing recorded yet
     table = compare.compare([str(a), str(tmp_path / 'empty')], metric='accuracy.valid')
     assert [row['final'] for row in table.rows] == [None, None]
-    assert _error(capsys, ['compare', str(tmp_path / 'empty'), '--metric', 'nometric']) == \
+    assert cli_error(['compare', str(tmp_path / 'empty'), '--metric', 'nometric']) == \
         '--metric nometric: no run has it (no run has recorded any yet; metrics: accuracy.train, accuracy.valid, ' \
         'loss.train, loss.valid, tokens_per_s)'
