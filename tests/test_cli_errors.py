@@ -172,6 +172,22 @@ def test_every_unknown_key_of_a_dump_is_named(short_run, tmp_path, cli_error):
         f"(also unknown: 'zzz', 'yyy')"
 
 
+def test_a_setting_written_beside_a_dumps_sections_is_an_error_naming_it(short_run, tmp_path, cli_error):
+    text = (short_run / 'configs.yaml').read_text()
+    dump = tmp_path / 'dump.yaml'
+    dump.write_text(text + 'd_modle: 32\n')  # at the top level, beside values:, given:, … (it used to be ignored)
+    runs = tmp_path / 'runs'
+    assert cli_error(['train', 'transformer', '--config', str(dump), f'runs_dir={runs}']) == \
+        f"--config {dump}: 'd_modle' is not a section of a dump (its sections: values, given, computed, objects, " \
+        f"computed_before_run, hyperparams, meta); a setting belongs under values:"
+    assert not runs.exists()
+    run = tmp_path / 'run'  # resume reads its run's dump the same way
+    import shutil
+    shutil.copytree(short_run, run)
+    (run / 'configs.yaml').write_text(text + 'd_modle: 32\n')
+    assert "'d_modle' is not a section of a dump" in cli_error(['resume', str(run)])
+
+
 @pytest.mark.parametrize('where', ['in its run directory', 'copied elsewhere'])
 @pytest.mark.parametrize('other', ['feedback', 'fast_weights', 'retrieval'])
 def test_config_with_another_experiments_dump_names_both_experiments(short_run, tmp_path, cli_error, where, other):

@@ -217,8 +217,10 @@ def check_replay(conf, allow_changes: bool = False) -> list[str]:
     lines = [str(change) for change in replay_changes(conf)]
     if lines and not allow_changes:
         more = f' (and {len(lines) - 1} more)' if len(lines) > 1 else ''
-        raise UsageError(f'{lines[0]}{more}: the code or data computes it differently now; '
-                         f'{ALLOW_CHANGES} accepts {"them" if more else "it"}')
+        them = 'them' if more else 'it'
+        raise UsageError(f'{lines[0]}{more}: the code or data computes {them} differently now, or the file was '
+                         f'edited by hand (give a new setting as key=value instead); {ALLOW_CHANGES} accepts '
+                         f'{them}')
     for line in lines:
         print(f'lazylab: warning: {line} (accepted: {ALLOW_CHANGES})', file=sys.stderr, flush=True)
     return lines

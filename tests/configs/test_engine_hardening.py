@@ -231,3 +231,19 @@ def test_a_dotted_key_below_a_plain_item_is_an_error_before_anything_is_computed
     conf._set_values({'thing.width': '16'})
     with pytest.raises(UnknownItemError, match=r'thing is not a sub-config \(it came out a str\), so thing.width'):
         conf.thing
+
+
+def test_a_key_beside_a_dumps_sections_is_refused_and_nothing_applied():
+    class C(BaseConfigs):
+        d_model: int = 8
+        seq_len: int = 4
+
+    doc = {'values': {'d_model': 16}, 'given': {'d_model': 'user'}, 'computed': {}, 'seq_len': 32}
+    conf = C()
+    with pytest.raises(UnknownItemError, match=r"^<dump>: 'seq_len' is not a section of a dump \(its sections: "
+                                               r"values, given, .*\); a setting belongs under values:$"):
+        lc.load(conf, doc)
+    assert (conf.d_model, conf.seq_len) == (8, 4)
+    flat = C()
+    lc.load(flat, {'d_model': 16, 'seq_len': 32})  # a flat mapping (no values: section) is settings throughout
+    assert (flat.d_model, flat.seq_len) == (16, 32)

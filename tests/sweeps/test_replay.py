@@ -171,7 +171,8 @@ def test_replay_refuses_a_computed_value_that_changed_and_allow_changes_accepts_
     assert cli.main(['train', 'transformer', '--config', str(dump_file), f'runs_dir={runs}']) == 2
     err = capsys.readouterr().err.splitlines()
     assert err == [f'lazylab: error: optimizer.warmup comes out 100, --config {dump_file} has 50: the code or data '
-                   f'computes it differently now; --allow-changes accepts it']
+                   f'computes it differently now, or the file was edited by hand (give a new setting as key=value '
+                   f'instead); --allow-changes accepts it']
     assert not runs.exists()  # nothing written
     second = train('transformer', '--config', str(dump_file), '--allow-changes', runs=runs)
     assert 'lazylab: warning: optimizer.warmup comes out 100' in capsys.readouterr().err

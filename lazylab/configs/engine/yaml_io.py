@@ -39,7 +39,7 @@ import os
 from enum import Enum
 from typing import Any, NamedTuple, Optional, Union
 
-from .errors import BadValueError
+from .errors import BadValueError, UnknownItemError
 from .overrides import apply_overrides
 from .report import given_paths, type_name, walk
 from .state import Provenance, state_of
@@ -149,6 +149,9 @@ def to_dict(configs: Any, run_values: Optional[dict[str, Any]] = None) -> dict[s
     return out
 
 
+#: the top-level sections of a dump (see `to_dict`)
+DUMP_SECTIONS = ('values', 'given', 'computed', 'objects', 'computed_before_run', 'hyperparams', 'meta')
+
 _HEADER = ('# lazylab configuration. Replay: lazylab train NAME --config THIS_FILE [key=value …], or\n'
            '# lazylab.configs.load(conf, THIS_FILE): the `given` values are applied, the `computed` ones are\n'
            '# computed again and checked (lazylab.configs.replay_changes).\n')
@@ -238,6 +241,11 @@ def load(configs: Any, source: Union[str, os.PathLike, dict[str, Any]], label: O
             doc = {}
     if not isinstance(doc, dict):
         raise BadValueError(f'a configuration YAML must be a mapping of keys to values{where and ":" + where}')
+    if 'values' in doc:  # a dump: a key beside its sections (a setting written at the top by hand) would be lost
+        unknown = [k for k in doc if k not in DUMP_SECTIONS]
+        if unknown:
+            raise UnknownItemError(f'{name}: {unknown[0]!r} is not a section of a dump (its sections: '
+                                   f'{", ".join(DUMP_SECTIONS)}); a setting belongs under values:', str(unknown[0]))
     values = doc.get('values', doc)
     if values is None:
         values = {}
