@@ -1,5 +1,6 @@
 """`lazylab plot RUN_DIR [RUN_DIR …] -o FILE.png`: train and valid loss against tokens seen, one colour per run."""
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,6 +32,18 @@ def check_output(path: str, flag: str, figure: bool = False) -> Path:
     return out
 
 
+def _status_note(run_dir: Path) -> str:
+    """' (status failed: ERROR)' from the run's run.json, or '' when it has none."""
+    try:
+        info = json.loads((run_dir / 'run.json').read_text())
+    except (OSError, ValueError):
+        return ''
+    if not isinstance(info, dict) or 'status' not in info:
+        return ''
+    error = info.get('error')
+    return f" (status {info['status']}{': ' + str(error) if error else ''})"
+
+
 def plot_runs(run_dirs: Sequence[str], output: str) -> Path:
     """Draw loss.train (thin line) and loss.valid (line with dots) of each run against `tokens` (against `step` when
     a run does not record tokens: a `lazylab labml` run); save a PNG (or another format matplotlib writes, by the
@@ -39,23 +52,37 @@ def plot_runs(run_dirs: Sequence[str], output: str) -> Path:
     The y axis says what the loss is: the runs' `loss_label` (run.json: their task's, e.g. 'cross-entropy
     (nats/char)'), or 'loss' when the runs' tasks differ.
 
+    A run directory (it has a run.json) without loss values yet — one that failed or was stopped before its first
+    record, as a glob like `runs/NAME/*` may take in — is left out with a warning on stderr.
+
     Raises:
-        UsageError: a bad output file (see `check_output`), a folder has no metrics.jsonl, or no loss values yet.
+        UsageError: a bad output file (see `check_output`), a folder that is no run directory (neither
+            metrics.jsonl nor run.json), or no run with loss values.
     """
     import matplotlib
     matplotlib.use('Agg')  # files only; never needs a display
     import matplotlib.pyplot as plt
 
     out = check_output(output, '-o', figure=True)
-    runs = []
+    runs, kept, left_out = [], [], []
     for d in run_dirs:
         path = Path(d) / METRICS
-        if not path.is_file():
+        if not path.is_file() and not (Path(d) / 'run.json').is_file():
             raise UsageError(f'{d} has no {METRICS} (is it a lazylab run directory?)')
-        records = read_metrics(path)
+        records = read_metrics(path) if path.is_file() else []
         if not any('loss.train' in r or 'loss.valid' in r for r in records):
-            raise UsageError(f'{path} has no loss values yet')
+            if len(run_dirs) == 1:
+                raise UsageError(f'{path} has no loss values yet' if path.is_file() else f'{d} has no {METRICS} yet'
+                                 f'{_status_note(Path(d))}')
+            left_out.append(f'lazylab: warning: {d} has no loss values yet{_status_note(Path(d))}; left out')
+            continue
         runs.append((_label(Path(d)), records))
+        kept.append(d)
+    if not runs:
+        raise UsageError(f'none of the {len(run_dirs)} runs has loss values yet')
+    for line in left_out:
+        print(line, file=sys.stderr)
+    run_dirs = kept
 
     # `lazylab labml` runs record labml's global step, not the tokens seen: then every run is drawn against its step
     x = 'tokens' if all('tokens' in r for _, records in runs for r in records

@@ -175,6 +175,28 @@ def test_plot_draws_several_runs(reference, tmp_path, capsys):
     assert 'has no metrics.jsonl' in capsys.readouterr().err
 
 
+def test_plot_leaves_out_a_run_without_losses_with_a_warning(reference, tmp_path, capsys):
+    # what a glob like runs/NAME/* takes in: a run that failed before its first record (run.json, no metrics)
+    run_dir, _ = reference
+    failed = tmp_path / 'failed'
+    failed.mkdir()
+    (failed / 'run.json').write_text(json.dumps({'status': 'failed', 'error': 'training loss is nan at step 1'}))
+    out = tmp_path / 'loss.png'
+    assert cli.main(['plot', str(run_dir), str(failed), '-o', str(out)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f'lazylab: warning: {failed} has no loss values yet (status failed: training loss is nan at step '
+                   f'1); left out']
+    assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    # alone, or with only runs like it, it is an error (nothing to draw), and nothing is written
+    out.unlink()
+    assert cli.main(['plot', str(failed), '-o', str(out)]) == 2
+    assert capsys.readouterr().err.strip() == (f'lazylab: error: {failed} has no metrics.jsonl yet (status failed: '
+                                               f'training loss is nan at step 1)')
+    assert cli.main(['plot', str(failed), str(failed), '-o', str(out)]) == 2
+    assert capsys.readouterr().err.strip() == 'lazylab: error: none of the 2 runs has loss values yet'
+    assert not out.exists()
+
+
 def test_plot_draws_a_labml_run_against_its_step(tmp_path, monkeypatch):
     # `lazylab labml` records labml's global step and the losses, no tokens (see lazylab.labml.session)
     run_dir = tmp_path / 'labml_run'
