@@ -25,6 +25,7 @@ SIGTERM — with `signal` and `checkpoint_step`, the step `lazylab resume` conti
 `optimizer.total_steps` as the run took them (the time budget fits them as it goes; the configuration's own values
 move to its `computed_before_run` section).
 """
+import contextlib
 import difflib
 import importlib
 import json
@@ -32,7 +33,7 @@ import os
 import sys
 import time
 import uuid as uuid_lib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -480,8 +481,6 @@ def execute(name: str, conf, run_dir: Path, *, resume: bool, checkpoint: Optiona
     `checkpoint`: the run's checkpoint, already loaded (resume=True), so that it is read once.
     `on_validation`: the trainer's hook (see trainer.train); the reason it gives for stopping becomes run.json's
     status (a sweep's pruner says 'pruned'). run.json and configs.yaml record the end (see `finish_run`)."""
-    import contextlib
-
     from lazylab.experiments import distributed
     from lazylab.experiments.nlp_autoregression import device_of
     from lazylab.experiments.tracking import LabmlRun
@@ -558,7 +557,8 @@ def train_main(name: str, argv: Sequence[str], *, run_dir: Optional[Path] = None
         if distributed.is_main_process():  # rank 0 creates the run directory; the others learn its name
             run_dir = start_run(conf, name, argv, run_dir=given_dir, changes=changes, info=info)
         run_dir = Path(distributed.broadcast_object(str(run_dir) if run_dir else None))
-        execute(name, conf, run_dir, resume=False, on_validation=on_validation)
+        with training_lock(run_dir, distributed.is_main_process()):  # a resume meanwhile is refused
+            execute(name, conf, run_dir, resume=False, on_validation=on_validation)
     return run_dir
 
 
@@ -650,19 +650,69 @@ def resume_main(run_dir: str, *, allow_changes: bool = False, on_validation=None
     from lazylab.experiments.checkpoint import CHECKPOINT, load_checkpoint
     from lazylab.experiments.trainer import check_resume
     name, conf, path = open_run(run_dir)
-    checkpoint = load_checkpoint(path / CHECKPOINT)  # CheckpointError before anything else happens
-    with signals_interrupt(), distributed.process_group(_device(conf)):
+    with contextlib.ExitStack() as stack:
+        # rank 0 (torchrun's RANK; the process group is not up yet) refuses a run another process still trains,
+        # before it reads the checkpoint that process may not have written yet
+        stack.enter_context(training_lock(path, distributed.environment().rank == 0))
+        checkpoint = load_checkpoint(path / CHECKPOINT)  # CheckpointError before anything else happens
+        stack.enter_context(signals_interrupt())
+        stack.enter_context(distributed.process_group(_device(conf)))
         prepare(conf)
         # first the checkpoint (another text says which characters differ), then the replay's computed values
         check_resume(conf, path / CHECKPOINT, checkpoint)  # vocabulary, model shapes, processes: before any write
         changes = check_replay(conf, allow_changes)
         position = checkpoint.get('position', {})
-        if distributed.is_main_process() and position.get('step', 0) < position.get('total_steps', 0):
+        if position.get('step', 0) >= position.get('total_steps', 0):  # training would return at once
+            if distributed.is_main_process():
+                print(f'nothing to do: the run in {path} has already finished', flush=True)
+            return path
+        if distributed.is_main_process():
             info = json.loads((path / 'run.json').read_text(encoding='utf-8'))
             info = {k: v for k, v in info.items() if k not in END_FIELDS}  # how it ended before: no longer true
             write_run_json(path, {**info, 'status': 'running', **({'replay_changes': changes} if changes else {})})
         execute(name, conf, path, resume=True, checkpoint=checkpoint, on_validation=on_validation)
     return path
+
+
+@contextlib.contextmanager
+def training_lock(run_dir: Path, take: bool = True) -> Iterator[None]:
+    """While the block runs, this process holds an exclusive lock on the run directory (flock on the folder
+    itself, so nothing is written into it; the kernel drops it when the process ends, even by SIGKILL). A second
+    process (`lazylab resume` while `lazylab train` or another resume still trains the run) is refused before it
+    prints or writes anything. `take=False` (a torchrun rank other than 0): no lock. Where there is no flock
+    (Windows), no lock either; labml's run.pid still stops a second process, later.
+
+    Raises:
+        UsageError: `RUN is still being trained by process PID; wait for it to finish or stop it first`.
+    """
+    try:
+        import fcntl
+    except ImportError:
+        fcntl = None
+    if not take or fcntl is None:
+        yield
+        return
+    fd = os.open(run_dir, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = _training_pid(run_dir)
+            by = f'process {pid}' if pid is not None else 'another process'
+            raise UsageError(f'{run_dir} is still being trained by {by}; wait for it to finish or stop it '
+                             f'first') from None
+        yield
+    finally:
+        os.close(fd)  # and with it the lock
+
+
+def _training_pid(run_dir: Path) -> Optional[int]:
+    """The process id in labml's run.pid of the run (written while it trains), or None (not yet, or unreadable)."""
+    try:
+        uuid = json.loads((run_dir / 'run.json').read_text(encoding='utf-8'))['uuid']
+        return int((run_dir / 'labml').glob(f'*/{uuid}/run.pid').__next__().read_text().strip())
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+        return None
 
 
 def generate(run_dir: str, prompt: str, tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,

@@ -1,0 +1,110 @@
+"""What the run commands do alongside other processes, in real child processes: a resume while another process
+still trains the run is refused before it prints or writes anything; generate reads a checkpoint while it is being
+written; a finished run's resume says only that there is nothing to do."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[2]
+#: long enough (600 steps) to be still training while the other command runs; a checkpoint every 5 steps
+SIZES = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_size=4', 'sample_tokens=4',
+         'valid_batches=1', 'final_valid_batches=1', 'device=cpu', 'threads=1', 'max_steps=600', 'valid_interval=5',
+         'log_interval=5']
+ENV = {**os.environ, 'PYTHONPATH': str(ROOT), 'PYTHONUNBUFFERED': '1'}
+
+
+def _lazylab(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, '-m', 'lazylab.cli', *args], env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, '-m', 'lazylab.cli', *args], env=ENV, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _wait_for(condition, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+
+
+def _labml_pid(run: Path) -> Optional[int]:
+    uuid = json.loads((run / 'run.json').read_text())['uuid']
+    files = list((run / 'labml').glob(f'*/{uuid}/run.pid'))
+    try:
+        return int(files[0].read_text()) if files else None
+    except ValueError:  # being written
+        return None
+
+
+def _files(run: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run)): p.read_bytes() for p in run.rglob('*') if p.is_file()}
+
+
+def test_resume_while_train_still_trains_the_run_is_refused_and_generate_reads_its_checkpoint(tmp_path):
+    train = _lazylab('train', 'transformer', *SIZES, f'runs_dir={tmp_path}')
+    _wait_for(lambda: list(tmp_path.glob('transformer/*/checkpoint.pt')), train)
+    run, = (tmp_path / 'transformer').iterdir()
+    _wait_for(lambda: _labml_pid(run) == train.pid, train)
+    run_json = (run / 'run.json').read_bytes()
+
+    resumed = _run('resume', str(run))
+    generated = _run('generate', str(run), '--prompt', 'a', '--tokens', '30', '--seed', '3')
+    training = train.poll() is None  # both answered while the run was still training
+    out, err = train.communicate(timeout=300)
+
+    assert training
+    assert resumed.returncode == 2 and resumed.stdout == ''
+    assert resumed.stderr == (f'lazylab: error: {run} is still being trained by process {train.pid}; wait for it '
+                              f'to finish or stop it first\n')
+    assert generated.returncode == 0, generated.stderr
+    assert len(generated.stdout) == 1 + 30 + 1 and generated.stdout.startswith('a')
+    assert train.returncode == 0, err
+    info = json.loads((run / 'run.json').read_text())
+    assert info['status'] == 'completed' and info['steps'] == 600 and 'error' not in info
+    assert json.loads(run_json)['status'] == 'running'  # what the refused resume found, and left, in run.json
+
+
+def test_a_second_resume_while_a_resume_trains_is_refused_and_writes_nothing(tmp_path):
+    train = _lazylab('train', 'transformer', *SIZES, f'runs_dir={tmp_path}')
+    _wait_for(lambda: list(tmp_path.glob('transformer/*/checkpoint.pt')), train)
+    train.terminate()
+    assert train.wait(timeout=60) == 143
+    run, = (tmp_path / 'transformer').iterdir()
+
+    first = _lazylab('resume', str(run))
+    _wait_for(lambda: _labml_pid(run) == first.pid, first)
+    first.send_signal(signal.SIGSTOP)  # nothing of the run changes while the second resume looks at it
+    try:
+        before = _files(run)
+        second = _run('resume', str(run))
+        after = _files(run)
+    finally:
+        first.send_signal(signal.SIGCONT)
+    out, err = first.communicate(timeout=300)
+
+    assert second.returncode == 2 and second.stdout == ''
+    assert second.stderr == (f'lazylab: error: {run} is still being trained by process {first.pid}; wait for it '
+                             f'to finish or stop it first\n')
+    assert after == before
+    assert first.returncode == 0, err
+    info = json.loads((run / 'run.json').read_text())
+    assert info['status'] == 'completed' and info['steps'] == 600 and 'error' not in info
+
+
+def test_resume_of_a_finished_run_prints_only_that_there_is_nothing_to_do(short_run, tmp_path):
+    run = tmp_path / 'run'
+    shutil.copytree(short_run, run)
+    before = _files(run)
+    done = _run('resume', str(run))
+    assert (done.returncode, done.stdout, done.stderr) == (
+        0, f'nothing to do: the run in {run} has already finished\n', '')
+    assert _files(run) == before
