@@ -41,6 +41,7 @@ from lazylab.configs import apply_overrides, dump, label_given, load, parse_over
 from lazylab.configs.engine.overrides import expand_short_keys
 from lazylab.errors import Interrupted, UsageError, run_cli, signals_interrupt, user_error_message
 from lazylab.experiments import EXPERIMENTS
+from lazylab.experiments.metrics import stdout_may_close
 
 
 def load_experiment(name: str):
@@ -557,7 +558,7 @@ def train_main(name: str, argv: Sequence[str], *, run_dir: Optional[Path] = None
         if distributed.is_main_process():  # rank 0 creates the run directory; the others learn its name
             run_dir = start_run(conf, name, argv, run_dir=given_dir, changes=changes, info=info)
         run_dir = Path(distributed.broadcast_object(str(run_dir) if run_dir else None))
-        with training_lock(run_dir, distributed.is_main_process()):  # a resume meanwhile is refused
+        with training_lock(run_dir, distributed.is_main_process()), stdout_may_close():  # see those two
             execute(name, conf, run_dir, resume=False, on_validation=on_validation)
     return run_dir
 
@@ -670,6 +671,7 @@ def resume_main(run_dir: str, *, allow_changes: bool = False, on_validation=None
             info = json.loads((path / 'run.json').read_text(encoding='utf-8'))
             info = {k: v for k, v in info.items() if k not in END_FIELDS}  # how it ended before: no longer true
             write_run_json(path, {**info, 'status': 'running', **({'replay_changes': changes} if changes else {})})
+        stack.enter_context(stdout_may_close())  # `| head`: the run goes on without its output
         execute(name, conf, path, resume=True, checkpoint=checkpoint, on_validation=on_validation)
     return path
 

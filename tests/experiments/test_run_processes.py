@@ -108,3 +108,24 @@ def test_resume_of_a_finished_run_prints_only_that_there_is_nothing_to_do(short_
     assert (done.returncode, done.stdout, done.stderr) == (
         0, f'nothing to do: the run in {run} has already finished\n', '')
     assert _files(run) == before
+
+
+def test_train_whose_stdout_reader_goes_away_trains_to_the_end_without_its_output(tmp_path):
+    # `lazylab train … | head -1`: the reader takes the start line and closes the pipe; every later progress
+    # line and sample would meet a closed pipe
+    train = subprocess.Popen([sys.executable, '-m', 'lazylab.cli', 'train', 'transformer', *SIZES[:-3],
+                              'max_steps=60', 'valid_interval=5', 'log_interval=5', f'runs_dir={tmp_path}'],
+                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = train.stdout.readline()
+    train.stdout.close()
+    err = train.stderr.read()
+    assert train.wait(timeout=300) == 0, err
+    run, = (tmp_path / 'transformer').iterdir()
+    assert first.decode().startswith('transformer: 4,657 parameters, 60 steps') and first.decode().endswith(
+        f'→ {run}\n')
+    assert err == b''  # no BrokenPipeError, not even Python's 'Exception ignored' at exit
+    info = json.loads((run / 'run.json').read_text())
+    assert info['status'] == 'completed' and info['steps'] == 60 and 'error' not in info
+    import torch
+    assert torch.load(run / 'checkpoint.pt', weights_only=True)['position']['step'] == 60
+    assert (run / 'samples.txt').read_text().count('--- step ') == 60 // 5  # the samples still go to the file
