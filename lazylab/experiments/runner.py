@@ -35,7 +35,7 @@ import time
 import uuid as uuid_lib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from lazylab.configs import apply_overrides, dump, label_given, load, parse_overrides, replay_changes, to_dict
 from lazylab.configs.engine.overrides import expand_short_keys
@@ -718,11 +718,13 @@ def _training_pid(run_dir: Path) -> Optional[int]:
 
 
 def generate(run_dir: str, prompt: str, tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
-             seed: Optional[int] = None) -> str:
+             seed: Optional[int] = None, on_text: Optional[Callable[[str], None]] = None) -> str:
     """Text sampled from the run's latest checkpoint: the prompt followed by `tokens` new characters.
 
     The model and vocabulary come from the checkpoint (the training text is not needed); the core transformer's
-    incremental state is used when it has one, so each new character costs one step.
+    incremental state is used when it has one, so each new character costs one step. `on_text` is called with the
+    prompt once the checks are done, then with each new character as it is sampled (their concatenation is the
+    text returned).
     """
     import torch
 
@@ -758,8 +760,13 @@ def generate(run_dir: str, prompt: str, tokens: int, temperature: float = 1.0, t
     device = next(model.parameters()).device
     g = torch.Generator(device=device)
     g.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), 'little'))
+    stream = None
+    if on_text is not None:
+        on_text(tokenizer.decode(ids))
+        stream = lambda token: on_text(tokenizer.decode(token.cpu()))  # noqa: E731
     try:
-        out = model.generate(ids.to(device), tokens, temperature=temperature, top_k=top_k, generator=g)
+        out = model.generate(ids.to(device), tokens, temperature=temperature, top_k=top_k, generator=g,
+                             on_token=stream)
     except NonFiniteLogitsError as e:
         raise TrainingError(f'{path / CHECKPOINT}: {e}') from None
     return tokenizer.decode(out.cpu())

@@ -3,6 +3,7 @@ still trains the run is refused before it prints or writes anything; generate re
 written; a finished run's resume says only that there is nothing to do."""
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -50,7 +51,9 @@ def _files(run: Path) -> dict[str, bytes]:
 
 
 def test_resume_while_train_still_trains_the_run_is_refused_and_generate_reads_its_checkpoint(tmp_path):
-    train = _lazylab('train', 'transformer', *SIZES, f'runs_dir={tmp_path}')
+    # a run far too long to end by itself, writing a checkpoint every 5 steps while the other commands read
+    train = _lazylab('train', 'transformer', *SIZES[:-3], 'max_steps=1000000', 'valid_interval=5',
+                     'log_interval=5', f'runs_dir={tmp_path}')
     _wait_for(lambda: list(tmp_path.glob('transformer/*/checkpoint.pt')), train)
     run, = (tmp_path / 'transformer').iterdir()
     _wait_for(lambda: _labml_pid(run) == train.pid, train)
@@ -58,19 +61,20 @@ def test_resume_while_train_still_trains_the_run_is_refused_and_generate_reads_i
 
     resumed = _run('resume', str(run))
     generated = _run('generate', str(run), '--prompt', 'a', '--tokens', '30', '--seed', '3')
-    training = train.poll() is None  # both answered while the run was still training
+    training = train.poll() is None
+    after = (run / 'run.json').read_bytes()
+    train.terminate()
     out, err = train.communicate(timeout=300)
 
-    assert training
     assert resumed.returncode == 2 and resumed.stdout == ''
     assert resumed.stderr == (f'lazylab: error: {run} is still being trained by process {train.pid}; wait for it '
                               f'to finish or stop it first\n')
     assert generated.returncode == 0, generated.stderr
     assert len(generated.stdout) == 1 + 30 + 1 and generated.stdout.startswith('a')
-    assert train.returncode == 0, err
+    assert training and after == run_json and json.loads(after)['status'] == 'running'  # untouched by either
+    assert train.returncode == 143, err  # the training went on until it was stopped, and recorded the stop
     info = json.loads((run / 'run.json').read_text())
-    assert info['status'] == 'completed' and info['steps'] == 600 and 'error' not in info
-    assert json.loads(run_json)['status'] == 'running'  # what the refused resume found, and left, in run.json
+    assert info['status'] == 'killed' and 'error' not in info and info['checkpoint_step'] % 5 == 0
 
 
 def test_a_second_resume_while_a_resume_trains_is_refused_and_writes_nothing(tmp_path):
@@ -129,3 +133,35 @@ def test_train_whose_stdout_reader_goes_away_trains_to_the_end_without_its_outpu
     import torch
     assert torch.load(run / 'checkpoint.pt', weights_only=True)['position']['step'] == 60
     assert (run / 'samples.txt').read_text().count('--- step ') == 60 // 5  # the samples still go to the file
+
+
+def test_generate_streams_the_same_bytes_as_the_text_it_returns(short_run):
+    from lazylab.experiments.runner import generate
+    text = generate(str(short_run), 'Th', 200, seed=11)
+    pieces: list[str] = []
+    assert generate(str(short_run), 'Th', 200, seed=11, on_text=pieces.append) == text
+    assert pieces[0] == 'Th' and len(pieces) == 201 and ''.join(pieces) == text
+    done = subprocess.run([sys.executable, '-m', 'lazylab.cli', 'generate', str(short_run), '--prompt', 'Th',
+                           '--tokens', '200', '--seed', '11'], env=ENV, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (text + '\n').encode()
+
+
+def test_ctrl_c_during_generate_leaves_the_text_so_far_on_stdout(short_run):
+    from lazylab.experiments.runner import generate
+    proc = subprocess.Popen([sys.executable, '-m', 'lazylab.cli', 'generate', str(short_run), '--prompt', 'Th',
+                             '--tokens', '1000000', '--seed', '11'], env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    seen, deadline = b'', time.monotonic() + 120
+    while len(seen) < 2 + 64:  # the prompt and some tokens have come, long before the millionth
+        assert select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0], 'nothing streamed'
+        chunk = os.read(proc.stdout.fileno(), 4096)
+        assert chunk, proc.communicate()
+        seen += chunk
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    out = (seen + out).decode()
+    assert proc.returncode == 130, err
+    assert err.decode().strip().splitlines() == ['lazylab: interrupted']
+    assert len(out) < 2 + 1_000_000
+    assert out == generate(str(short_run), 'Th', len(out) - 2, seed=11)  # what was sampled so far, nothing lost
