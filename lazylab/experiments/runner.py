@@ -39,7 +39,7 @@ from typing import Any, Callable, Optional
 
 from lazylab.configs import apply_overrides, dump, label_given, load, parse_overrides, replay_changes, to_dict
 from lazylab.configs.engine.overrides import expand_short_keys
-from lazylab.errors import Interrupted, UsageError, run_cli, signals_interrupt, user_error_message
+from lazylab.errors import Interrupted, UsageError, plural, run_cli, signals_interrupt, user_error_message
 from lazylab.experiments import EXPERIMENTS
 from lazylab.experiments.metrics import stdout_may_close
 
@@ -489,11 +489,11 @@ def execute(name: str, conf, run_dir: Path, *, resume: bool, checkpoint: Optiona
     is_main, world_size = distributed.is_main_process(), distributed.get_world_size()
     if is_main:
         n_params = parameter_count(conf.model)
-        length = f'{conf.total_steps:,} steps'
+        length = plural(conf.total_steps, 'step')
         if conf.max_minutes > 0 and conf.max_steps == 0:  # the time budget decides the step count
-            length = f'{conf.max_minutes:g} minutes (at most {conf.total_steps:,} steps)'
+            length = f'{plural(conf.max_minutes, "minute")} (at most {plural(conf.total_steps, "step")})'
         elif conf.max_minutes > 0:
-            length += f' (at most {conf.max_minutes:g} minutes)'
+            length += f' (at most {plural(conf.max_minutes, "minute")})'
         batch = f'{conf.batch_size}×{conf.seq_len} {conf.task.position_unit}'
         if world_size > 1:
             batch += f' per process, {world_size} processes (effective batch {conf.batch_size * world_size})'
