@@ -106,7 +106,33 @@ def _generate(argv: list[str]) -> None:
         print(p.format_help().rstrip())
         return
     a = p.parse_args(argv)
-    print(generate(a.run_dir, a.prompt, a.tokens, a.temperature, a.top_k, a.seed))
+    out = _Streamed(sys.stdout)
+    try:
+        generate(a.run_dir, a.prompt, a.tokens, a.temperature, a.top_k, a.seed, on_text=out.write)
+    except Exception:
+        if out.written:  # the error line (stderr) starts on a line of its own
+            out.write('\n')
+            out.flush()
+        raise
+    out.write('\n')  # as print(text) did before the text was streamed
+    out.flush()
+
+
+class _Streamed:
+    """Text written to `stream` as it comes, flushed every `every` pieces (and by `flush`), so that the
+    generated text shows while it is sampled and Ctrl-C or `| head` leave what came so far."""
+
+    def __init__(self, stream, every: int = 8):
+        self.stream, self.every, self.pieces, self.written = stream, every, 0, False
+
+    def write(self, text: str) -> None:
+        self.stream.write(text)
+        self.written, self.pieces = True, self.pieces + 1
+        if self.pieces % self.every == 0:
+            self.stream.flush()
+
+    def flush(self) -> None:
+        self.stream.flush()
 
 
 def _plot(argv: list[str]) -> None:

@@ -25,7 +25,15 @@ from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 __all__ = ['LazylabError', 'UsageError', 'DataError', 'DistributedError', 'TrainingError', 'CheckpointError',
-           'NonFiniteLossError', 'Interrupted', 'signals_interrupt', 'user_error_message', 'run_cli']
+           'NonFiniteLossError', 'Interrupted', 'signals_interrupt', 'user_error_message', 'run_cli', 'plural']
+
+
+def plural(n: float, noun: str, nouns: Optional[str] = None) -> str:
+    """`n` and the noun in the number it takes, for messages: plural(1, 'step') → '1 step', plural(1200, 'step')
+    → '1,200 steps', plural(2, 'process', 'processes') → '2 processes'; a float as `:g` (plural(1.5, 'minute') →
+    '1.5 minutes'). `nouns`: the plural when it is not `noun` + 's'."""
+    shown = f'{n:,}' if isinstance(n, int) else f'{n:g}'
+    return f'{shown} {noun if n == 1 else (nouns or noun + "s")}'
 
 
 class LazylabError(Exception):

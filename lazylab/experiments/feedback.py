@@ -15,7 +15,7 @@ from torch import nn
 from lazylab.configs import option
 from lazylab.configs.feedback import FeedbackConfigs
 from lazylab.configs.types import PositiveInt, Probability, ThreadCount
-from lazylab.errors import UsageError
+from lazylab.errors import UsageError, plural
 from lazylab.experiments.memory import FLOAT, Need, language_model_needs, named
 from lazylab.experiments.nlp_autoregression import LABML_NN_PRESET, NLPAutoRegressionConfigs, device_of
 
@@ -54,7 +54,8 @@ def check_n_positions(c: Configs):
     """
     uses = {f'seq_len={c.seq_len}': c.seq_len}
     if c.sample_tokens:
-        uses[f'the validation samples (prompt of {len(c.prompt)} characters, sample_tokens={c.sample_tokens})'] = (
+        prompt = plural(len(c.prompt), 'character')
+        uses[f'the validation samples (prompt of {prompt}, sample_tokens={c.sample_tokens})'] = (
             len(c.prompt) + c.sample_tokens - 1)
     use, steps = max(uses.items(), key=lambda item: item[1])
     needed = steps - 1
@@ -63,7 +64,7 @@ def check_n_positions(c: Configs):
         needed = min(needed, span)
     if c.feedback.n_positions < needed:
         raise UsageError(f"feedback.n_positions={c.feedback.n_positions} is too small for {use}: a step attends "
-                         f"over up to {needed} memory vectors; set feedback.n_positions ≥ {needed} "
+                         f"over up to {plural(needed, 'memory vector')}; set feedback.n_positions ≥ {needed} "
                          f"(or feedback.memory_span ≤ {c.feedback.n_positions})")
 
 

@@ -16,10 +16,12 @@ A record (one JSON object per line of metrics.jsonl):
 
 Torch-free, so that `lazylab plot` reads metrics.jsonl without loading torch.
 """
+import contextlib
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
@@ -195,3 +197,49 @@ class RunLog:
             self.progress.text('sample: ' + text.replace('\n', ' ⏎ '))
             with open(self.run_dir / SAMPLES, 'a', encoding='utf-8') as f:
                 f.write(f'--- step {pos.step}, {pos.tokens:,} tokens\n{text}\n')
+
+
+@contextlib.contextmanager
+def stdout_may_close() -> Iterator[None]:
+    """While the block runs, a write to stdout after its reader went away (`lazylab train … | head -1`) sends
+    stdout to os.devnull, once, instead of raising BrokenPipeError: the run's output is dropped from there on, and
+    the run goes on to its end (checkpoint, status) as if nobody had stopped reading."""
+    original = sys.stdout
+    sys.stdout = _DropWhenClosed(original)
+    try:
+        yield
+    finally:
+        sys.stdout = original
+
+
+class _DropWhenClosed:
+    """A text stream that passes everything on to `stream` until a write or flush finds the pipe closed; then the
+    stream's file descriptor is pointed at os.devnull (what is still buffered goes there too)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._to_devnull()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._to_devnull()
+
+    def _to_devnull(self) -> None:
+        try:
+            fd = self._stream.fileno()
+        except (AttributeError, OSError, ValueError):  # not a file (a test's capture): nothing to redirect
+            return
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, …: the stream's own
+        return getattr(self._stream, name)

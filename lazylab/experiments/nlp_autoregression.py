@@ -16,7 +16,7 @@ from torch import nn
 from lazylab.configs import option
 from lazylab.configs.types import NonEmptyStr, NonNegativeFloat, NonNegativeInt, PositiveInt
 from lazylab.data import TINY_SHAKESPEARE, SequentialLoader, ShuffledLoader, TextDataset, vocabulary_change
-from lazylab.errors import CheckpointError, DataError
+from lazylab.errors import CheckpointError, DataError, plural
 from lazylab.experiments import distributed
 from lazylab.experiments.optimizers import OptimizerConfigs
 from lazylab.experiments.task import Batch, Task, evaluate
@@ -161,8 +161,9 @@ def check_vocabulary_size(c: NLPAutoRegressionConfigs) -> None:
         DataError: naming both sizes.
     """
     if c.n_tokens != c.dataset.n_tokens:
-        raise DataError(f'n_tokens={c.n_tokens}, but the text {c.dataset.name} has {c.dataset.n_tokens} characters; '
-                        f'leave n_tokens out (it is the vocabulary size of the text)')
+        raise DataError(f'n_tokens={c.n_tokens}, but the text {c.dataset.name} has '
+                        f'{plural(c.dataset.n_tokens, "character")}; leave n_tokens out (it is the vocabulary size '
+                        f'of the text)')
 
 
 @option(NLPAutoRegressionConfigs.total_steps, 'epochs_or_max_steps')

@@ -25,6 +25,7 @@ SIGTERM — with `signal` and `checkpoint_step`, the step `lazylab resume` conti
 `optimizer.total_steps` as the run took them (the time budget fits them as it goes; the configuration's own values
 move to its `computed_before_run` section).
 """
+import contextlib
 import difflib
 import importlib
 import json
@@ -32,14 +33,15 @@ import os
 import sys
 import time
 import uuid as uuid_lib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from lazylab.configs import apply_overrides, dump, label_given, load, parse_overrides, replay_changes, to_dict
 from lazylab.configs.engine.overrides import expand_short_keys
-from lazylab.errors import Interrupted, UsageError, run_cli, signals_interrupt, user_error_message
+from lazylab.errors import Interrupted, UsageError, plural, run_cli, signals_interrupt, user_error_message
 from lazylab.experiments import EXPERIMENTS
+from lazylab.experiments.metrics import stdout_may_close
 
 
 def load_experiment(name: str):
@@ -482,8 +484,6 @@ def execute(name: str, conf, run_dir: Path, *, resume: bool, checkpoint: Optiona
     `checkpoint`: the run's checkpoint, already loaded (resume=True), so that it is read once.
     `on_validation`: the trainer's hook (see trainer.train); the reason it gives for stopping becomes run.json's
     status (a sweep's pruner says 'pruned'). run.json and configs.yaml record the end (see `finish_run`)."""
-    import contextlib
-
     from lazylab.experiments import distributed
     from lazylab.experiments.nlp_autoregression import device_of
     from lazylab.experiments.tracking import LabmlRun
@@ -491,11 +491,11 @@ def execute(name: str, conf, run_dir: Path, *, resume: bool, checkpoint: Optiona
     is_main, world_size = distributed.is_main_process(), distributed.get_world_size()
     if is_main:
         n_params = parameter_count(conf.model)
-        length = f'{conf.total_steps:,} steps'
+        length = plural(conf.total_steps, 'step')
         if conf.max_minutes > 0 and conf.max_steps == 0:  # the time budget decides the step count
-            length = f'{conf.max_minutes:g} minutes (at most {conf.total_steps:,} steps)'
+            length = f'{plural(conf.max_minutes, "minute")} (at most {plural(conf.total_steps, "step")})'
         elif conf.max_minutes > 0:
-            length += f' (at most {conf.max_minutes:g} minutes)'
+            length += f' (at most {plural(conf.max_minutes, "minute")})'
         batch = f'{conf.batch_size}×{conf.seq_len} {conf.task.position_unit}'
         if world_size > 1:
             batch += f' per process, {world_size} processes (effective batch {conf.batch_size * world_size})'
@@ -560,7 +560,8 @@ def train_main(name: str, argv: Sequence[str], *, run_dir: Optional[Path] = None
         if distributed.is_main_process():  # rank 0 creates the run directory; the others learn its name
             run_dir = start_run(conf, name, argv, run_dir=given_dir, changes=changes, info=info)
         run_dir = Path(distributed.broadcast_object(str(run_dir) if run_dir else None))
-        execute(name, conf, run_dir, resume=False, on_validation=on_validation)
+        with training_lock(run_dir, distributed.is_main_process()), stdout_may_close():  # see those two
+            execute(name, conf, run_dir, resume=False, on_validation=on_validation)
     return run_dir
 
 
@@ -652,27 +653,80 @@ def resume_main(run_dir: str, *, allow_changes: bool = False, on_validation=None
     from lazylab.experiments.checkpoint import CHECKPOINT, load_checkpoint
     from lazylab.experiments.trainer import check_resume
     name, conf, path = open_run(run_dir)
-    checkpoint = load_checkpoint(path / CHECKPOINT)  # CheckpointError before anything else happens
-    with signals_interrupt(), distributed.process_group(_device(conf)):
+    with contextlib.ExitStack() as stack:
+        # rank 0 (torchrun's RANK; the process group is not up yet) refuses a run another process still trains,
+        # before it reads the checkpoint that process may not have written yet
+        stack.enter_context(training_lock(path, distributed.environment().rank == 0))
+        checkpoint = load_checkpoint(path / CHECKPOINT)  # CheckpointError before anything else happens
+        stack.enter_context(signals_interrupt())
+        stack.enter_context(distributed.process_group(_device(conf)))
         prepare(conf)
         # first the checkpoint (another text says which characters differ), then the replay's computed values
         check_resume(conf, path / CHECKPOINT, checkpoint)  # vocabulary, model shapes, processes: before any write
         changes = check_replay(conf, allow_changes)
         position = checkpoint.get('position', {})
-        if distributed.is_main_process() and position.get('step', 0) < position.get('total_steps', 0):
+        if position.get('step', 0) >= position.get('total_steps', 0):  # training would return at once
+            if distributed.is_main_process():
+                print(f'nothing to do: the run in {path} has already finished', flush=True)
+            return path
+        if distributed.is_main_process():
             info = json.loads((path / 'run.json').read_text(encoding='utf-8'))
             info = {k: v for k, v in info.items() if k not in END_FIELDS}  # how it ended before: no longer true
             write_run_json(path, {**info, 'status': 'running', **({'replay_changes': changes} if changes else {})})
+        stack.enter_context(stdout_may_close())  # `| head`: the run goes on without its output
         execute(name, conf, path, resume=True, checkpoint=checkpoint, on_validation=on_validation)
     return path
 
 
+@contextlib.contextmanager
+def training_lock(run_dir: Path, take: bool = True) -> Iterator[None]:
+    """While the block runs, this process holds an exclusive lock on the run directory (flock on the folder
+    itself, so nothing is written into it; the kernel drops it when the process ends, even by SIGKILL). A second
+    process (`lazylab resume` while `lazylab train` or another resume still trains the run) is refused before it
+    prints or writes anything. `take=False` (a torchrun rank other than 0): no lock. Where there is no flock
+    (Windows), no lock either; labml's run.pid still stops a second process, later.
+
+    Raises:
+        UsageError: `RUN is still being trained by process PID; wait for it to finish or stop it first`.
+    """
+    try:
+        import fcntl
+    except ImportError:
+        fcntl = None
+    if not take or fcntl is None:
+        yield
+        return
+    fd = os.open(run_dir, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = _training_pid(run_dir)
+            by = f'process {pid}' if pid is not None else 'another process'
+            raise UsageError(f'{run_dir} is still being trained by {by}; wait for it to finish or stop it '
+                             f'first') from None
+        yield
+    finally:
+        os.close(fd)  # and with it the lock
+
+
+def _training_pid(run_dir: Path) -> Optional[int]:
+    """The process id in labml's run.pid of the run (written while it trains), or None (not yet, or unreadable)."""
+    try:
+        uuid = json.loads((run_dir / 'run.json').read_text(encoding='utf-8'))['uuid']
+        return int((run_dir / 'labml').glob(f'*/{uuid}/run.pid').__next__().read_text().strip())
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+        return None
+
+
 def generate(run_dir: str, prompt: str, tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
-             seed: Optional[int] = None) -> str:
+             seed: Optional[int] = None, on_text: Optional[Callable[[str], None]] = None) -> str:
     """Text sampled from the run's latest checkpoint: the prompt followed by `tokens` new characters.
 
     The model and vocabulary come from the checkpoint (the training text is not needed); the core transformer's
-    incremental state is used when it has one, so each new character costs one step.
+    incremental state is used when it has one, so each new character costs one step. `on_text` is called with the
+    prompt once the checks are done, then with each new character as it is sampled (their concatenation is the
+    text returned).
     """
     import torch
 
@@ -708,8 +762,13 @@ def generate(run_dir: str, prompt: str, tokens: int, temperature: float = 1.0, t
     device = next(model.parameters()).device
     g = torch.Generator(device=device)
     g.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), 'little'))
+    stream = None
+    if on_text is not None:
+        on_text(tokenizer.decode(ids))
+        stream = lambda token: on_text(tokenizer.decode(token.cpu()))  # noqa: E731
     try:
-        out = model.generate(ids.to(device), tokens, temperature=temperature, top_k=top_k, generator=g)
+        out = model.generate(ids.to(device), tokens, temperature=temperature, top_k=top_k, generator=g,
+                             on_token=stream)
     except NonFiniteLogitsError as e:
         raise TrainingError(f'{path / CHECKPOINT}: {e}') from None
     return tokenizer.decode(out.cpu())

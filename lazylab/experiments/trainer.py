@@ -182,6 +182,9 @@ def train(c, run_dir: Path, *, resume: bool = False, checkpoint: Optional[dict[s
                 loss_sum, correct, count, tokens, late = distributed.all_reduce_sum(
                     batch.loss.item(), batch.correct, batch.count, x.numel(), float(budget.out_of_time()))
                 loss = loss_sum / world_size
+                if pos.step == 0 and not math.isfinite(loss):  # before any update: not the learning rate's doing
+                    raise NonFiniteLossError(f'training loss is {loss} at step 1, before any update ({ckpt.kept()}), '
+                                             f'{not_finite_cause(c)}')
                 check_finite(loss, f'training loss is {loss} at step {pos.step + 1}', ckpt)
                 optimizer.zero_grad(set_to_none=True)
                 batch.loss.backward()
@@ -250,11 +253,14 @@ def check_trains(c) -> None:
     """One forward and backward pass of `c.model` on the task's first batch (`Task.probe_batch`), before a run
     starts, so that what the item declarations cannot check (a size or dtype the model cannot take, a memory that
     is too short for seq_len, a batch that does not fit in memory) is a one-line error before the run directory
-    exists. The model is left as it was: eval mode for the pass (no dropout), the random states restored, the
-    gradients dropped; no optimizer step. The loss is asked for with reduction='sum' (as evaluation does).
+    exists. The loss and every gradient must come out finite: a NaN there, before any update, is the model's and
+    its settings', not the learning rate's (the message names the settings given, see `not_finite_cause`). The model
+    is left as it was: eval mode for the pass (no dropout), the random states restored, the gradients dropped; no
+    optimizer step. The loss is asked for with reduction='sum' (as evaluation does).
 
     Raises:
-        TrainingError: the pass fails (the message names the exception; it is chained as __cause__).
+        TrainingError: the pass fails (the message names the exception; it is chained as __cause__), or the loss
+            or a gradient is not finite.
     """
     device, model, task = resolve_device(c.device), c.model, c.task
     x, y = task.probe_batch()
@@ -266,6 +272,9 @@ def check_trains(c) -> None:
             with autocast_for(device, c.dtype)():  # reduction='sum', as evaluation asks: the task's training-loss
                 batch = task.loss(model, x.to(device), y.to(device), reduction='sum')  # bookkeeping is not touched
             batch.loss.backward()
+        loss = batch.loss.item()
+        bad = next(((n, p.grad) for n, p in model.named_parameters()
+                    if p.grad is not None and not torch.isfinite(p.grad).all()), None)
     except (LazylabError, ConfigError):
         raise
     except Exception as e:
@@ -276,6 +285,37 @@ def check_trains(c) -> None:
         model.train(was_training)
         for p in model.parameters():
             p.grad = None
+    if not math.isfinite(loss) or bad is not None:
+        what = f'loss is {loss}' if not math.isfinite(loss) else \
+            f'gradient of {bad[0]} is not finite ({"nan" if torch.isnan(bad[1]).any() else "inf"})'
+        raise TrainingError(f'the model\'s {what} on the first batch ({"×".join(map(str, x.shape))}), before any '
+                            f'update, {not_finite_cause(c)}')
+
+
+def not_finite_cause(c) -> str:
+    """The end of the message for a loss or gradient that is not finite before any update: the learning rate is
+    not the cause, and the settings given that the model is made from likely are (those given by the user or a
+    --config file, or the preset's when there are none of those; in declaration order, as `key=value`)."""
+    from lazylab.configs import explain, to_dict
+    rows, doc = explain(c), to_dict(c)
+    needs, todo = set(), ['model']  # the items the model is computed from, transitively
+    while todo:
+        key = todo.pop()
+        if key in rows and key not in needs:
+            needs.add(key)
+            todo += rows[key]['reads']
+    given = {k: label for k, label in (doc.get('given') or {}).items() if k in needs}
+    own = [k for k, label in given.items() if not label.startswith('preset ')] or list(given)
+    values = {**(doc.get('objects') or {}), **doc['values']}
+    shown = ', '.join(f'{k}={_as_given(values.get(k))}' for k in own)
+    if not shown:
+        return 'so the learning rate is not the cause: the model itself is, with the default settings'
+    return f'so the learning rate is not the cause: the likely cause is one of these settings ({shown})'
+
+
+def _as_given(value: Any) -> str:
+    """A value as it is written on the command line (true/false for a flag)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def validate(task: Task, model: torch.nn.Module, autocast, *, final: bool, pos: Position,

@@ -53,7 +53,8 @@ class LanguageModel(nn.Module):
     @torch.no_grad()
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: Optional[int] = None, *, use_state: bool = True,
-                 generator: Optional[torch.Generator] = None) -> torch.Tensor:
+                 generator: Optional[torch.Generator] = None,
+                 on_token: Optional[Callable[[torch.Tensor], None]] = None) -> torch.Tensor:
         """Sample `max_new_tokens` tokens after a prompt (in eval mode; the training mode is restored after).
 
         Args:
@@ -64,6 +65,8 @@ class LanguageModel(nn.Module):
             use_state: carry the model's state so each new token costs one step (when it has an incremental
                 step); False re-runs the whole prefix per token, as labml_nn's samplers do.
             generator: optional torch.Generator for reproducible sampling.
+            on_token: called with each new token, LongTensor [1(, batch_size)], as soon as it is sampled (to show
+                the text as it comes); it does not change what is sampled.
 
         Returns:
             LongTensor with the prompt followed by the new tokens: [prompt_len + max_new_tokens(, batch_size)].
@@ -93,6 +96,8 @@ class LanguageModel(nn.Module):
                     logits, _ = self(prefix if self.max_context is None else prefix[-self.max_context:])
                 chunk = sample_next(logits[-1], temperature, top_k, generator).unsqueeze(0)
                 out.append(chunk)
+                if on_token is not None:
+                    on_token(chunk.squeeze(-1) if squeeze else chunk)
         finally:
             self.train(was_training)
         result = torch.cat(out, dim=0)
