@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lazylab.errors import UsageError
-from lazylab.sweeps.spec import Dimension, Fixed, Space, _plain, check_points, parse_value, type_space
+from lazylab.sweeps.spec import Dimension, Fixed, Space, _plain, check_points, full_key, parse_value, type_space
 from lazylab.sweeps.trial import OUTPUT, REPORT_ENV, TRIAL
 
 #: the keys of a validation record a sweep can optimize
@@ -141,21 +141,24 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
     name, tokens = a.settings[0], a.settings[1:]
     from lazylab.experiments.runner import load_experiment
     module = load_experiment(name)
+    defaults = module.Configs()
     fixed, dims, seen = [], [], set()
     for token in tokens:
         key, eq, text = token.partition('=')
         key = key.strip()
         if not eq or not key:
             raise UsageError(f'expected key=value or key=SWEEP, got {token!r}')
-        if key in seen:
-            raise UsageError(f'{key} is given twice')
-        seen.add(key)
         value = parse_value(key, text)
+        full = full_key(defaults, key)  # a key's unique end stands for it, as on `lazylab train`
+        if full in seen:
+            raise UsageError(f'{full} is given twice')
+        seen.add(full)
         if isinstance(value, Fixed):
-            fixed.append(f'{key}={value.text}')
+            fixed.append(f'{key}={value.text}')  # (the trial's `lazylab train` reads it as this one does)
         else:
-            if key in ('runs_dir', 'preset'):
-                raise UsageError(f'{key} cannot be swept (run one sweep per {key})')
+            if full in ('runs_dir', 'preset'):
+                raise UsageError(f'{full} cannot be swept (run one sweep per {full})')
+            value.key = full  # what the study, the trials' records and `lazylab compare` name
             dims.append(value)
     for d in dims:
         if d.log and d.kind == 'choice' and d.int_step not in (None, 1):
@@ -180,7 +183,7 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
             raise UsageError(f'--storage {a.storage}: folder {Path(storage).parent} does not exist')
     config_args = ['--config', a.config] if a.config else []
     conf = type_space(name, fixed + config_args, dims)
-    zips = [[k.strip() for k in z.split(',') if k.strip()] for z in a.zip]
+    zips = [[full_key(defaults, k.strip()) for k in z.split(',') if k.strip()] for z in a.zip]
     space = Space(dims, zips)
     sampler = a.sampler or ('grid' if space.discrete else 'tpe')
     if sampler == 'grid':
@@ -209,7 +212,7 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
     if shutil.which(launcher[0]) is None:
         raise UsageError(f'--launcher {a.launcher!r}: no program {launcher[0]!r} (not on PATH, or not executable)')
     check_points(name, fixed + config_args, space, grid=sampler == 'grid')  # as the first point, before any file
-    default_threads = module.Configs().threads if not any(t.startswith('threads=') for t in fixed) else -1
+    default_threads = defaults.threads if not any(t.startswith('threads=') for t in fixed) else -1
     return Plan(name=name, argv=list(argv), fixed=fixed, config_file=a.config, space=space, sampler=sampler,
                 trials=trials, metric=a.metric, direction=direction, prune=a.prune, storage=storage,
                 study=study or time.strftime('%Y%m%d-%H%M%S') + '-' + os.urandom(2).hex(), seed=a.seed,

@@ -529,3 +529,53 @@ def test_every_readme_command_is_run_by_a_test(tools):
     for start, test in README_RUN_BY.items():
         assert test in globals(), test
         assert sum(c.startswith(start) for c in commands) == 1, start
+
+
+def test_a_swept_key_may_be_the_unique_end_of_its_path_and_is_recorded_in_full(tools, tmp_path, capsys):
+    args = ['sweep', 'transformer', 'ffn.glu_variant=GEGLU,SwiGLU', 'learning_rate=1e-3,1e-2',
+            '--zip', 'ffn.glu_variant,learning_rate', *tools.TINY, f'runs_dir={tmp_path}',
+            '--workers', '2', '--study', 'short']
+    rc, out = run_in_process(args)
+    assert rc == 0, out
+    d = tmp_path / 'transformer' / 'sweep-short'
+    assert out.splitlines()[0].startswith(f'sweep {d}: grid of 2 ({SWEPT[0]},{SWEPT[1]});')
+    expected = {0: ('GEGLU', 0.001), 1: ('SwiGLU', 0.01)}
+    for n, (glu, lr) in expected.items():
+        trial = d / f'trial-{n:04d}'
+        record = json.loads((trial / 'trial.json').read_text())
+        assert record['params'] == {SWEPT[0]: glu, SWEPT[1]: lr}
+        assert record['overrides'] == [f'{SWEPT[0]}={glu}', f'{SWEPT[1]}={"1e-3" if n == 0 else "1e-2"}']
+        dump = yaml.safe_load((trial / 'configs.yaml').read_text())
+        assert (dump['values'][SWEPT[0]], dump['values'][SWEPT[1]]) == (glu, lr)
+        assert [k for k, v in dump['given'].items() if v == 'sweep'] == SWEPT
+    assert [t.params for t in journal_study(d).trials] == [{SWEPT[0]: g, SWEPT[1]: lr} for g, lr in expected.values()]
+    assert list(yaml.safe_load((d / 'sweep.yaml').read_text())['space']) == SWEPT
+    assert yaml.safe_load((d / 'sweep.yaml').read_text())['zip'] == [SWEPT]
+    assert compare.compare([str(d)]).keys == SWEPT
+
+
+@pytest.mark.parametrize('args, message', [
+    (['transformer', 'glu_varant=GEGLU,SwiGLU'], "glu_varant=GEGLU,SwiGLU: transformer has no config item "
+                                                 "'glu_varant'; did you mean 'transformer.ffn.glu_variant'?"),
+    (['transformer', 'dropout_prob=0.1,0.2'], "dropout_prob=0.1,0.2: transformer has no config item "
+                                              "'dropout_prob'; did you mean 'dropout'?"),
+    (['transformer', 'optimizer.lerning_rate=0.1,0.2'],
+     "optimizer.lerning_rate=0.1,0.2: transformer has no config item 'optimizer.lerning_rate'; did you mean "
+     "'optimizer.learning_rate' or 'optimizer.min_lr_ratio' or 'optimizer.weight_decay'?"),
+    (['feedback', 'ffn=x,y'], "'ffn' is ambiguous: it could be feedback.ffn, feedback.ffn.ffn; give the full key"),
+    (['transformer', 'ffn.glu_variant=GEGLU,SwiGLU', 'transformer.ffn.glu_variant=GEGLU'],
+     'transformer.ffn.glu_variant is given twice'),
+], ids=['an unknown end', 'an unknown top-level key', 'an unknown key of a sub-config', 'an ambiguous end',
+        'a key given twice, short and in full'])
+def test_an_unknown_or_ambiguous_swept_key_is_one_error_naming_the_experiment(tmp_path, capsys, args, message):
+    runs = tmp_path / 'runs'
+    assert cli.main(['sweep', *args, f'runs_dir={runs}']) == 2
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == ('', f'lazylab: error: {message}\n') and not runs.exists()
+
+
+def test_an_ambiguous_swept_key_is_the_error_train_gives(tmp_path, capsys):
+    assert cli.main(['train', 'feedback', 'ffn=x', f'runs_dir={tmp_path}']) == 2
+    train = capsys.readouterr().err
+    assert cli.main(['sweep', 'feedback', 'ffn=x,y', f'runs_dir={tmp_path}']) == 2
+    assert capsys.readouterr().err == train and not any(tmp_path.iterdir())
