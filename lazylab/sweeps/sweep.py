@@ -267,9 +267,14 @@ def resume_main(sweep_dir: str, argv: list[str]) -> int:
         argv = _without(argv, '--workers') + ['--workers', str(a.workers)]
     if record.get('config_copy'):
         argv = _without(argv, '--config') + ['--config', str(path / record['config_copy'])]
-    # the sweep directory is RUNS_DIR/NAME/sweep-STUDY wherever the command is run from now
-    argv = [x for x in argv if not x.startswith('runs_dir=')] + [f'runs_dir={path.resolve().parent.parent}']
     plan = make_plan(argv, study=record['study'], storage=storage or None)
+    if plan.sweep_dir.resolve() != path.resolve():
+        # run from another folder: the sweep directory is RUNS_DIR/NAME/sweep-STUDY from here (as given, when that
+        # names it); from the folder it was started in, the trials get the runs_dir the sweep gave, as written
+        runs_dir = path.parent.parent if path.parent.parent.resolve() == path.resolve().parent.parent else \
+            path.resolve().parent.parent
+        argv = [x for x in argv if not x.startswith('runs_dir=')] + [f'runs_dir={runs_dir}']
+        plan = make_plan(argv, study=record['study'], storage=storage or None)
     if plan.sweep_dir.resolve() != path.resolve():
         raise UsageError(f'{sweep_dir}: {SWEEP_YAML} describes {plan.sweep_dir} (was the folder moved? run the '
                          f'command of {SWEEP_YAML} from the folder it was started in)')

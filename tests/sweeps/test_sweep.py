@@ -579,3 +579,37 @@ def test_an_ambiguous_swept_key_is_the_error_train_gives(tmp_path, capsys):
     train = capsys.readouterr().err
     assert cli.main(['sweep', 'feedback', 'ffn=x,y', f'runs_dir={tmp_path}']) == 2
     assert capsys.readouterr().err == train and not any(tmp_path.iterdir())
+
+
+def test_sigterm_of_the_sweep_then_resume_records_the_runs_dir_as_given(tools, tmp_path):
+    # from the folder the sweep was started in, with a relative runs_dir; 200 steps a trial, so that the SIGTERM
+    # comes while the first two run (2 workers)
+    sizes = [t for t in tools.TINY if not t.startswith('max_steps=')]
+    args = ['sweep', 'transformer', 'seed=0,1,2', *sizes, 'max_steps=200', 'runs_dir=runs_sw2', '--workers', '2',
+            '--study', 'term']
+    d = tmp_path / 'runs_sw2' / 'transformer' / 'sweep-term'
+    proc = subprocess.Popen([sys.executable, '-m', 'lazylab.cli', *args], env=tools.ENV, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and not (d / 'trial-0000' / 'run.json').exists():
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert json.loads((d / 'trial-0000' / 'trial.json').read_text())['state'] == 'interrupted', out + err
+    resumed = tools.lazylab(['sweep', '--resume', 'runs_sw2/transformer/sweep-term'], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert 'trial 0000 resumed' in resumed.stdout
+    trials = sorted(d.glob('trial-*'))
+    assert [json.loads((t / 'trial.json').read_text())['sweep'] for t in trials] == \
+        ['runs_sw2/transformer/sweep-term'] * 3
+    assert [yaml.safe_load((t / 'configs.yaml').read_text())['values']['runs_dir'] for t in trials] == \
+        ['runs_sw2'] * 3
+    assert compare.compare([str(d)]).keys == ['seed']
+    for a, b in ((0, 1), (1, 2), (0, 2)):
+        lines = tools.lazylab(['diff', str(trials[a]), str(trials[b])]).stdout.splitlines()
+        assert [x.split()[:2] for x in lines[2:]] == [['seed', str(a)]], lines
+    # from another folder the sweep directory is found by the path given (nothing is left to run)
+    (tmp_path / 'elsewhere').mkdir()
+    again = tools.lazylab(['sweep', '--resume', str(d)], cwd=tmp_path / 'elsewhere')
+    assert again.returncode == 0 and again.stdout.splitlines()[0].startswith(f'sweep {d}: grid of 3'), again.stderr
+    assert 'trial 0' not in again.stdout.split('lazylab compare')[0]
