@@ -20,8 +20,9 @@ mistake is one line `lazylab: error: …` (naming the point), exit code 2. Then:
 
 The first line printed names the sweep directory; then one line as each trial starts and ends (trial, params,
 metric, status, seconds); at the end the `lazylab compare` table of the sweep. Exit code 0 when every trial
-completed or was pruned, 1 when some failed or did not finish (run `lazylab sweep --resume SWEEP_DIR`), 130 on
-Ctrl-C.
+completed or was pruned, 1 when some failed or did not finish (run `lazylab sweep --resume SWEEP_DIR`); stopped,
+the running trials are stopped (to be resumed) and it prints `lazylab: interrupted; lazylab sweep --resume
+SWEEP_DIR finishes the sweep` and exits with 130 on Ctrl-C, `lazylab: killed (SIGTERM); …` and 143 on SIGTERM.
 
 Workers: `--workers N` runs up to N trials at once, each in its own process (`python -m lazylab.sweeps.trial`,
 or `--launcher COMMAND -m lazylab.sweeps.trial …`, e.g. --launcher 'torchrun --standalone --nproc_per_node=2' for
@@ -55,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from lazylab.errors import UsageError
+from lazylab.errors import Interrupted, UsageError, signals_interrupt
 from lazylab.sweeps.spec import Dimension, Fixed, Space, _plain, check_points, full_key, parse_value, type_space
 from lazylab.sweeps.trial import OUTPUT, REPORT_ENV, TRIAL
 
@@ -459,15 +460,16 @@ class Sweep:
         self._cpu_seen = 0.0
         self._cpu_since_last()
         self.takeovers = self.stale_trials()
-        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
-            self.loop(slots)
-        except KeyboardInterrupt:
-            self.stop(slots)
-            print(f'lazylab: interrupted; lazylab sweep --resume {self.dir} finishes the sweep', file=sys.stderr)
-            return 130
+            with signals_interrupt():  # SIGTERM too raises (an Interrupted), so that the trials are stopped first
+                try:
+                    self.loop(slots)
+                except KeyboardInterrupt as e:
+                    self.stop(slots)
+                    how = e.message if isinstance(e, Interrupted) else 'interrupted'  # or killed (SIGTERM)
+                    print(f'lazylab: {how}; lazylab sweep --resume {self.dir} finishes the sweep', file=sys.stderr)
+                    return e.exit_code if isinstance(e, Interrupted) else 130
         finally:
-            signal.signal(signal.SIGTERM, previous)
             self.release()
         return self.summary()
 
@@ -723,10 +725,6 @@ def _error_line(path: Path) -> Optional[str]:
         if x.startswith('lazylab: error: '):
             return x[len('lazylab: error: '):]
     return lines[-1] if lines else None
-
-
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
 
 
 def _now() -> str:

@@ -596,6 +596,8 @@ def test_sigterm_of_the_sweep_then_resume_records_the_runs_dir_as_given(tools, t
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert json.loads((d / 'trial-0000' / 'trial.json').read_text())['state'] == 'interrupted', out + err
+    assert (proc.returncode, err) == (143, 'lazylab: killed (SIGTERM); lazylab sweep --resume '
+                                           'runs_sw2/transformer/sweep-term finishes the sweep\n')
     resumed = tools.lazylab(['sweep', '--resume', 'runs_sw2/transformer/sweep-term'], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert 'trial 0000 resumed' in resumed.stdout
@@ -613,3 +615,18 @@ def test_sigterm_of_the_sweep_then_resume_records_the_runs_dir_as_given(tools, t
     again = tools.lazylab(['sweep', '--resume', str(d)], cwd=tmp_path / 'elsewhere')
     assert again.returncode == 0 and again.stdout.splitlines()[0].startswith(f'sweep {d}: grid of 3'), again.stderr
     assert 'trial 0' not in again.stdout.split('lazylab compare')[0]
+
+
+def test_ctrl_c_of_the_sweep_says_interrupted_and_exits_with_130(tools, tmp_path):
+    sizes = [t for t in tools.TINY if not t.startswith('max_steps=')]
+    d = tmp_path / 'transformer' / 'sweep-int'
+    proc = subprocess.Popen([sys.executable, '-m', 'lazylab.cli', 'sweep', 'transformer', 'seed=0,1', *sizes,
+                             'max_steps=200', f'runs_dir={tmp_path}', '--study', 'int'], env=tools.ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and not (d / 'trial-0000' / 'trial.json').exists():
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (130, f'lazylab: interrupted; lazylab sweep --resume {d} finishes the sweep\n')
+    assert json.loads((d / 'trial-0000' / 'trial.json').read_text())['state'] == 'interrupted'
