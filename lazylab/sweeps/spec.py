@@ -348,6 +348,13 @@ class Space:
         """The key=value tokens of a trial with these params (typed values, as Optuna holds them)."""
         return [f'{d.key}={d.text_of(params[d.key])}' for d in self.dims]
 
+    def shown(self, params: dict[str, Any]) -> list[str]:
+        """The key=value tokens of a trial as its progress lines show them: `overrides`, but a float drawn from an
+        interval with 4 significant digits (`optimizer.learning_rate=0.001235`; the trial gets, and its records
+        keep, the full value)."""
+        return [f'{d.key}={params[d.key]:.4g}' if d.kind == 'interval' and not d.is_int
+                else f'{d.key}={d.text_of(params[d.key])}' for d in self.dims]
+
 
 # --- typing against the experiment ----------------------------------------------------------------------------
 

@@ -620,7 +620,7 @@ class Sweep:
                                          env=env, preexec_fn=_die_with_parent if sys.platform == 'linux' else None)
         slot.job, slot.started = job, time.monotonic()
         how = 'resumed' if job.resume else 'started'
-        self.say(f'trial {job.number:04d} {how:<9} {" ".join(job.overrides)}')
+        self.say(f'trial {job.number:04d} {how:<9} {" ".join(plan.space.shown(job.params))}')
 
     def finish(self, slot: Slot) -> None:
         job, rc = slot.job, slot.proc.returncode
@@ -641,7 +641,8 @@ class Sweep:
         self.outcomes[state] = self.outcomes.get(state, 0) + 1
         metric = f'{self.plan.metric} {value:.4f}' if value is not None else ''
         detail = error or (f'at step {steps}' if state == 'pruned' and steps else '')
-        self.say(f'trial {job.number:04d} {state:<9} {metric}  {seconds:.1f} s  {" ".join(job.overrides)}'
+        self.say(f'trial {job.number:04d} {state:<9} {metric}  {seconds:.1f} s  '
+                 f'{" ".join(self.plan.space.shown(job.params))}'
                  + (f'  ({detail})' if detail else ''))
 
     def stop(self, slots: list[Slot]) -> None:

@@ -256,6 +256,14 @@ def test_readme_tpe_sweep_draws_log_uniform_learning_rates(tools, tmp_path):
         assert t.distributions['optimizer.learning_rate'].log
     record = yaml.safe_load((d / 'sweep.yaml').read_text())
     assert (record['sampler'], record['prune'], record['trials']) == ('tpe', 'median', 2)
+    # the progress lines show each drawn learning rate with 4 significant digits; the trial keeps it in full
+    for t in study.trials:
+        shown = f'optimizer.learning_rate={t.params["optimizer.learning_rate"]:.4g}'
+        lines = [x for x in out.splitlines() if x.split()[1:3] == ['trial', f'{t.number:04d}']]
+        assert len(lines) == 2 and all(shown in x.split() for x in lines), out
+        trial = json.loads((d / f'trial-{t.number:04d}' / 'trial.json').read_text())
+        assert trial['params']['optimizer.learning_rate'] == t.params['optimizer.learning_rate']
+        assert trial['overrides'] == [f'optimizer.learning_rate={t.params["optimizer.learning_rate"]!r}']
 
 
 @pytest.mark.parametrize('args, message', [
