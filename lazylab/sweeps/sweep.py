@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lazylab.errors import Interrupted, UsageError, signals_interrupt
+from lazylab.sweeps.compare import count
 from lazylab.sweeps.spec import Dimension, Fixed, Space, _plain, check_points, full_key, parse_value, type_space
 from lazylab.sweeps.trial import OUTPUT, REPORT_ENV, TRIAL
 
@@ -193,8 +194,8 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
             raise UsageError(f'{key} is an interval: the grid needs lists or ranges (or use --sampler random|tpe '
                              f'--trials N)')
         if a.trials is not None:
-            raise UsageError(f'--trials is for --sampler random|tpe; the grid runs each of its {space.size()} '
-                             f'points once')
+            each = 'its one point' if space.size() == 1 else f'each of its {space.size()} points'
+            raise UsageError(f'--trials is for --sampler random|tpe; the grid runs {each} once')
         points = space.grid()
         trials = len(points)
     else:
@@ -450,7 +451,7 @@ class Sweep:
         self.prepare()
         self.n_threads, self.gpu_ids = self.threads(), self.gpus()
         where = self.storage_name if plan.storage else JOURNAL
-        what = (f'grid of {plan.trials}' if plan.sampler == 'grid' else f'{plan.trials} {plan.sampler} trials')
+        what = f'grid of {plan.trials}' if plan.sampler == 'grid' else count(plan.trials, f'{plan.sampler} trial')
         keys = ' × '.join(','.join(g) if len(g) > 1 else g[0] for g in plan.space.axes()) or 'no swept keys'
         print(f'sweep {self.dir}: {what} ({keys}); {plan.workers} worker{"s" * (plan.workers > 1)} × '
               f'{self.n_threads} thread{"s" * (self.n_threads > 1)}; study {plan.study} ({where}); '
@@ -673,9 +674,10 @@ class Sweep:
         print(flush=True)
         print(compare_text([str(self.dir)], metric=self.plan.metric), flush=True)
         if waiting or interrupted:
-            print(f'{waiting + len(interrupted)} trial(s) left: lazylab sweep --resume {self.dir}', flush=True)
+            print(f'{count(waiting + len(interrupted), "trial")} left: lazylab sweep --resume {self.dir}', flush=True)
         if len(running) > len(interrupted):
-            print(f'{len(running) - len(interrupted)} trial(s) still running in other processes', flush=True)
+            others = len(running) - len(interrupted)
+            print(f'{count(others, "trial")} still running in other processes', flush=True)
         return 1 if waiting or interrupted or failed else 0
 
     def _interrupted(self, t) -> bool:

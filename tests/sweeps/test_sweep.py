@@ -573,8 +573,10 @@ def test_a_swept_key_may_be_the_unique_end_of_its_path_and_is_recorded_in_full(t
     (['feedback', 'ffn=x,y'], "'ffn' is ambiguous: it could be feedback.ffn, feedback.ffn.ffn; give the full key"),
     (['transformer', 'ffn.glu_variant=GEGLU,SwiGLU', 'transformer.ffn.glu_variant=GEGLU'],
      'transformer.ffn.glu_variant is given twice'),
+    (['transformer', 'seed=choice(3)', '--trials', '3'],
+     '--trials is for --sampler random|tpe; the grid runs its one point once'),
 ], ids=['an unknown end', 'an unknown top-level key', 'an unknown key of a sub-config', 'an ambiguous end',
-        'a key given twice, short and in full'])
+        'a key given twice, short and in full', 'trials for a grid of one point'])
 def test_an_unknown_or_ambiguous_swept_key_is_one_error_naming_the_experiment(tmp_path, capsys, args, message):
     runs = tmp_path / 'runs'
     assert cli.main(['sweep', *args, f'runs_dir={runs}']) == 2
@@ -617,7 +619,8 @@ def test_sigterm_of_the_sweep_then_resume_records_the_runs_dir_as_given(tools, t
     assert compare.compare([str(d)]).keys == ['seed']
     for a, b in ((0, 1), (1, 2), (0, 2)):
         lines = tools.lazylab(['diff', str(trials[a]), str(trials[b])]).stdout.splitlines()
-        assert [x.split()[:2] for x in lines[2:]] == [['seed', str(a)]], lines
+        assert lines[0].endswith(': 1 key differs') and [x.split()[:2] for x in lines[2:]] == [['seed', str(a)]], \
+            lines
     # from another folder the sweep directory is found by the path given (nothing is left to run)
     (tmp_path / 'elsewhere').mkdir()
     again = tools.lazylab(['sweep', '--resume', str(d)], cwd=tmp_path / 'elsewhere')
@@ -632,9 +635,24 @@ def test_ctrl_c_of_the_sweep_says_interrupted_and_exits_with_130(tools, tmp_path
                              'max_steps=200', f'runs_dir={tmp_path}', '--study', 'int'], env=tools.ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None and not (d / 'trial-0000' / 'trial.json').exists():
+    while time.monotonic() < deadline and proc.poll() is None and not (d / 'trial-0000' / 'run.json').exists():
         time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert (proc.returncode, err) == (130, f'lazylab: interrupted; lazylab sweep --resume {d} finishes the sweep\n')
     assert json.loads((d / 'trial-0000' / 'trial.json').read_text())['state'] == 'interrupted'
+    assert compare.compare_text([str(d)]).splitlines()[0] == f'lazylab compare {d}      (1 trial; keys that differ: 0)'
+
+
+def test_a_sweep_of_one_trial_says_trial(tmp_path):
+    rc, out = run_in_process(['sweep', 'retrieval', 'update_rule=sum', 'nu=1,2', 'n_keys=4', 'max_steps=2',
+                              'valid_interval=1', 'threads=1', 'device=cpu', '--sampler', 'random', '--trials', '1',
+                              f'runs_dir={tmp_path}', '--study', 'one'])
+    assert rc == 0, out
+    d = tmp_path / 'retrieval' / 'sweep-one'
+    assert out.splitlines()[0].startswith(f'sweep {d}: 1 random trial (nu); 1 worker × 1 thread;'), out
+    assert f'lazylab compare {d}      (1 trial; keys that differ: 0)' in out.splitlines()
+
+
+def test_count_is_singular_for_one():
+    assert [compare.count(n, 'trial') for n in (0, 1, 2, 1000)] == ['0 trials', '1 trial', '2 trials', '1,000 trials']
