@@ -42,6 +42,7 @@ token any more: its process removes it at the end (unless it leaves trials to ta
 takes over a dead owner's last trial removes that owner's; so .owners/ holds only the live and the interrupted.
 """
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -52,11 +53,12 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from lazylab.errors import Interrupted, UsageError, signals_interrupt
+from lazylab.errors import Interrupted, UsageError
 from lazylab.sweeps.compare import count
 from lazylab.sweeps.spec import Dimension, Fixed, Space, _plain, check_points, full_key, parse_value, type_space
 from lazylab.sweeps.trial import OUTPUT, REPORT_ENV, TRIAL
@@ -461,18 +463,40 @@ class Sweep:
         self._cpu_seen = 0.0
         self._cpu_since_last()
         self.takeovers = self.stale_trials()
+        # Ctrl-C and SIGTERM raise an Interrupted (SIGTERM too, so that the trials are stopped first): 'interrupted',
+        # 130; 'killed (SIGTERM)', 143 (as lazylab.errors.signals_interrupt)
+        self.signalled, self.holding = None, False
+        previous = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            with signals_interrupt():  # SIGTERM too raises (an Interrupted), so that the trials are stopped first
-                try:
-                    self.loop(slots)
-                except KeyboardInterrupt as e:
-                    self.stop(slots)
-                    how = e.message if isinstance(e, Interrupted) else 'interrupted'  # or killed (SIGTERM)
-                    print(f'lazylab: {how}; lazylab sweep --resume {self.dir} finishes the sweep', file=sys.stderr)
-                    return e.exit_code if isinstance(e, Interrupted) else 130
+            self.loop(slots)
+        except KeyboardInterrupt as e:
+            self.stop(slots)
+            how = e.message if isinstance(e, Interrupted) else 'interrupted'  # or killed (SIGTERM)
+            print(f'lazylab: {how}; lazylab sweep --resume {self.dir} finishes the sweep', file=sys.stderr)
+            return e.exit_code if isinstance(e, Interrupted) else 130
         finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
             self.release()
         return self.summary()
+
+    def on_signal(self, signum, frame) -> None:
+        self.signalled = Interrupted(signum)
+        if not self.holding:
+            raise self.signalled
+
+    @contextlib.contextmanager
+    def signals_held(self) -> Iterator[None]:
+        """Ctrl-C and SIGTERM wait while a trial is claimed and its process started, and are raised after: raised
+        in between, one would leave a claimed trial without a process, or a process that `stop` does not know of,
+        or be swallowed by the hooks of the fork (and the sweep would go on)."""
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+        if self.signalled is not None:
+            raise self.signalled
 
     def release(self) -> None:
         """Let go of this process's owner lock; its file goes too unless a trial it owns is left RUNNING (then
@@ -492,11 +516,12 @@ class Sweep:
         while True:
             for slot in slots:
                 if slot.proc is None and not exhausted:
-                    job = self.next_job()
-                    if job is None:
-                        exhausted = True
-                    else:
-                        self.start(slot, job)
+                    with self.signals_held():
+                        job = self.next_job()
+                        if job is None:
+                            exhausted = True
+                        else:
+                            self.start(slot, job)
             running = [s for s in slots if s.proc is not None]
             if not running:
                 return
@@ -623,12 +648,16 @@ class Sweep:
         how = 'resumed' if job.resume else 'started'
         self.say(f'trial {job.number:04d} {how:<9} {" ".join(plan.space.shown(job.params))}')
 
-    def finish(self, slot: Slot) -> None:
+    def finish(self, slot: Slot, stopped: bool = False) -> None:
+        """Record the end of the trial in `slot`; `stopped`: the sweep stopped it (any exit but 0 is then
+        'interrupted', to be resumed: a trial stopped while it starts may end by a KeyboardInterrupt of its own)."""
         job, rc = slot.job, slot.proc.returncode
         seconds = time.monotonic() - slot.started
         slot.proc, slot.job = None, None
         trial_dir = self.dir / f'trial-{job.number:04d}'
         state, value, error, steps = outcome(trial_dir, rc, self.plan.metric)
+        if stopped and rc != 0:
+            state, value, error, steps = 'interrupted', None, None, None
         if state != 'interrupted':
             if error:
                 self.study.set_user_attr(job.number, 'error', error)
@@ -659,7 +688,7 @@ class Sweep:
                 except subprocess.TimeoutExpired:
                     s.proc.kill()
                     s.proc.wait()
-                self.finish(s)
+                self.finish(s, stopped=True)
 
     def summary(self) -> int:
         """Print the compare table; 1 when a trial of the study failed or is left to do (waiting, or running with

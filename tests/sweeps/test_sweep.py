@@ -628,19 +628,23 @@ def test_sigterm_of_the_sweep_then_resume_records_the_runs_dir_as_given(tools, t
     assert 'trial 0' not in again.stdout.split('lazylab compare')[0]
 
 
-def test_ctrl_c_of_the_sweep_says_interrupted_and_exits_with_130(tools, tmp_path):
+@pytest.mark.parametrize('when', ['run.json', 'trial.json'], ids=['while a trial trains', 'while one starts'])
+def test_ctrl_c_of_the_sweep_says_interrupted_and_exits_with_130(tools, tmp_path, when):
+    # trial.json is written just before the trial's process is started: a Ctrl-C then waits until the process is
+    # held (it used to be lost in the fork's hooks, and the sweep went on), and the trial is interrupted, not failed
     sizes = [t for t in tools.TINY if not t.startswith('max_steps=')]
     d = tmp_path / 'transformer' / 'sweep-int'
     proc = subprocess.Popen([sys.executable, '-m', 'lazylab.cli', 'sweep', 'transformer', 'seed=0,1', *sizes,
                              'max_steps=200', f'runs_dir={tmp_path}', '--study', 'int'], env=tools.ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None and not (d / 'trial-0000' / 'run.json').exists():
-        time.sleep(0.02)
+    while time.monotonic() < deadline and proc.poll() is None and not (d / 'trial-0000' / when).exists():
+        time.sleep(0.005)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert (proc.returncode, err) == (130, f'lazylab: interrupted; lazylab sweep --resume {d} finishes the sweep\n')
     assert json.loads((d / 'trial-0000' / 'trial.json').read_text())['state'] == 'interrupted'
+    assert out.splitlines()[-1].split()[1:4] == ['trial', '0000', 'interrupted'], out
     assert compare.compare_text([str(d)]).splitlines()[0] == f'lazylab compare {d}      (1 trial; keys that differ: 0)'
 
 
