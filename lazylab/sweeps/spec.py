@@ -348,8 +348,49 @@ class Space:
         """The key=value tokens of a trial with these params (typed values, as Optuna holds them)."""
         return [f'{d.key}={d.text_of(params[d.key])}' for d in self.dims]
 
+    def shown(self, params: dict[str, Any]) -> list[str]:
+        """The key=value tokens of a trial as its progress lines show them: `overrides`, but a float drawn from an
+        interval with 4 significant digits (`optimizer.learning_rate=0.001235`; the trial gets, and its records
+        keep, the full value)."""
+        return [f'{d.key}={params[d.key]:.4g}' if d.kind == 'interval' and not d.is_int
+                else f'{d.key}={d.text_of(params[d.key])}' for d in self.dims]
+
 
 # --- typing against the experiment ----------------------------------------------------------------------------
+
+def full_key(conf: Any, key: str) -> str:
+    """The declared path that command-line `key` names in `conf` (a fresh Configs of the experiment): the key
+    itself, or the one declared path it is the end of (`ffn.glu_variant` → `transformer.ffn.glu_variant`), as
+    `lazylab train` reads it (`lazylab.configs.engine.overrides.expand_short_keys`); a key that names nothing is
+    returned as it is (typing it names the nearest items: `unknown_key`).
+
+    Raises:
+        UnknownItemError: an end that several declared paths have (the message lists them, as train's does).
+    """
+    from lazylab.configs.engine.overrides import expand_short_keys
+    return next(iter(expand_short_keys(conf, {key: None})))
+
+
+def unknown_key(name: str, conf: Any, key: str) -> str:
+    """`NAME has no config item 'KEY'; did you mean 'PATH'?` for a key experiment NAME (its Configs, or one of
+    them: `conf`) does not have: the engine's
+    nearest declared paths (by their ends of as many parts as the key has, so `glu_varant` finds
+    `transformer.ffn.glu_variant`), as the messages about a configs.yaml dump name the experiment."""
+    from lazylab.configs.engine.errors import nearest
+    from lazylab.configs.engine.overrides import declared_paths
+    paths = declared_paths(conf)
+    depth = key.count('.') + 1
+    ends: dict[str, list[str]] = {}
+    for p in paths:
+        parts = p.split('.')
+        if len(parts) >= depth:
+            ends.setdefault('.'.join(parts[-depth:]), []).append(p)
+    hits = []
+    for end in nearest(key, ends):  # a declared path is named as it is (a top-level item), another end in full
+        hits += [end] if end in paths else ends[end]
+    hint = '; did you mean ' + ' or '.join(repr(h) for h in hits[:3]) + '?' if hits else ''
+    return f'{name} has no config item {key!r}{hint}'
+
 
 def type_space(name: str, fixed: list[str], dims: list[Dimension]) -> Any:
     """Type and check every swept value against experiment NAME, as `lazylab train` would: the fixed settings
@@ -364,6 +405,7 @@ def type_space(name: str, fixed: list[str], dims: list[Dimension]) -> Any:
     import torch
 
     from lazylab.configs import ConfigError, parse_overrides
+    from lazylab.configs.engine.errors import UnknownItemError
     from lazylab.experiments import runner
     first = [f'{d.key}={d.texts[0] if d.discrete else d.low_text}' for d in dims]
     device = [a for a in fixed if a.startswith('device=')]
@@ -374,11 +416,19 @@ def type_space(name: str, fixed: list[str], dims: list[Dimension]) -> Any:
             try:
                 parse_overrides([f'{d.key}={text}'], conf)
             except ConfigError as e:
+                if isinstance(e, UnknownItemError) and e.path == d.key:
+                    raise UsageError(f'{d.key}={d.written}: {unknown_key(name, conf, d.key)}') from None
                 raise UsageError(f'{d.key}={d.written}: {str(e).splitlines()[0]}') from None
     threads = torch.get_num_threads()
     try:
         conf = runner.make_configs(name, fixed + first + ([] if device == ['device=cpu'] else ['device=cpu']))
         _compute(conf)
+    except UnknownItemError as e:  # a key below a sub-config, known once the sub-config is made
+        d = next((d for d in dims if d.key == e.path), None)
+        if d is None:
+            raise
+        raise UsageError(f'{d.key}={d.written}: {unknown_key(name, runner.load_experiment(name).Configs, d.key)}') \
+            from None
     finally:
         torch.set_num_threads(threads)
     for d in dims:

@@ -20,8 +20,9 @@ mistake is one line `lazylab: error: …` (naming the point), exit code 2. Then:
 
 The first line printed names the sweep directory; then one line as each trial starts and ends (trial, params,
 metric, status, seconds); at the end the `lazylab compare` table of the sweep. Exit code 0 when every trial
-completed or was pruned, 1 when some failed or did not finish (run `lazylab sweep --resume SWEEP_DIR`), 130 on
-Ctrl-C.
+completed or was pruned, 1 when some failed or did not finish (run `lazylab sweep --resume SWEEP_DIR`); stopped,
+the running trials are stopped (to be resumed) and it prints `lazylab: interrupted; lazylab sweep --resume
+SWEEP_DIR finishes the sweep` and exits with 130 on Ctrl-C, `lazylab: killed (SIGTERM); …` and 143 on SIGTERM.
 
 Workers: `--workers N` runs up to N trials at once, each in its own process (`python -m lazylab.sweeps.trial`,
 or `--launcher COMMAND -m lazylab.sweeps.trial …`, e.g. --launcher 'torchrun --standalone --nproc_per_node=2' for
@@ -41,6 +42,7 @@ token any more: its process removes it at the end (unless it leaves trials to ta
 takes over a dead owner's last trial removes that owner's; so .owners/ holds only the live and the interrupted.
 """
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -51,12 +53,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from lazylab.errors import UsageError
-from lazylab.sweeps.spec import Dimension, Fixed, Space, _plain, check_points, parse_value, type_space
+from lazylab.errors import Interrupted, UsageError
+from lazylab.sweeps.compare import count
+from lazylab.sweeps.spec import Dimension, Fixed, Space, _plain, check_points, full_key, parse_value, type_space
 from lazylab.sweeps.trial import OUTPUT, REPORT_ENV, TRIAL
 
 #: the keys of a validation record a sweep can optimize
@@ -141,21 +145,24 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
     name, tokens = a.settings[0], a.settings[1:]
     from lazylab.experiments.runner import load_experiment
     module = load_experiment(name)
+    defaults = module.Configs()
     fixed, dims, seen = [], [], set()
     for token in tokens:
         key, eq, text = token.partition('=')
         key = key.strip()
         if not eq or not key:
             raise UsageError(f'expected key=value or key=SWEEP, got {token!r}')
-        if key in seen:
-            raise UsageError(f'{key} is given twice')
-        seen.add(key)
         value = parse_value(key, text)
+        full = full_key(defaults, key)  # a key's unique end stands for it, as on `lazylab train`
+        if full in seen:
+            raise UsageError(f'{full} is given twice')
+        seen.add(full)
         if isinstance(value, Fixed):
-            fixed.append(f'{key}={value.text}')
+            fixed.append(f'{key}={value.text}')  # (the trial's `lazylab train` reads it as this one does)
         else:
-            if key in ('runs_dir', 'preset'):
-                raise UsageError(f'{key} cannot be swept (run one sweep per {key})')
+            if full in ('runs_dir', 'preset'):
+                raise UsageError(f'{full} cannot be swept (run one sweep per {full})')
+            value.key = full  # what the study, the trials' records and `lazylab compare` name
             dims.append(value)
     for d in dims:
         if d.log and d.kind == 'choice' and d.int_step not in (None, 1):
@@ -180,7 +187,7 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
             raise UsageError(f'--storage {a.storage}: folder {Path(storage).parent} does not exist')
     config_args = ['--config', a.config] if a.config else []
     conf = type_space(name, fixed + config_args, dims)
-    zips = [[k.strip() for k in z.split(',') if k.strip()] for z in a.zip]
+    zips = [[full_key(defaults, k.strip()) for k in z.split(',') if k.strip()] for z in a.zip]
     space = Space(dims, zips)
     sampler = a.sampler or ('grid' if space.discrete else 'tpe')
     if sampler == 'grid':
@@ -189,8 +196,8 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
             raise UsageError(f'{key} is an interval: the grid needs lists or ranges (or use --sampler random|tpe '
                              f'--trials N)')
         if a.trials is not None:
-            raise UsageError(f'--trials is for --sampler random|tpe; the grid runs each of its {space.size()} '
-                             f'points once')
+            each = 'its one point' if space.size() == 1 else f'each of its {space.size()} points'
+            raise UsageError(f'--trials is for --sampler random|tpe; the grid runs {each} once')
         points = space.grid()
         trials = len(points)
     else:
@@ -209,7 +216,7 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
     if shutil.which(launcher[0]) is None:
         raise UsageError(f'--launcher {a.launcher!r}: no program {launcher[0]!r} (not on PATH, or not executable)')
     check_points(name, fixed + config_args, space, grid=sampler == 'grid')  # as the first point, before any file
-    default_threads = module.Configs().threads if not any(t.startswith('threads=') for t in fixed) else -1
+    default_threads = defaults.threads if not any(t.startswith('threads=') for t in fixed) else -1
     return Plan(name=name, argv=list(argv), fixed=fixed, config_file=a.config, space=space, sampler=sampler,
                 trials=trials, metric=a.metric, direction=direction, prune=a.prune, storage=storage,
                 study=study or time.strftime('%Y%m%d-%H%M%S') + '-' + os.urandom(2).hex(), seed=a.seed,
@@ -264,9 +271,14 @@ def resume_main(sweep_dir: str, argv: list[str]) -> int:
         argv = _without(argv, '--workers') + ['--workers', str(a.workers)]
     if record.get('config_copy'):
         argv = _without(argv, '--config') + ['--config', str(path / record['config_copy'])]
-    # the sweep directory is RUNS_DIR/NAME/sweep-STUDY wherever the command is run from now
-    argv = [x for x in argv if not x.startswith('runs_dir=')] + [f'runs_dir={path.resolve().parent.parent}']
     plan = make_plan(argv, study=record['study'], storage=storage or None)
+    if plan.sweep_dir.resolve() != path.resolve():
+        # run from another folder: the sweep directory is RUNS_DIR/NAME/sweep-STUDY from here (as given, when that
+        # names it); from the folder it was started in, the trials get the runs_dir the sweep gave, as written
+        runs_dir = path.parent.parent if path.parent.parent.resolve() == path.resolve().parent.parent else \
+            path.resolve().parent.parent
+        argv = [x for x in argv if not x.startswith('runs_dir=')] + [f'runs_dir={runs_dir}']
+        plan = make_plan(argv, study=record['study'], storage=storage or None)
     if plan.sweep_dir.resolve() != path.resolve():
         raise UsageError(f'{sweep_dir}: {SWEEP_YAML} describes {plan.sweep_dir} (was the folder moved? run the '
                          f'command of {SWEEP_YAML} from the folder it was started in)')
@@ -441,7 +453,7 @@ class Sweep:
         self.prepare()
         self.n_threads, self.gpu_ids = self.threads(), self.gpus()
         where = self.storage_name if plan.storage else JOURNAL
-        what = (f'grid of {plan.trials}' if plan.sampler == 'grid' else f'{plan.trials} {plan.sampler} trials')
+        what = f'grid of {plan.trials}' if plan.sampler == 'grid' else count(plan.trials, f'{plan.sampler} trial')
         keys = ' × '.join(','.join(g) if len(g) > 1 else g[0] for g in plan.space.axes()) or 'no swept keys'
         print(f'sweep {self.dir}: {what} ({keys}); {plan.workers} worker{"s" * (plan.workers > 1)} × '
               f'{self.n_threads} thread{"s" * (self.n_threads > 1)}; study {plan.study} ({where}); '
@@ -451,17 +463,40 @@ class Sweep:
         self._cpu_seen = 0.0
         self._cpu_since_last()
         self.takeovers = self.stale_trials()
-        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        # Ctrl-C and SIGTERM raise an Interrupted (SIGTERM too, so that the trials are stopped first): 'interrupted',
+        # 130; 'killed (SIGTERM)', 143 (as lazylab.errors.signals_interrupt)
+        self.signalled, self.holding = None, False
+        previous = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             self.loop(slots)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             self.stop(slots)
-            print(f'lazylab: interrupted; lazylab sweep --resume {self.dir} finishes the sweep', file=sys.stderr)
-            return 130
+            how = e.message if isinstance(e, Interrupted) else 'interrupted'  # or killed (SIGTERM)
+            print(f'lazylab: {how}; lazylab sweep --resume {self.dir} finishes the sweep', file=sys.stderr)
+            return e.exit_code if isinstance(e, Interrupted) else 130
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
             self.release()
         return self.summary()
+
+    def on_signal(self, signum, frame) -> None:
+        self.signalled = Interrupted(signum)
+        if not self.holding:
+            raise self.signalled
+
+    @contextlib.contextmanager
+    def signals_held(self) -> Iterator[None]:
+        """Ctrl-C and SIGTERM wait while a trial is claimed and its process started, and are raised after: raised
+        in between, one would leave a claimed trial without a process, or a process that `stop` does not know of,
+        or be swallowed by the hooks of the fork (and the sweep would go on)."""
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+        if self.signalled is not None:
+            raise self.signalled
 
     def release(self) -> None:
         """Let go of this process's owner lock; its file goes too unless a trial it owns is left RUNNING (then
@@ -481,11 +516,12 @@ class Sweep:
         while True:
             for slot in slots:
                 if slot.proc is None and not exhausted:
-                    job = self.next_job()
-                    if job is None:
-                        exhausted = True
-                    else:
-                        self.start(slot, job)
+                    with self.signals_held():
+                        job = self.next_job()
+                        if job is None:
+                            exhausted = True
+                        else:
+                            self.start(slot, job)
             running = [s for s in slots if s.proc is not None]
             if not running:
                 return
@@ -610,14 +646,18 @@ class Sweep:
                                          env=env, preexec_fn=_die_with_parent if sys.platform == 'linux' else None)
         slot.job, slot.started = job, time.monotonic()
         how = 'resumed' if job.resume else 'started'
-        self.say(f'trial {job.number:04d} {how:<9} {" ".join(job.overrides)}')
+        self.say(f'trial {job.number:04d} {how:<9} {" ".join(plan.space.shown(job.params))}')
 
-    def finish(self, slot: Slot) -> None:
+    def finish(self, slot: Slot, stopped: bool = False) -> None:
+        """Record the end of the trial in `slot`; `stopped`: the sweep stopped it (any exit but 0 is then
+        'interrupted', to be resumed: a trial stopped while it starts may end by a KeyboardInterrupt of its own)."""
         job, rc = slot.job, slot.proc.returncode
         seconds = time.monotonic() - slot.started
         slot.proc, slot.job = None, None
         trial_dir = self.dir / f'trial-{job.number:04d}'
         state, value, error, steps = outcome(trial_dir, rc, self.plan.metric)
+        if stopped and rc != 0:
+            state, value, error, steps = 'interrupted', None, None, None
         if state != 'interrupted':
             if error:
                 self.study.set_user_attr(job.number, 'error', error)
@@ -631,7 +671,8 @@ class Sweep:
         self.outcomes[state] = self.outcomes.get(state, 0) + 1
         metric = f'{self.plan.metric} {value:.4f}' if value is not None else ''
         detail = error or (f'at step {steps}' if state == 'pruned' and steps else '')
-        self.say(f'trial {job.number:04d} {state:<9} {metric}  {seconds:.1f} s  {" ".join(job.overrides)}'
+        self.say(f'trial {job.number:04d} {state:<9} {metric}  {seconds:.1f} s  '
+                 f'{" ".join(self.plan.space.shown(job.params))}'
                  + (f'  ({detail})' if detail else ''))
 
     def stop(self, slots: list[Slot]) -> None:
@@ -647,7 +688,7 @@ class Sweep:
                 except subprocess.TimeoutExpired:
                     s.proc.kill()
                     s.proc.wait()
-                self.finish(s)
+                self.finish(s, stopped=True)
 
     def summary(self) -> int:
         """Print the compare table; 1 when a trial of the study failed or is left to do (waiting, or running with
@@ -662,9 +703,10 @@ class Sweep:
         print(flush=True)
         print(compare_text([str(self.dir)], metric=self.plan.metric), flush=True)
         if waiting or interrupted:
-            print(f'{waiting + len(interrupted)} trial(s) left: lazylab sweep --resume {self.dir}', flush=True)
+            print(f'{count(waiting + len(interrupted), "trial")} left: lazylab sweep --resume {self.dir}', flush=True)
         if len(running) > len(interrupted):
-            print(f'{len(running) - len(interrupted)} trial(s) still running in other processes', flush=True)
+            others = len(running) - len(interrupted)
+            print(f'{count(others, "trial")} still running in other processes', flush=True)
         return 1 if waiting or interrupted or failed else 0
 
     def _interrupted(self, t) -> bool:
@@ -715,10 +757,6 @@ def _error_line(path: Path) -> Optional[str]:
         if x.startswith('lazylab: error: '):
             return x[len('lazylab: error: '):]
     return lines[-1] if lines else None
-
-
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
 
 
 def _now() -> str:

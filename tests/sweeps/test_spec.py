@@ -92,3 +92,15 @@ def test_ints_and_floats_are_different_values():
         space.by_key['x'].text_of(1.0)
     with pytest.raises(UsageError, match='1.0 is given twice'):
         Space([_dim('x', [1.0, 1.0])])
+
+
+def test_progress_lines_show_a_drawn_float_with_4_significant_digits_and_the_rest_as_overrides():
+    lr = Dimension('optimizer.learning_rate', 'interval', 'interval(1e-4,1e-2)', low=1e-4, high=1e-2)
+    layers = Dimension('n_layers', 'interval', 'interval(1,8)', low=1, high=8, is_int=True)
+    dropout = Dimension('dropout', 'choice', '0.123456789,0.2', texts=['0.123456789', '0.2'], values=[0.123456789, 0.2])
+    space = Space([lr, layers, dropout])
+    params = {'optimizer.learning_rate': 0.0012345678901234, 'n_layers': 3, 'dropout': 0.123456789}
+    assert space.shown(params) == ['optimizer.learning_rate=0.001235', 'n_layers=3', 'dropout=0.123456789']
+    assert space.overrides(params) == ['optimizer.learning_rate=0.0012345678901234', 'n_layers=3',
+                                       'dropout=0.123456789']
+    assert space.shown({**params, 'optimizer.learning_rate': 2.5e-05}) [0] == 'optimizer.learning_rate=2.5e-05'

@@ -256,6 +256,14 @@ def test_readme_tpe_sweep_draws_log_uniform_learning_rates(tools, tmp_path):
         assert t.distributions['optimizer.learning_rate'].log
     record = yaml.safe_load((d / 'sweep.yaml').read_text())
     assert (record['sampler'], record['prune'], record['trials']) == ('tpe', 'median', 2)
+    # the progress lines show each drawn learning rate with 4 significant digits; the trial keeps it in full
+    for t in study.trials:
+        shown = f'optimizer.learning_rate={t.params["optimizer.learning_rate"]:.4g}'
+        lines = [x for x in out.splitlines() if x.split()[1:3] == ['trial', f'{t.number:04d}']]
+        assert len(lines) == 2 and all(shown in x.split() for x in lines), out
+        trial = json.loads((d / f'trial-{t.number:04d}' / 'trial.json').read_text())
+        assert trial['params']['optimizer.learning_rate'] == t.params['optimizer.learning_rate']
+        assert trial['overrides'] == [f'optimizer.learning_rate={t.params["optimizer.learning_rate"]!r}']
 
 
 @pytest.mark.parametrize('args, message', [
@@ -529,3 +537,126 @@ def test_every_readme_command_is_run_by_a_test(tools):
     for start, test in README_RUN_BY.items():
         assert test in globals(), test
         assert sum(c.startswith(start) for c in commands) == 1, start
+
+
+def test_a_swept_key_may_be_the_unique_end_of_its_path_and_is_recorded_in_full(tools, tmp_path, capsys):
+    args = ['sweep', 'transformer', 'ffn.glu_variant=GEGLU,SwiGLU', 'learning_rate=1e-3,1e-2',
+            '--zip', 'ffn.glu_variant,learning_rate', *tools.TINY, f'runs_dir={tmp_path}',
+            '--workers', '2', '--study', 'short']
+    rc, out = run_in_process(args)
+    assert rc == 0, out
+    d = tmp_path / 'transformer' / 'sweep-short'
+    assert out.splitlines()[0].startswith(f'sweep {d}: grid of 2 ({SWEPT[0]},{SWEPT[1]});')
+    expected = {0: ('GEGLU', 0.001), 1: ('SwiGLU', 0.01)}
+    for n, (glu, lr) in expected.items():
+        trial = d / f'trial-{n:04d}'
+        record = json.loads((trial / 'trial.json').read_text())
+        assert record['params'] == {SWEPT[0]: glu, SWEPT[1]: lr}
+        assert record['overrides'] == [f'{SWEPT[0]}={glu}', f'{SWEPT[1]}={"1e-3" if n == 0 else "1e-2"}']
+        dump = yaml.safe_load((trial / 'configs.yaml').read_text())
+        assert (dump['values'][SWEPT[0]], dump['values'][SWEPT[1]]) == (glu, lr)
+        assert [k for k, v in dump['given'].items() if v == 'sweep'] == SWEPT
+    assert [t.params for t in journal_study(d).trials] == [{SWEPT[0]: g, SWEPT[1]: lr} for g, lr in expected.values()]
+    assert list(yaml.safe_load((d / 'sweep.yaml').read_text())['space']) == SWEPT
+    assert yaml.safe_load((d / 'sweep.yaml').read_text())['zip'] == [SWEPT]
+    assert compare.compare([str(d)]).keys == SWEPT
+
+
+@pytest.mark.parametrize('args, message', [
+    (['transformer', 'glu_varant=GEGLU,SwiGLU'], "glu_varant=GEGLU,SwiGLU: transformer has no config item "
+                                                 "'glu_varant'; did you mean 'transformer.ffn.glu_variant'?"),
+    (['transformer', 'dropout_prob=0.1,0.2'], "dropout_prob=0.1,0.2: transformer has no config item "
+                                              "'dropout_prob'; did you mean 'dropout'?"),
+    (['transformer', 'optimizer.lerning_rate=0.1,0.2'],
+     "optimizer.lerning_rate=0.1,0.2: transformer has no config item 'optimizer.lerning_rate'; did you mean "
+     "'optimizer.learning_rate' or 'optimizer.min_lr_ratio' or 'optimizer.weight_decay'?"),
+    (['feedback', 'ffn=x,y'], "'ffn' is ambiguous: it could be feedback.ffn, feedback.ffn.ffn; give the full key"),
+    (['transformer', 'ffn.glu_variant=GEGLU,SwiGLU', 'transformer.ffn.glu_variant=GEGLU'],
+     'transformer.ffn.glu_variant is given twice'),
+    (['transformer', 'seed=choice(3)', '--trials', '3'],
+     '--trials is for --sampler random|tpe; the grid runs its one point once'),
+], ids=['an unknown end', 'an unknown top-level key', 'an unknown key of a sub-config', 'an ambiguous end',
+        'a key given twice, short and in full', 'trials for a grid of one point'])
+def test_an_unknown_or_ambiguous_swept_key_is_one_error_naming_the_experiment(tmp_path, capsys, args, message):
+    runs = tmp_path / 'runs'
+    assert cli.main(['sweep', *args, f'runs_dir={runs}']) == 2
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == ('', f'lazylab: error: {message}\n') and not runs.exists()
+
+
+def test_an_ambiguous_swept_key_is_the_error_train_gives(tmp_path, capsys):
+    assert cli.main(['train', 'feedback', 'ffn=x', f'runs_dir={tmp_path}']) == 2
+    train = capsys.readouterr().err
+    assert cli.main(['sweep', 'feedback', 'ffn=x,y', f'runs_dir={tmp_path}']) == 2
+    assert capsys.readouterr().err == train and not any(tmp_path.iterdir())
+
+
+def test_sigterm_of_the_sweep_then_resume_records_the_runs_dir_as_given(tools, tmp_path):
+    # from the folder the sweep was started in, with a relative runs_dir; 200 steps a trial, so that the SIGTERM
+    # comes while the first two run (2 workers)
+    sizes = [t for t in tools.TINY if not t.startswith('max_steps=')]
+    args = ['sweep', 'transformer', 'seed=0,1,2', *sizes, 'max_steps=200', 'runs_dir=runs_sw2', '--workers', '2',
+            '--study', 'term']
+    d = tmp_path / 'runs_sw2' / 'transformer' / 'sweep-term'
+    proc = subprocess.Popen([sys.executable, '-m', 'lazylab.cli', *args], env=tools.ENV, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and not (d / 'trial-0000' / 'run.json').exists():
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert json.loads((d / 'trial-0000' / 'trial.json').read_text())['state'] == 'interrupted', out + err
+    assert (proc.returncode, err) == (143, 'lazylab: killed (SIGTERM); lazylab sweep --resume '
+                                           'runs_sw2/transformer/sweep-term finishes the sweep\n')
+    resumed = tools.lazylab(['sweep', '--resume', 'runs_sw2/transformer/sweep-term'], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert 'trial 0000 resumed' in resumed.stdout
+    trials = sorted(d.glob('trial-*'))
+    assert [json.loads((t / 'trial.json').read_text())['sweep'] for t in trials] == \
+        ['runs_sw2/transformer/sweep-term'] * 3
+    assert [yaml.safe_load((t / 'configs.yaml').read_text())['values']['runs_dir'] for t in trials] == \
+        ['runs_sw2'] * 3
+    assert compare.compare([str(d)]).keys == ['seed']
+    for a, b in ((0, 1), (1, 2), (0, 2)):
+        lines = tools.lazylab(['diff', str(trials[a]), str(trials[b])]).stdout.splitlines()
+        assert lines[0].endswith(': 1 key differs') and [x.split()[:2] for x in lines[2:]] == [['seed', str(a)]], \
+            lines
+    # from another folder the sweep directory is found by the path given (nothing is left to run)
+    (tmp_path / 'elsewhere').mkdir()
+    again = tools.lazylab(['sweep', '--resume', str(d)], cwd=tmp_path / 'elsewhere')
+    assert again.returncode == 0 and again.stdout.splitlines()[0].startswith(f'sweep {d}: grid of 3'), again.stderr
+    assert 'trial 0' not in again.stdout.split('lazylab compare')[0]
+
+
+@pytest.mark.parametrize('when', ['run.json', 'trial.json'], ids=['while a trial trains', 'while one starts'])
+def test_ctrl_c_of_the_sweep_says_interrupted_and_exits_with_130(tools, tmp_path, when):
+    # trial.json is written just before the trial's process is started: a Ctrl-C then waits until the process is
+    # held (it used to be lost in the fork's hooks, and the sweep went on), and the trial is interrupted, not failed
+    sizes = [t for t in tools.TINY if not t.startswith('max_steps=')]
+    d = tmp_path / 'transformer' / 'sweep-int'
+    proc = subprocess.Popen([sys.executable, '-m', 'lazylab.cli', 'sweep', 'transformer', 'seed=0,1', *sizes,
+                             'max_steps=200', f'runs_dir={tmp_path}', '--study', 'int'], env=tools.ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and not (d / 'trial-0000' / when).exists():
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (130, f'lazylab: interrupted; lazylab sweep --resume {d} finishes the sweep\n')
+    assert json.loads((d / 'trial-0000' / 'trial.json').read_text())['state'] == 'interrupted'
+    assert out.splitlines()[-1].split()[1:4] == ['trial', '0000', 'interrupted'], out
+    assert compare.compare_text([str(d)]).splitlines()[0] == f'lazylab compare {d}      (1 trial; keys that differ: 0)'
+
+
+def test_a_sweep_of_one_trial_says_trial(tmp_path):
+    rc, out = run_in_process(['sweep', 'retrieval', 'update_rule=sum', 'nu=1,2', 'n_keys=4', 'max_steps=2',
+                              'valid_interval=1', 'threads=1', 'device=cpu', '--sampler', 'random', '--trials', '1',
+                              f'runs_dir={tmp_path}', '--study', 'one'])
+    assert rc == 0, out
+    d = tmp_path / 'retrieval' / 'sweep-one'
+    assert out.splitlines()[0].startswith(f'sweep {d}: 1 random trial (nu); 1 worker × 1 thread;'), out
+    assert f'lazylab compare {d}      (1 trial; keys that differ: 0)' in out.splitlines()
+
+
+def test_count_is_singular_for_one():
+    assert [compare.count(n, 'trial') for n in (0, 1, 2, 1000)] == ['0 trials', '1 trial', '2 trials', '1,000 trials']
