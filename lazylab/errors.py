@@ -108,6 +108,19 @@ def signals_interrupt() -> Iterator[None]:
             signal.signal(s, handler)
 
 
+def point_at_devnull(stream) -> None:
+    """Point the file descriptor of `stream` (stdout, whose reader went away) at os.devnull, so that what is still
+    buffered and what is written later go nowhere instead of raising BrokenPipeError. A stream without a file
+    descriptor (a test's capture) is left as it is."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 def user_error_message(e: BaseException) -> Optional[str]:
     """The one-line message for an error the user caused, or None for a programming error (show the traceback).
 
@@ -135,7 +148,7 @@ def run_cli(func: Callable[..., Any], *args) -> int:
         print(f'\nlazylab: {e if isinstance(e, Interrupted) else "interrupted"}', file=sys.stderr)
         return e.exit_code if isinstance(e, Interrupted) else 130
     except BrokenPipeError:  # output piped into a reader that stopped (`| head`): not an error worth a traceback
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        point_at_devnull(sys.stdout)
         return 1
     except Exception as e:
         message = user_error_message(e)

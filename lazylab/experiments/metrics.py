@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
+from lazylab.errors import point_at_devnull
+
 METRICS = 'metrics.jsonl'
 SAMPLES = 'samples.txt'
 
@@ -233,13 +235,7 @@ class _DropWhenClosed:
             self._to_devnull()
 
     def _to_devnull(self) -> None:
-        try:
-            fd = self._stream.fileno()
-        except (AttributeError, OSError, ValueError):  # not a file (a test's capture): nothing to redirect
-            return
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, fd)
-        os.close(devnull)
+        point_at_devnull(self._stream)
 
     def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, …: the stream's own
         return getattr(self._stream, name)

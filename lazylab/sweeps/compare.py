@@ -28,17 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from lazylab.errors import UsageError
+from lazylab.errors import UsageError, plural
 
 _MISSING = object()
 FIXED_COLUMNS = ('final', 'best', 'steps', 'tok/s', 'params', 'time', 'status')
 #: the keys of a metrics.jsonl record that say where the run was, not how it did (see lazylab.experiments.metrics)
 POSITION_KEYS = ('step', 'tokens', 'epoch', 'time')
-
-
-def count(n: int, noun: str) -> str:
-    """`1 trial`, `2 trials`, `0 trials`: `n` and the noun, plural but for 1 (the messages of lazylab.sweeps)."""
-    return f'{n:,} {noun}' + ('s' if n != 1 else '')
 
 
 @dataclass
@@ -324,7 +319,7 @@ def format_table(t: Table) -> str:
     def line(parts: list[str]) -> str:
         return '  '.join(p.rjust(w) if c in numeric else p.ljust(w)
                          for p, w, c in zip(parts, widths, t.columns)).rstrip()
-    what = count(len(t.rows), 'trial' if t.columns[0] == 'trial' else 'run')
+    what = plural(len(t.rows), 'trial' if t.columns[0] == 'trial' else 'run')
     out = [f'lazylab compare {" ".join(t.paths)}      ({what}; keys that differ: {len(t.keys)})',
            line(heads)] + [line(c) for c in cells]
     for r in t.runs:
@@ -467,7 +462,7 @@ def diff_text(path_a: str, path_b: str) -> str:
             raise UsageError(f'{p} is not a run directory (no configs.yaml)')
     a, b = load_run(Path(path_a)), load_run(Path(path_b))
     rows = diff_rows(a, b)
-    lines = [f'lazylab diff {path_a} {path_b}: ' + (f'{count(len(rows), "key")} differ{"s" * (len(rows) == 1)}'
+    lines = [f'lazylab diff {path_a} {path_b}: ' + (f'{plural(len(rows), "key")} differ{"s" * (len(rows) == 1)}'
                                                    if rows else 'the configurations are the same')]
     if rows:
         heads = ('key', 'A', 'B')

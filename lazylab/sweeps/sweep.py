@@ -58,8 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from lazylab.errors import Interrupted, UsageError
-from lazylab.sweeps.compare import count
+from lazylab.errors import Interrupted, UsageError, plural
 from lazylab.sweeps.spec import Dimension, Fixed, Space, _plain, check_points, full_key, parse_value, type_space
 from lazylab.sweeps.trial import OUTPUT, REPORT_ENV, TRIAL
 
@@ -453,7 +452,7 @@ class Sweep:
         self.prepare()
         self.n_threads, self.gpu_ids = self.threads(), self.gpus()
         where = self.storage_name if plan.storage else JOURNAL
-        what = f'grid of {plan.trials}' if plan.sampler == 'grid' else count(plan.trials, f'{plan.sampler} trial')
+        what = f'grid of {plan.trials}' if plan.sampler == 'grid' else plural(plan.trials, f'{plan.sampler} trial')
         keys = ' × '.join(','.join(g) if len(g) > 1 else g[0] for g in plan.space.axes()) or 'no swept keys'
         print(f'sweep {self.dir}: {what} ({keys}); {plan.workers} worker{"s" * (plan.workers > 1)} × '
               f'{self.n_threads} thread{"s" * (self.n_threads > 1)}; study {plan.study} ({where}); '
@@ -703,10 +702,10 @@ class Sweep:
         print(flush=True)
         print(compare_text([str(self.dir)], metric=self.plan.metric), flush=True)
         if waiting or interrupted:
-            print(f'{count(waiting + len(interrupted), "trial")} left: lazylab sweep --resume {self.dir}', flush=True)
+            print(f'{plural(waiting + len(interrupted), "trial")} left: lazylab sweep --resume {self.dir}', flush=True)
         if len(running) > len(interrupted):
             others = len(running) - len(interrupted)
-            print(f'{count(others, "trial")} still running in other processes', flush=True)
+            print(f'{plural(others, "trial")} still running in other processes', flush=True)
         return 1 if waiting or interrupted or failed else 0
 
     def _interrupted(self, t) -> bool:

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from lazylab import cli
+from lazylab.errors import plural
 from lazylab.experiments.metrics import read_metrics
 from lazylab.sweeps import compare
 
@@ -659,4 +660,4 @@ def test_a_sweep_of_one_trial_says_trial(tmp_path):
 
 
 def test_count_is_singular_for_one():
-    assert [compare.count(n, 'trial') for n in (0, 1, 2, 1000)] == ['0 trials', '1 trial', '2 trials', '1,000 trials']
+    assert [plural(n, 'trial') for n in (0, 1, 2, 1000)] == ['0 trials', '1 trial', '2 trials', '1,000 trials']
