@@ -1,6 +1,7 @@
-"""The import structure of lazylab.configs, read from the source with `ast`: no import circle inside the package
-(module-level and function-level imports both count), every function-level import says why in a comment, and
-`lazylab.errors` is the leaf the engine's errors build on (it imports nothing of lazylab, and no torch)."""
+"""The structure of lazylab.configs, read from the source with `ast`: no import circle inside the package
+(module-level and function-level imports both count), every function-level import says why in a comment, no
+function over 80 lines and no file over 600; and `lazylab.errors` is the leaf the engine's errors build on (it
+imports nothing of lazylab, and no torch)."""
 import ast
 import io
 import json
@@ -169,6 +170,18 @@ def test_the_checks_find_a_circle_and_an_unexplained_late_import(tmp_path):
     assert late == {('pkg.b', 2): False, ('pkg.c', 6): True, ('pkg.c', 7): False}
     (pkg / 'c.py').write_text('')
     assert find_cycle(import_graph(package_imports(pkg, tmp_path), 'pkg')) == []
+
+
+def test_no_function_over_80_lines_and_no_file_over_600_in_lazylab_configs():
+    long = []
+    for path in sorted(CONFIGS_DIR.rglob('*.py')):
+        source = path.read_text(encoding='utf-8')
+        name = module_name(path, ROOT)
+        if len(source.splitlines()) > 600:
+            long.append(f'{name}: {len(source.splitlines())} lines')
+        long += [f'{name}.{f.name}: {f.end_lineno - f.lineno + 1} lines' for f in ast.walk(ast.parse(source))
+                 if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.end_lineno - f.lineno + 1 > 80]
+    assert long == []
 
 
 # --- lazylab.errors is the leaf ---------------------------------------------------------------------------------
