@@ -7,6 +7,7 @@ command line treats the same way.
 
     LazylabError
     ├── UsageError          a command-line mistake: unknown experiment, missing run directory, bad flag
+    │   └── DashboardError      a dashboard URL, flag or port (also a ValueError)
     ├── DataError           the user's text or prompt (also a ValueError)
     ├── DistributedError    the torchrun environment or the device does not allow a distributed run
     └── TrainingError       a run cannot go on
@@ -24,8 +25,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
-__all__ = ['LazylabError', 'UsageError', 'DataError', 'DistributedError', 'TrainingError', 'CheckpointError',
-           'NonFiniteLossError', 'Interrupted', 'signals_interrupt', 'user_error_message', 'run_cli', 'plural']
+__all__ = ['LazylabError', 'UsageError', 'DashboardError', 'DataError', 'DistributedError', 'TrainingError',
+           'CheckpointError', 'NonFiniteLossError', 'Interrupted', 'signals_interrupt', 'user_error_message', 'run_cli',
+           'plural']
 
 
 def plural(n: float, noun: str, nouns: Optional[str] = None) -> str:
@@ -42,6 +44,11 @@ class LazylabError(Exception):
 
 class UsageError(LazylabError):
     """A command-line mistake (unknown experiment, missing run directory, bad flag)."""
+
+
+class DashboardError(UsageError, ValueError):
+    """A user mistake with the dashboard (bad URL or flag, port in use, missing extra). Also a ValueError, as the
+    URL checks raised before. Importable as `lazylab.dashboard.DashboardError` too."""
 
 
 class DataError(LazylabError, ValueError):

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Optional
 from urllib.parse import urlsplit
 
-from lazylab.dashboard import DashboardError, labml_patches
+from lazylab.dashboard import labml_patches
 from lazylab.dashboard.server import DEFAULT_PORT
+from lazylab.errors import DashboardError
 
 # The path segment labml's app wants before /track; the app ignores it (it reads a token from the query string only).
 LABML_TOKEN = 'default'

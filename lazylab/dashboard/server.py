@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from lazylab.dashboard import DashboardError, labml_patches
+from lazylab.dashboard import labml_patches
+from lazylab.errors import DashboardError
 
 DEFAULT_PORT = 5005
 DEFAULT_HOST = '127.0.0.1'
