@@ -10,6 +10,7 @@ programming error and keeps its traceback. This module is the leaf of the packag
     ├── WrapsUserError      an error raised on behalf of another (lazylab.configs.CalculatorError): when its cause is
     │                       a user error, the user sees that one (`cause_for_user`)
     ├── UsageError          a command-line mistake: unknown experiment, missing run directory, bad flag
+    │   └── DashboardError      a dashboard URL, flag or port (also a ValueError)
     ├── DataError           the user's text or prompt (also a ValueError)
     ├── DistributedError    the torchrun environment or the device does not allow a distributed run
     └── TrainingError       a run cannot go on
@@ -27,9 +28,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
-__all__ = ['LazylabError', 'WrapsUserError', 'UsageError', 'DataError', 'DistributedError', 'TrainingError',
-           'CheckpointError', 'NonFiniteLossError', 'Interrupted', 'signals_interrupt', 'user_error_message', 'run_cli',
-           'plural']
+__all__ = ['LazylabError', 'WrapsUserError', 'UsageError', 'DashboardError', 'DataError', 'DistributedError',
+           'TrainingError', 'CheckpointError', 'NonFiniteLossError', 'Interrupted', 'signals_interrupt',
+           'user_error_message', 'run_cli', 'plural']
 
 
 def plural(n: float, noun: str, nouns: Optional[str] = None) -> str:
@@ -57,6 +58,11 @@ class WrapsUserError(LazylabError):
 
 class UsageError(LazylabError):
     """A command-line mistake (unknown experiment, missing run directory, bad flag)."""
+
+
+class DashboardError(UsageError, ValueError):
+    """A user mistake with the dashboard (bad URL or flag, port in use, missing extra). Also a ValueError, as the
+    URL checks raised before. Importable as `lazylab.dashboard.DashboardError` too."""
 
 
 class DataError(LazylabError, ValueError):
