@@ -148,7 +148,7 @@ def page_blocks(page: Path) -> list[Block]:
     """The fenced blocks of a page, in order (a fence may be indented, as in a list item)."""
     lines = page.read_text(encoding='utf-8').splitlines()
     blocks, i = [], 0
-    name = page.relative_to(DOCS).as_posix()
+    name = page.relative_to(DOCS).as_posix() if page.is_relative_to(DOCS) else page.name
     while i < len(lines):
         m = _FENCE.match(lines[i])
         if not m:
@@ -294,3 +294,19 @@ def test_page_code_runs(page, tmp_path, monkeypatch, capsys):
                     _run_command(block, command, expected, capsys, tmp_path)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_page_blocks_reads_fences_markers_and_console_output(tmp_path):
+    page = tmp_path / 'page.md'
+    page.write_text('Text.\n\n```bash\nlazylab options feedback   # every key\nlazylab train feedback \\\n'
+                    '    d_model=64\n```\n\n<!-- not-run: it needs a GPU -->\n```python\nimport torch\n```\n\n'
+                    '- in a list:\n\n    ```console\n    $ lazylab train nope\n    lazylab: error: unknown …\n    ```\n'
+                    '\n<!-- output -->\n```text\nhello\n```\n', encoding='utf-8')
+    bash, python, console, text = page_blocks(page)
+    assert (bash.language, bash.line, bash.not_run) == ('bash', 3, None)
+    assert bash.commands() == [('lazylab options feedback', []), ('lazylab train feedback d_model=64', [])]
+    assert (python.language, python.not_run) == ('python', 'it needs a GPU')
+    assert console.commands() == [('lazylab train nope', ['lazylab: error: unknown …'])]
+    assert text.output and not bash.output
+    assert _matches('lazylab: error: unknown …', ["lazylab: error: unknown experiment 'nope'"])
+    assert not _matches('lazylab: error: unknown …', ['lazylab: error: bad value'])
