@@ -9,6 +9,7 @@ fine. The command-line reference is generated at build time: it must show every 
 import html
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -44,15 +45,49 @@ def test_external_resources_finds_what_loads_and_not_what_links():
     assert external_resources('<a href="https://github.com/lazylab/lazylab">repo</a> url(assets/a.png)') == []
 
 
+def build(config_dir: Path, out: Path) -> subprocess.CompletedProcess:
+    """`mkdocs build --strict` of the site whose mkdocs.yml is in `config_dir`, into `out` (as `make docs`)."""
+    env = {**os.environ, 'NO_MKDOCS_2_WARNING': '1', 'DISABLE_MKDOCS_2_WARNING': 'true'}
+    return subprocess.run([sys.executable, '-m', 'mkdocs', 'build', '--strict', '--site-dir', str(out)],
+                          cwd=config_dir, env=env, capture_output=True, text=True, timeout=300)
+
+
 @pytest.fixture(scope='module')
 def site(tmp_path_factory) -> tuple[Path, str]:
-    """The built site (`mkdocs build --strict`, as `make docs`) and what the build printed."""
+    """The built site and what the build printed."""
     out = tmp_path_factory.mktemp('site')
-    env = {**os.environ, 'NO_MKDOCS_2_WARNING': '1', 'DISABLE_MKDOCS_2_WARNING': 'true'}
-    done = subprocess.run([sys.executable, '-m', 'mkdocs', 'build', '--strict', '--site-dir', str(out)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=300)
+    done = build(ROOT, out)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return out, done.stdout + done.stderr
+
+
+def test_make_docs_is_the_strict_build_and_make_lint_runs_it():
+    makefile = (ROOT / 'Makefile').read_text(encoding='utf-8')
+    recipe = re.search(r'^docs: .*\n((?:\t.*\n)+)', makefile, re.M).group(1)
+    assert 'mkdocs build --strict' in recipe and '--quiet' not in recipe  # --quiet hides the warnings from --strict
+    lint = re.search(r'^lint: .*\n((?:\t.*\n)+)', makefile, re.M).group(1)
+    assert 'ruff check .' in lint and '$(MAKE) --no-print-directory docs' in lint
+    assert re.search(r"install -e '\.\[[\w,]*\bdocs\b[\w,]*\]'", makefile)
+
+
+#: a broken link, a missing anchor, an unresolved reference → the warning each gives
+BROKEN = {
+    '[a page](guide/nope.md)': "contains a link 'guide/nope.md', but the target is not found",
+    '[the guide](guide/configs.md#no-such-section)': "does not contain an anchor '#no-such-section'",
+    '[`explain`][lazylab.configs.no_such_function]': 'Could not find cross-reference target',
+}
+
+
+def test_a_broken_link_anchor_or_reference_fails_the_build(tmp_path):
+    shutil.copy(ROOT / 'mkdocs.yml', tmp_path / 'mkdocs.yml')
+    shutil.copytree(ROOT / 'docs', tmp_path / 'docs')
+    index = tmp_path / 'docs' / 'index.md'
+    index.write_text(index.read_text(encoding='utf-8') + ''.join(f'\nSee {b}.\n' for b in BROKEN), encoding='utf-8')
+    done = build(tmp_path, tmp_path / 'site')
+    log = done.stdout + done.stderr
+    assert done.returncode != 0 and f'Aborted with {len(BROKEN)} warnings in strict mode' in log, log[-3000:]
+    for warning in BROKEN.values():
+        assert warning in log, (warning, log[-3000:])
 
 
 def test_site_builds_strictly_and_loads_nothing_from_other_hosts(site):
