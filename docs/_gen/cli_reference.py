@@ -60,4 +60,3 @@ def page() -> str:
 
 with mkdocs_gen_files.open('reference/cli.md', 'w') as f:
     f.write(page())
-mkdocs_gen_files.set_edit_path('reference/cli.md', '_gen/cli_reference.py')
