@@ -1,8 +1,9 @@
 # The targets the README's two commands call, plus the notebooks' sync. Everything installs into .venv.
 #
 # Install order: torch==2.13.0 first (a CPU build on our machines' local disk; pyproject.toml keeps a range), then
-# lazylab in editable mode with the test, dashboard and postgres extras (postgres: the PostgreSQL driver the sweep
-# tests use), then the labml_nn reference the tests and benchmarks compare against. labml_nn 0.5.1 goes in with --no-deps on purpose: its requirements would also bring torchtext,
+# lazylab in editable mode with the test, dashboard, postgres and docs extras (postgres: the PostgreSQL driver the
+# sweep tests use; docs: MkDocs and its plugins, for `make docs` and tests/docs), then the labml_nn reference the
+# tests and benchmarks compare against. labml_nn 0.5.1 goes in with --no-deps on purpose: its requirements would also bring torchtext,
 # torchvision and fairscale, which the modules we compare against do not import; what they do need (labml, einops)
 # is in lazylab's dependencies and test extra. This is the one place that installs it (CONTRIBUTING.md points here).
 VENV ?= .venv
@@ -12,11 +13,11 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[test,dashboard,postgres]'
+	$(PIP) install -e '.[test,dashboard,postgres,docs]'
 	$(PIP) install --no-deps labml-nn==0.5.1
 	touch $@
 
-.PHONY: install train test lint notebooks
+.PHONY: install train test lint docs notebooks
 install: $(VENV)/.installed
 
 train: $(VENV)/.installed
@@ -27,6 +28,13 @@ test: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
+	$(MAKE) --no-print-directory docs
+
+# The documentation site into site/, strictly: a broken link, a missing anchor or an unresolved reference fails the
+# build (not --quiet: it hides the warnings from --strict too). The two variables silence the banners Material and
+# mkdocs-gen-files print about MkDocs 2.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(VENV)/bin/mkdocs build --strict
 
 # After editing a notebook's .py source (its source of truth): rewrite the paired .ipynb (inputs only, no outputs).
 notebooks: $(VENV)/.installed
