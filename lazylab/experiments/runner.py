@@ -271,10 +271,20 @@ def git_commit(folder: Path) -> Optional[dict[str, Any]]:
 
 
 def write_run_json(run_dir: Path, info: dict[str, Any]) -> None:
-    """run.json through a temporary file and a rename (a reader never sees half of it)."""
+    """run.json through a temporary file and a rename (a reader never sees half of it); a write that fails (a full
+    disk) leaves the previous run.json as it was and no temporary file.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
     tmp = run_dir / f'run.json.tmp{os.getpid()}'
-    tmp.write_text(json.dumps(info, indent=1) + '\n', encoding='utf-8')
-    os.replace(tmp, run_dir / 'run.json')
+    try:
+        tmp.write_text(json.dumps(info, indent=1) + '\n', encoding='utf-8')
+        os.replace(tmp, run_dir / 'run.json')
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def update_run_json(run_dir: Path, **values: Any) -> None:
@@ -319,6 +329,18 @@ def finish_run(conf, run_dir: Path, status: str, last: dict[str, Any], error: Op
     if error is not None:
         extra['error'] = error
     update_run_json(run_dir, **extra)
+
+
+def record_failure(conf, run_dir: Path, e: BaseException) -> None:
+    """run.json of a run that `e` ended: status `failed`, `error` the one line `run_cli` prints for a user's error
+    (else the exception's type and first line). When run.json itself cannot be written (a disk still full, a
+    read-only folder) a warning line says so, and `e` is what the caller goes on raising."""
+    message = user_error_message(e) or f'{type(e).__name__}: {e}'.splitlines()[0]
+    try:
+        finish_run(conf, run_dir, 'failed', {}, message)
+    except OSError as written:
+        print(f'lazylab: warning: cannot record the failure in {run_dir / "run.json"}: '
+              f'{written.strerror or written}', file=sys.stderr, flush=True)
 
 
 #: run.json's fields about how a run ended; a resume removes them (the run is running again)
@@ -517,7 +539,7 @@ def execute(name: str, conf, run_dir: Path, *, resume: bool, checkpoint: Optiona
         raise
     except BaseException as e:
         if is_main:
-            finish_run(conf, run_dir, 'failed', {}, user_error_message(e) or f'{type(e).__name__}: {e}')
+            record_failure(conf, run_dir, e)
         raise
     if is_main and last:
         finish_run(conf, run_dir, (stop.reason if stop is not None else None) or 'completed', last)
