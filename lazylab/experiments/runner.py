@@ -460,39 +460,68 @@ def check_values(conf) -> None:
         track_url(conf.dashboard)
 
 
+#: how many run ids `new_run_dir` tries before it gives up (a clash needs the same second and 4 hex digits)
+RUN_ID_ATTEMPTS = 100
+
+
+def new_run_id() -> str:
+    """A run id: the start time and 4 random hex digits (`20261201-143005-9f3a`), so runs sort by time."""
+    return time.strftime('%Y%m%d-%H%M%S') + '-' + os.urandom(2).hex()
+
+
 def new_run_dir(conf, name: str, made: Optional[list] = None) -> Path:
-    """Create RUNS_DIR/NAME/RUN_ID (RUN_ID: start time and 4 random hex digits, so runs sort by time).
+    """Create RUNS_DIR/NAME/RUN_ID (see `new_run_id`), safely while other processes start runs in the same
+    RUNS_DIR: a parent folder another process makes at the same moment is used as it is, and the run's own folder
+    is made exclusively (mkdir fails when it exists), with a new id after a clash, so two runs never share one.
 
     `made`: a list to which the folders this call makes are added, outermost first (to remove them again if
-    writing the run's first files fails).
+    writing the run's first files fails, see `remove_made`).
 
     Raises:
         UsageError: the folder cannot be made (runs_dir is a file, not writable, …); the folders this call made
             before it failed are removed again.
     """
-    run_id = time.strftime('%Y%m%d-%H%M%S') + '-' + os.urandom(2).hex()
-    run_dir = Path(conf.runs_dir).expanduser() / name / run_id
+    root = Path(conf.runs_dir).expanduser() / name
     made = [] if made is None else made
     try:
-        for folder in reversed([run_dir, *run_dir.parents]):
+        for folder in reversed([root, *root.parents]):
             if folder.is_dir():
                 continue
             if folder.exists():
                 raise NotADirectoryError(20, f'{folder} is a file, not a folder')
-            folder.mkdir()
+            try:
+                folder.mkdir()
+            except FileExistsError:
+                if folder.is_dir():  # another run starting at the same time made it first
+                    continue
+                raise
             made.append(folder)
+        for _ in range(RUN_ID_ATTEMPTS):
+            run_dir = root / new_run_id()
+            try:
+                run_dir.mkdir()
+            except FileExistsError:  # another run took this id
+                continue
+            made.append(run_dir)
+            return run_dir
+        raise FileExistsError(17, f'{RUN_ID_ATTEMPTS} new run ids in a row were taken in {root}')
     except (OSError, ValueError) as e:
         remove_made(made)
         why = getattr(e, 'strerror', None) or str(e)
         raise UsageError(f'cannot create a run directory in runs_dir={conf.runs_dir!r}: {why}') from None
-    return run_dir
 
 
-def remove_made(folders: Sequence[Path]) -> None:
-    """Remove `folders` (made in this order, each inside the one before) and what is in them, deepest first."""
+def remove_made(folders: Sequence[Path], run_dir: Optional[Path] = None) -> None:
+    """Remove `folders` (made in this order, each inside the one before), deepest first: `run_dir` (when one of
+    them) with what is in it, the others only when empty (a run another process started at the same moment may be
+    in them by now)."""
     import shutil
     for folder in reversed(list(folders)):
-        shutil.rmtree(folder, ignore_errors=True)
+        if run_dir is not None and folder == run_dir:
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def parameter_count(model) -> int:
@@ -610,7 +639,7 @@ def start_run(conf, name: str, argv: Sequence[str], *, run_dir: Optional[Path] =
         record.update(info or {})
         write_run_json(run_dir, record)
     except OSError as e:  # e.g. a full disk: no half-written run directory stays
-        remove_made(made)
+        remove_made(made, run_dir)
         raise UsageError(f'cannot write the run directory {run_dir}: {e.strerror or e}') from None
     return run_dir
 

@@ -9,16 +9,18 @@ a full disk (its `[enforce fail at inline_container.cc…]` RuntimeError, with t
 import errno
 import io
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from lazylab import cli
-from lazylab.errors import CheckpointError
+from lazylab.errors import CheckpointError, UsageError
 from lazylab.experiments import checkpoint as checkpoint_module
 from lazylab.experiments import runner
 from lazylab.experiments.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
@@ -303,3 +305,92 @@ def test_training_whose_metrics_cannot_be_written_is_one_line_and_run_json_faile
     info = json.loads((run / 'run.json').read_text(encoding='utf-8'))
     assert (info['status'], info['error']) == ('failed', message)
     assert (run / 'metrics.jsonl').read_bytes() == b''
+
+
+# --- run directories made without a race ------------------------------------------------------------------------
+
+def test_a_runs_dir_another_process_makes_first_is_used(tmp_path, monkeypatch):
+    """Between `is_dir()` and `mkdir()` another run makes runs_dir (and runs_dir/NAME): this one uses them, and
+    does not count them as its own (a failure after would leave them to the other run)."""
+    runs = tmp_path / 'runs'
+    real = Path.mkdir
+
+    def the_other_process_first(self, *args, **kwargs):
+        if self in (runs, runs / 'transformer'):
+            real(self)  # the other process
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(self))
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(Path, 'mkdir', the_other_process_first)
+    made = []
+    run_dir = runner.new_run_dir(SimpleNamespace(runs_dir=str(runs)), 'transformer', made)
+    assert run_dir.parent == runs / 'transformer' and run_dir.is_dir()
+    assert made == [run_dir]
+
+
+def test_a_run_id_another_run_took_is_drawn_again(tmp_path, monkeypatch):
+    ids = iter(['20261201-120000-aaaa', '20261201-120000-aaaa', '20261201-120000-bbbb'])
+    monkeypatch.setattr(runner, 'new_run_id', lambda: next(ids))
+    conf = SimpleNamespace(runs_dir=str(tmp_path))
+    first = runner.new_run_dir(conf, 'transformer')
+    second = runner.new_run_dir(conf, 'transformer')
+    assert (first.name, second.name) == ('20261201-120000-aaaa', '20261201-120000-bbbb')
+    monkeypatch.setattr(runner, 'new_run_id', lambda: '20261201-120000-aaaa')  # every id taken
+    with pytest.raises(UsageError, match=rf'^cannot create a run directory in runs_dir=.*: '
+                                         rf'{runner.RUN_ID_ATTEMPTS} new run ids in a row were taken in '):
+        runner.new_run_dir(conf, 'transformer')
+
+
+def test_a_failed_start_removes_only_its_own_run_not_one_started_beside_it(tmp_path):
+    """Run A made runs_dir and runs_dir/NAME, run B started inside them, then A's first files failed: A's folder
+    goes, B's run and the folders holding it stay."""
+    runs = tmp_path / 'runs'
+    made = []
+    a = runner.new_run_dir(SimpleNamespace(runs_dir=str(runs)), 'transformer', made)
+    b = runner.new_run_dir(SimpleNamespace(runs_dir=str(runs)), 'transformer')
+    (b / 'run.json').write_text('{}')
+    runner.remove_made(made, a)
+    assert not a.exists() and (b / 'run.json').read_text() == '{}'
+
+
+def _start_together(barrier, runs_dir: str, queue) -> None:
+    barrier.wait()
+    try:
+        queue.put(str(runner.new_run_dir(SimpleNamespace(runs_dir=runs_dir), 'transformer')))
+    except UsageError as e:
+        queue.put(f'error: {e}')
+
+
+def test_runs_started_together_on_a_new_runs_dir_each_get_their_own_directory(tmp_path):
+    """Real processes, released together by a barrier, each make a run directory in the same new runs_dir (a few
+    levels deep, so they meet at every parent): every one succeeds, and no two share a folder."""
+    context = multiprocessing.get_context('fork')
+    processes, rounds = 6, 5
+    for k in range(rounds):
+        runs_dir = str(tmp_path / f'round{k}' / 'runs' / 'deep')
+        barrier, queue = context.Barrier(processes), context.Queue()
+        children = [context.Process(target=_start_together, args=(barrier, runs_dir, queue))
+                    for _ in range(processes)]
+        for child in children:
+            child.start()
+        got = [queue.get(timeout=120) for _ in children]
+        for child in children:
+            child.join(timeout=120)
+        assert [child.exitcode for child in children] == [0] * processes
+        assert not [g for g in got if g.startswith('error: ')], got
+        assert len(set(got)) == processes
+        assert sorted(p.name for p in (Path(runs_dir) / 'transformer').iterdir()) == sorted(Path(g).name for g in got)
+
+
+def test_three_lazylab_trains_started_together_on_a_new_runs_dir_all_complete(tmp_path):
+    """The issue's case end to end: three `lazylab train` processes at once, one new runs_dir."""
+    runs = tmp_path / 'runs'
+    env = {**os.environ, 'PYTHONPATH': str(ROOT), 'OMP_NUM_THREADS': '1'}
+    one_step = [a for a in TINY if not a.startswith('max_steps=')] + ['max_steps=1']
+    argv = [sys.executable, '-m', 'lazylab.cli', 'train', 'transformer', *one_step, f'runs_dir={runs}']
+    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    done = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in done]
+    runs_made = sorted((runs / 'transformer').iterdir())
+    assert len(runs_made) == 3
+    assert [json.loads((r / 'run.json').read_text())['status'] for r in runs_made] == ['completed'] * 3
