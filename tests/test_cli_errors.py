@@ -51,7 +51,8 @@ CASES = [
     (['train', 'feedback', 'threads=100000'], r'^bad value for threads: must be ≤ 1024, got 100000$'),
     (['train', 'transformer', 'device=cuda:7' if not torch.cuda.is_available() else 'device=tpu'], r'device'),
     (['train', 'transformer', 'heads=3'], r'model|heads'),
-    (['train', 'transformer', 'prompt=¿Qué?'], r"character '¿' \(position 0\) is not in the vocabulary"),
+    (['train', 'transformer', 'prompt=¿Qué?'], r"^prompt='¿Qué\?' \(the start of the validation samples\): "
+                                               r"character '¿' \(position 0\) is not in the text tiny_shakespeare"),
     (['train', 'transformer', '--config', '{tmp}/none.yaml'], r'config file not found: .*none.yaml'),
     (['train', 'transformer', '--config', '{tmp}/bad.yaml'], r'bad.yaml is not valid YAML at line'),
     (['train', 'transformer', '--config', '{tmp}/list.yaml'], r'must hold a mapping'),

@@ -14,7 +14,9 @@ first; only then is RUNS_DIR/NAME/RUN_ID/ created. Such mistakes raise a `lazyla
 Replaying a dump (`--config RUN/configs.yaml`, and `lazylab resume`) applies its given values and then checks that
 every value it recorded as computed comes out the same, unless the new key=value settings changed what it was
 computed from (`lazylab.configs.replay_changes`); a difference is one error line naming the key and both values,
-and `--allow-changes` accepts it (each is then printed as a warning and recorded in run.json).
+and `--allow-changes` accepts it (each is then printed as a warning and recorded in run.json). A resume also
+compares the training text with the sha256 and size its checkpoint records (`check_data_changes`), refused or
+accepted the same way.
 
 run.json: experiment, run_id, uuid, argv, created; the lazylab, torch and Python versions, the device, the git
 commit of the lazylab source when it is a git checkout (`git`: commit and whether the tree had changes), the
@@ -226,6 +228,23 @@ def check_replay(conf, allow_changes: bool = False) -> list[str]:
     for line in lines:
         print(f'lazylab: warning: {line} (accepted: {ALLOW_CHANGES})', file=sys.stderr, flush=True)
     return lines
+
+
+def check_data_changes(lines: list[str], allow_changes: bool = False) -> list[str]:
+    """The changes of a resumed run's data since its checkpoint (`trainer.check_resume`'s lines, e.g. a text that
+    changed but kept its characters): refused, or with `allow_changes` printed as warnings and returned.
+
+    Raises:
+        CheckpointError: `text FILE changed since the checkpoint: sha256 … → …, size … → … bytes; …`.
+    """
+    from lazylab.errors import CheckpointError
+    if lines and not allow_changes:
+        more = f' (and {len(lines) - 1} more)' if len(lines) > 1 else ''
+        raise CheckpointError(f'{lines[0]}{more}; resume on the data it was trained on, or {ALLOW_CHANGES} to go '
+                              f'on with this')
+    for line in lines:
+        print(f'lazylab: warning: {line} (accepted: {ALLOW_CHANGES})', file=sys.stderr, flush=True)
+    return list(lines)
 
 
 def run_environment(conf) -> dict[str, Any]:
@@ -713,8 +732,8 @@ def resume_main(run_dir: str, *, allow_changes: bool = False, on_validation=None
         stack.enter_context(distributed.process_group(_device(conf)))
         prepare(conf)
         # first the checkpoint (another text says which characters differ), then the replay's computed values
-        check_resume(conf, path / CHECKPOINT, checkpoint)  # vocabulary, model shapes, processes: before any write
-        changes = check_replay(conf, allow_changes)
+        data_changes = check_resume(conf, path / CHECKPOINT, checkpoint)  # vocabulary, text, model shapes, processes
+        changes = check_data_changes(data_changes, allow_changes) + check_replay(conf, allow_changes)
         position = checkpoint.get('position', {})
         if position.get('step', 0) >= position.get('total_steps', 0):  # training would return at once
             if distributed.is_main_process():
