@@ -20,6 +20,7 @@ sees a half-written file; it is read with `weights_only=True`, so loading one ru
 """
 import os
 import random
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -110,7 +111,11 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f'no checkpoint at {path}')
     try:
-        payload = torch.load(path, map_location='cpu', weights_only=True)
+        with warnings.catch_warnings():
+            # a plain pickle (not torch's zip format) draws torch's two-line warning about its pickle protocol
+            # before the load fails; the one line below says what is wrong
+            warnings.filterwarnings('ignore', message=r'Detected pickle protocol', category=UserWarning)
+            payload = torch.load(path, map_location='cpu', weights_only=True)
     except Exception as e:  # torch raises several types for damaged files (RuntimeError, UnpicklingError, EOFError…)
         raise CheckpointError(f'cannot read checkpoint {path}: it is damaged or not a lazylab checkpoint '
                               f'({type(e).__name__})') from None
