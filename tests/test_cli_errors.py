@@ -51,7 +51,8 @@ CASES = [
     (['train', 'feedback', 'threads=100000'], r'^bad value for threads: must be ≤ 1024, got 100000$'),
     (['train', 'transformer', 'device=cuda:7' if not torch.cuda.is_available() else 'device=tpu'], r'device'),
     (['train', 'transformer', 'heads=3'], r'model|heads'),
-    (['train', 'transformer', 'prompt=¿Qué?'], r"character '¿' \(position 0\) is not in the vocabulary"),
+    (['train', 'transformer', 'prompt=¿Qué?'], r"^prompt='¿Qué\?' \(the start of the validation samples\): "
+                                               r"character '¿' \(position 0\) is not in the text tiny_shakespeare"),
     (['train', 'transformer', '--config', '{tmp}/none.yaml'], r'config file not found: .*none.yaml'),
     (['train', 'transformer', '--config', '{tmp}/bad.yaml'], r'bad.yaml is not valid YAML at line'),
     (['train', 'transformer', '--config', '{tmp}/list.yaml'], r'must hold a mapping'),
@@ -99,6 +100,28 @@ def test_damaged_checkpoint_is_reported_by_resume_and_generate(short_run, tmp_pa
     assert 'no checkpoint at' in cli_error(['resume', str(run)])
     assert "character 'é'" in cli_error(['generate', str(short_run), '--prompt', 'é', '--tokens', '3'])
     assert '--tokens must be ≥ 0' in cli_error(['generate', str(short_run), '--prompt', 'a', '--tokens', '-1'])
+
+
+def test_a_plain_pickle_as_the_checkpoint_is_one_line_without_torchs_warning(short_run, tmp_path):
+    """torch.load(weights_only=True) of a pickle that is not torch's zip format warns (two lines, about its pickle
+    protocol) before it fails; the user sees lazylab's one line only, in-process and as a process."""
+    import pickle
+    import shutil
+    import warnings
+    run = tmp_path / 'run'
+    shutil.copytree(short_run, run)
+    (run / 'checkpoint.pt').write_bytes(pickle.dumps({'model': {}, 'format': 'lazylab-checkpoint-1'}, protocol=4))
+    line = (f'lazylab: error: cannot read checkpoint {run / "checkpoint.pt"}: it is damaged or not a lazylab '
+            f'checkpoint (UnpicklingError)')
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        with pytest.raises(Exception) as error:
+            load_checkpoint(run / 'checkpoint.pt')
+    assert f'lazylab: error: {error.value}' == line and [str(w.message) for w in caught] == []
+    for command in (['resume', str(run)], ['generate', str(run), '--prompt', 'a', '--tokens', '1']):
+        done = subprocess.run([sys.executable, '-m', 'lazylab.cli', *command], capture_output=True, text=True,
+                              timeout=120, cwd=Path(__file__).resolve().parents[1])
+        assert (done.returncode, done.stderr) == (2, line + '\n')
 
 
 @pytest.mark.parametrize('content, message', [

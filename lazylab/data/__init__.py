@@ -158,11 +158,16 @@ class TextDataset:
         tokenizer: CharTokenizer over the characters of train + valid.
         train, valid: LongTensor [n_train], [n_valid] of token ids.
         name: where the text came from (for messages).
+        sha256, size: the sha256 (hex) and the length in bytes of the text's UTF-8 encoding, which for a text read
+            by `load_text` are those of the file (decoding and encoding valid UTF-8 gives back the same bytes); a
+            checkpoint records them, so a resume can tell that the text changed even when its characters did not.
     """
 
     def __init__(self, text: str, name: str = 'text'):
         split = int(len(text) * TRAIN_FRACTION)
         self.name = name
+        encoded = text.encode('utf-8', 'surrogatepass')  # a str made in code may hold lone surrogates
+        self.sha256, self.size = hashlib.sha256(encoded).hexdigest(), len(encoded)
         self.tokenizer = CharTokenizer.from_text(text)
         self.train = self.tokenizer.encode(text[:split])
         self.valid = self.tokenizer.encode(text[split:])

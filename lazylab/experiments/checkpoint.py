@@ -20,6 +20,7 @@ sees a half-written file; it is read with `weights_only=True`, so loading one ru
 """
 import os
 import random
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -50,21 +51,55 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     """torch.save to a temporary file in the same folder, then rename: a reader never sees a half-written file,
     and a write that fails leaves the previous checkpoint as it was and no temporary file.
 
+    A failed write is an OSError from the file (the folder is read-only, the disk full at `open`, `close` or a
+    buffered write) or torch's RuntimeError (its zip writer's `[enforce fail at inline_container.cc…]`, raised
+    while handling the file's OSError); both become one CheckpointError with the operating system's reason.
+
     Raises:
-        CheckpointError: the file cannot be written (disk full, no permission; the message says which).
+        CheckpointError: `cannot write the checkpoint PATH (the previous checkpoint is kept | no checkpoint was
+            written): REASON`, REASON e.g. `No space left on device`, `Permission denied`.
     """
     tmp = path.with_name(path.name + f'.tmp{os.getpid()}')
     try:
-        with open(tmp, 'wb') as f:  # a Python file: a failed write is an OSError (errno, strerror), not torch's text
+        with open(tmp, 'wb') as f:  # a Python file: a failed write is an OSError (errno, strerror) torch passes on
             torch.save(payload, f)
         os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
+    except (OSError, RuntimeError) as e:
+        _remove(tmp)
+        reason = write_failure(e)
+        if reason is None:  # a RuntimeError that is not the writer's: a bug, with its traceback
+            raise
         kept = 'the previous checkpoint is kept' if path.exists() else 'no checkpoint was written'
-        raise CheckpointError(f'cannot write checkpoint {path}: {e.strerror or e}; {kept}') from e
+        raise CheckpointError(f'cannot write the checkpoint {path} ({kept}): {reason}') from e
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        _remove(tmp)
         raise
+
+
+def write_failure(e: BaseException) -> Optional[str]:
+    """Why writing a file failed, in the operating system's words, or None when `e` is not a write failure: the
+    first OSError in `e`'s chain of causes and contexts (torch's writer raises its RuntimeError while handling
+    the file's OSError), else the first line of a RuntimeError of torch's zip writer (PytorchStreamWriter,
+    inline_container.cc: a write failure torch saw without an OSError, e.g. a short write)."""
+    seen: set[int] = set()
+    link: Optional[BaseException] = e
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, OSError):
+            return link.strerror or str(link) or type(link).__name__
+        link = link.__cause__ or link.__context__
+    text = str(e)
+    if isinstance(e, RuntimeError) and ('inline_container' in text or 'PytorchStreamWriter' in text):
+        return text.splitlines()[0] if text else type(e).__name__
+    return None
+
+
+def _remove(tmp: Path) -> None:
+    """Remove the temporary file of a failed write (there is none when the folder could not take it)."""
+    try:
+        tmp.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -76,7 +111,11 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f'no checkpoint at {path}')
     try:
-        payload = torch.load(path, map_location='cpu', weights_only=True)
+        with warnings.catch_warnings():
+            # a plain pickle (not torch's zip format) draws torch's two-line warning about its pickle protocol
+            # before the load fails; the one line below says what is wrong
+            warnings.filterwarnings('ignore', message=r'Detected pickle protocol', category=UserWarning)
+            payload = torch.load(path, map_location='cpu', weights_only=True)
     except Exception as e:  # torch raises several types for damaged files (RuntimeError, UnpicklingError, EOFError…)
         raise CheckpointError(f'cannot read checkpoint {path}: it is damaged or not a lazylab checkpoint '
                               f'({type(e).__name__})') from None

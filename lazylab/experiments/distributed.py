@@ -30,6 +30,7 @@ import contextlib
 import datetime
 import gc
 import hashlib
+import math
 import os
 import sys
 from collections.abc import Iterator
@@ -49,6 +50,8 @@ __all__ = ['DistEnv', 'DistributedError', 'ReplicaMismatchError', 'environment',
 
 #: seconds a collective waits for the other processes before failing (env LAZYLAB_DIST_TIMEOUT overrides)
 DEFAULT_TIMEOUT_S = 600.0
+#: the longest LAZYLAB_DIST_TIMEOUT taken (a year: longer is no timeout at all, and 1e18 overflows a timedelta)
+MAX_TIMEOUT_S = 365 * 24 * 3600.0
 
 T = TypeVar('T')
 
@@ -110,14 +113,22 @@ def environment() -> DistEnv:
 
 
 def timeout() -> datetime.timedelta:
-    """How long a collective waits for the other processes: LAZYLAB_DIST_TIMEOUT seconds (default 600)."""
+    """How long a collective waits for the other processes: LAZYLAB_DIST_TIMEOUT seconds (default 600), a finite
+    number in (0, MAX_TIMEOUT_S]. `setup` reads it in every process, under torchrun or not, so a bad value is
+    refused before a run starts wherever it is set.
+
+    Raises:
+        DistributedError: `LAZYLAB_DIST_TIMEOUT='abc' is not a number of seconds`, or not finite, ≤ 0 or too large
+            (the message names the variable and the value).
+    """
     value = os.environ.get('LAZYLAB_DIST_TIMEOUT', '')
     try:
-        seconds = float(value) if value else DEFAULT_TIMEOUT_S
+        seconds = float(value) if value.strip() else DEFAULT_TIMEOUT_S
     except ValueError:
         raise DistributedError(f'LAZYLAB_DIST_TIMEOUT={value!r} is not a number of seconds') from None
-    if seconds <= 0:
-        raise DistributedError(f'LAZYLAB_DIST_TIMEOUT must be > 0 seconds, got {value}')
+    if not math.isfinite(seconds) or not 0 < seconds <= MAX_TIMEOUT_S:
+        raise DistributedError(f'LAZYLAB_DIST_TIMEOUT must be a finite number of seconds in (0, {MAX_TIMEOUT_S:g}], '
+                               f'got {value!r}')
     return datetime.timedelta(seconds=seconds)
 
 
@@ -133,9 +144,11 @@ def setup(device: torch.device, env: Optional[DistEnv] = None) -> DistEnv:
 
     Raises:
         DistributedError: several processes and device mps (not supported by torch.distributed), or a CUDA
-            device given with an explicit index other than LOCAL_RANK, or fewer GPUs than LOCAL_RANK needs.
+            device given with an explicit index other than LOCAL_RANK, or fewer GPUs than LOCAL_RANK needs; a bad
+            LAZYLAB_DIST_TIMEOUT (see `timeout`), also in a single process.
     """
     env = environment() if env is None else env
+    wait = timeout()  # also without torchrun: a bad LAZYLAB_DIST_TIMEOUT is refused wherever it is set
     if not env.enabled or dist.is_initialized():
         return env
     if device.type == 'mps':
@@ -149,9 +162,9 @@ def setup(device: torch.device, env: Optional[DistEnv] = None) -> DistEnv:
             raise DistributedError(f'LOCAL_RANK {env.local_rank} needs GPU {env.local_rank} but this machine has '
                                    f'{torch.cuda.device_count()}; use --nproc_per_node ≤ the number of GPUs')
         torch.cuda.set_device(env.local_rank)
-        dist.init_process_group('nccl', timeout=timeout(), device_id=torch.device('cuda', env.local_rank))
+        dist.init_process_group('nccl', timeout=wait, device_id=torch.device('cuda', env.local_rank))
     else:
-        dist.init_process_group('gloo', timeout=timeout())
+        dist.init_process_group('gloo', timeout=wait)
     return env
 
 

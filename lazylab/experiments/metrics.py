@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
-from lazylab.errors import point_at_devnull
+from lazylab.errors import TrainingError, point_at_devnull
 
 METRICS = 'metrics.jsonl'
 SAMPLES = 'samples.txt'
@@ -85,8 +85,7 @@ class MetricsLog:
         self.path = path
 
     def write(self, record: dict[str, Any]) -> None:
-        with open(self.path, 'a', encoding='utf-8') as f:
-            f.write(json.dumps(record) + '\n')
+        append_whole(self.path, json.dumps(record) + '\n')
 
     def drop_after(self, step: int) -> None:
         """Keep only records up to `step` (a resumed run re-logs the steps after its checkpoint)."""
@@ -197,8 +196,28 @@ class RunLog:
         """Print a sampled text on one line ('⏎' for newlines) and append it to samples.txt (None: nothing)."""
         if self.enabled and text is not None:
             self.progress.text('sample: ' + text.replace('\n', ' ⏎ '))
-            with open(self.run_dir / SAMPLES, 'a', encoding='utf-8') as f:
-                f.write(f'--- step {pos.step}, {pos.tokens:,} tokens\n{text}\n')
+            append_whole(self.run_dir / SAMPLES, f'--- step {pos.step}, {pos.tokens:,} tokens\n{text}\n')
+
+
+def append_whole(path: Path, text: str) -> None:
+    """Append `text` to `path` whole or not at all: a write that fails (a full disk) cuts the file back to its
+    length before, so no half line stays for a reader.
+
+    Raises:
+        TrainingError: `cannot write PATH: REASON` (the operating system's reason, e.g. No space left on device).
+    """
+    data = memoryview(text.encode('utf-8'))
+    try:
+        with open(path, 'ab', buffering=0) as f:  # unbuffered: nothing left to flush (and fail again) at close
+            size = f.seek(0, os.SEEK_END)
+            try:
+                while data:
+                    data = data[f.write(data):]
+            except OSError:
+                os.ftruncate(f.fileno(), size)
+                raise
+    except OSError as e:
+        raise TrainingError(f'cannot write {path}: {e.strerror or e}') from None
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ validation on the held-out 10%, a sample from `prompt`). Experiments subclass it
 `@option(Configs.model, 'name')` functions that build an `AutoregressiveModel(n_tokens, d_model, core_transformer)`
 on `device_of(c)`.
 """
+import sys
 from collections.abc import Iterator
 from typing import Annotated, Any, Optional
 
@@ -94,7 +95,7 @@ class TextTask(Task):
         world_size = distributed.get_world_size() if world_size is None else world_size
         data.check_seq_len(seq_len, processes=world_size)
         self.data, self.device, self.seed = data, device, seed
-        self.prompt_ids = data.tokenizer.encode(prompt)
+        self.prompt_ids = prompt_ids(data, prompt)
         self.sample_tokens, self.sample_temperature = sample_tokens, sample_temperature
         self.train_loader = ShuffledLoader(data.train, seq_len=seq_len, batch_size=batch_size, seed=seed,
                                            rank=rank, world_size=world_size)
@@ -123,12 +124,17 @@ class TextTask(Task):
         return self.data.tokenizer.decode(ids.cpu())
 
     def checkpoint_extras(self) -> dict[str, Any]:
-        """The vocabulary, so that `lazylab generate` needs only the checkpoint."""
-        return {'vocabulary': self.data.tokenizer.itos}
+        """The vocabulary, so that `lazylab generate` needs only the checkpoint; the text's sha256 and size in
+        bytes (`text_sha256`, `text_size`), so that a resume can tell the text changed."""
+        return {'vocabulary': self.data.tokenizer.itos, 'text_sha256': self.data.sha256,
+                'text_size': self.data.size}
 
-    def check_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+    def check_checkpoint(self, checkpoint: dict[str, Any]) -> list[str]:
         """Refuse to resume from a checkpoint trained on another vocabulary (the text changed): the ids would
-        mean other characters, or the embedding would not fit.
+        mean other characters, or the embedding would not fit. A text that changed but kept its characters (its
+        sha256 or size differ from the checkpoint's) is returned as one line, which `lazylab resume` refuses
+        unless `--allow-changes`. A checkpoint of an older lazylab records no sha256: a note says the text is not
+        compared, and the resume goes on.
 
         Raises:
             CheckpointError: saying what differs (sizes, characters added or removed, or their order).
@@ -138,6 +144,33 @@ class TextTask(Task):
         if change is not None:
             raise CheckpointError(f'the text {self.data.name} has another vocabulary than the checkpoint was '
                                   f'trained on ({change}); resume with the same text')
+        sha256, size = checkpoint.get('text_sha256'), checkpoint.get('text_size')
+        if not isinstance(sha256, str) or not isinstance(size, int):
+            if distributed.is_main_process():
+                print(f'lazylab: note: the checkpoint records no sha256 of its text (an older lazylab wrote it); '
+                      f'only the vocabulary of {self.data.name} was compared', file=sys.stderr, flush=True)
+            return []
+        if (sha256, size) == (self.data.sha256, self.data.size):
+            return []
+        return [f'text {self.data.name} changed since the checkpoint: sha256 {sha256[:12]}… → '
+                f'{self.data.sha256[:12]}…, size {size:,} → {self.data.size:,} bytes']
+
+
+def prompt_ids(data: TextDataset, prompt: str) -> torch.Tensor:
+    """The ids of `prompt` in the text's vocabulary (LongTensor [len(prompt)]).
+
+    Raises:
+        DataError: `prompt='It is' (…): character 'I' (position 0) is not in the text FILE (its N characters); …`,
+            naming the `prompt` key and how to set it (the default prompt is English; a text need not contain it).
+    """
+    stoi = data.tokenizer.stoi
+    bad = next(((i, ch) for i, ch in enumerate(prompt) if ch not in stoi), None)
+    if bad is not None:
+        i, ch = bad
+        raise DataError(f'prompt={prompt!r} (the start of the validation samples): character {ch!r} (position {i}) '
+                        f'is not in the text {data.name} (its {plural(data.n_tokens, "character")}); set '
+                        f'prompt=TEXT to characters of the text')
+    return data.tokenizer.encode(prompt)
 
 
 @option(NLPAutoRegressionConfigs.task, 'next_character')

@@ -14,7 +14,9 @@ first; only then is RUNS_DIR/NAME/RUN_ID/ created. Such mistakes raise a `lazyla
 Replaying a dump (`--config RUN/configs.yaml`, and `lazylab resume`) applies its given values and then checks that
 every value it recorded as computed comes out the same, unless the new key=value settings changed what it was
 computed from (`lazylab.configs.replay_changes`); a difference is one error line naming the key and both values,
-and `--allow-changes` accepts it (each is then printed as a warning and recorded in run.json).
+and `--allow-changes` accepts it (each is then printed as a warning and recorded in run.json). A resume also
+compares the training text with the sha256 and size its checkpoint records (`check_data_changes`), refused or
+accepted the same way.
 
 run.json: experiment, run_id, uuid, argv, created; the lazylab, torch and Python versions, the device, the git
 commit of the lazylab source when it is a git checkout (`git`: commit and whether the tree had changes), the
@@ -228,6 +230,23 @@ def check_replay(conf, allow_changes: bool = False) -> list[str]:
     return lines
 
 
+def check_data_changes(lines: list[str], allow_changes: bool = False) -> list[str]:
+    """The changes of a resumed run's data since its checkpoint (`trainer.check_resume`'s lines, e.g. a text that
+    changed but kept its characters): refused, or with `allow_changes` printed as warnings and returned.
+
+    Raises:
+        CheckpointError: `text FILE changed since the checkpoint: sha256 … → …, size … → … bytes; …`.
+    """
+    from lazylab.errors import CheckpointError
+    if lines and not allow_changes:
+        more = f' (and {len(lines) - 1} more)' if len(lines) > 1 else ''
+        raise CheckpointError(f'{lines[0]}{more}; resume on the data it was trained on, or {ALLOW_CHANGES} to go '
+                              f'on with this')
+    for line in lines:
+        print(f'lazylab: warning: {line} (accepted: {ALLOW_CHANGES})', file=sys.stderr, flush=True)
+    return list(lines)
+
+
 def run_environment(conf) -> dict[str, Any]:
     """What run.json records about the software and machine: versions, device, git commit of the lazylab source."""
     import platform
@@ -271,10 +290,20 @@ def git_commit(folder: Path) -> Optional[dict[str, Any]]:
 
 
 def write_run_json(run_dir: Path, info: dict[str, Any]) -> None:
-    """run.json through a temporary file and a rename (a reader never sees half of it)."""
+    """run.json through a temporary file and a rename (a reader never sees half of it); a write that fails (a full
+    disk) leaves the previous run.json as it was and no temporary file.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
     tmp = run_dir / f'run.json.tmp{os.getpid()}'
-    tmp.write_text(json.dumps(info, indent=1) + '\n', encoding='utf-8')
-    os.replace(tmp, run_dir / 'run.json')
+    try:
+        tmp.write_text(json.dumps(info, indent=1) + '\n', encoding='utf-8')
+        os.replace(tmp, run_dir / 'run.json')
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def update_run_json(run_dir: Path, **values: Any) -> None:
@@ -319,6 +348,18 @@ def finish_run(conf, run_dir: Path, status: str, last: dict[str, Any], error: Op
     if error is not None:
         extra['error'] = error
     update_run_json(run_dir, **extra)
+
+
+def record_failure(conf, run_dir: Path, e: BaseException) -> None:
+    """run.json of a run that `e` ended: status `failed`, `error` the one line `run_cli` prints for a user's error
+    (else the exception's type and first line). When run.json itself cannot be written (a disk still full, a
+    read-only folder) a warning line says so, and `e` is what the caller goes on raising."""
+    message = user_error_message(e) or f'{type(e).__name__}: {e}'.splitlines()[0]
+    try:
+        finish_run(conf, run_dir, 'failed', {}, message)
+    except OSError as written:
+        print(f'lazylab: warning: cannot record the failure in {run_dir / "run.json"}: '
+              f'{written.strerror or written}', file=sys.stderr, flush=True)
 
 
 #: run.json's fields about how a run ended; a resume removes them (the run is running again)
@@ -438,39 +479,68 @@ def check_values(conf) -> None:
         track_url(conf.dashboard)
 
 
+#: how many run ids `new_run_dir` tries before it gives up (a clash needs the same second and 4 hex digits)
+RUN_ID_ATTEMPTS = 100
+
+
+def new_run_id() -> str:
+    """A run id: the start time and 4 random hex digits (`20261201-143005-9f3a`), so runs sort by time."""
+    return time.strftime('%Y%m%d-%H%M%S') + '-' + os.urandom(2).hex()
+
+
 def new_run_dir(conf, name: str, made: Optional[list] = None) -> Path:
-    """Create RUNS_DIR/NAME/RUN_ID (RUN_ID: start time and 4 random hex digits, so runs sort by time).
+    """Create RUNS_DIR/NAME/RUN_ID (see `new_run_id`), safely while other processes start runs in the same
+    RUNS_DIR: a parent folder another process makes at the same moment is used as it is, and the run's own folder
+    is made exclusively (mkdir fails when it exists), with a new id after a clash, so two runs never share one.
 
     `made`: a list to which the folders this call makes are added, outermost first (to remove them again if
-    writing the run's first files fails).
+    writing the run's first files fails, see `remove_made`).
 
     Raises:
         UsageError: the folder cannot be made (runs_dir is a file, not writable, …); the folders this call made
             before it failed are removed again.
     """
-    run_id = time.strftime('%Y%m%d-%H%M%S') + '-' + os.urandom(2).hex()
-    run_dir = Path(conf.runs_dir).expanduser() / name / run_id
+    root = Path(conf.runs_dir).expanduser() / name
     made = [] if made is None else made
     try:
-        for folder in reversed([run_dir, *run_dir.parents]):
+        for folder in reversed([root, *root.parents]):
             if folder.is_dir():
                 continue
             if folder.exists():
                 raise NotADirectoryError(20, f'{folder} is a file, not a folder')
-            folder.mkdir()
+            try:
+                folder.mkdir()
+            except FileExistsError:
+                if folder.is_dir():  # another run starting at the same time made it first
+                    continue
+                raise
             made.append(folder)
+        for _ in range(RUN_ID_ATTEMPTS):
+            run_dir = root / new_run_id()
+            try:
+                run_dir.mkdir()
+            except FileExistsError:  # another run took this id
+                continue
+            made.append(run_dir)
+            return run_dir
+        raise FileExistsError(17, f'{RUN_ID_ATTEMPTS} new run ids in a row were taken in {root}')
     except (OSError, ValueError) as e:
         remove_made(made)
         why = getattr(e, 'strerror', None) or str(e)
         raise UsageError(f'cannot create a run directory in runs_dir={conf.runs_dir!r}: {why}') from None
-    return run_dir
 
 
-def remove_made(folders: Sequence[Path]) -> None:
-    """Remove `folders` (made in this order, each inside the one before) and what is in them, deepest first."""
+def remove_made(folders: Sequence[Path], run_dir: Optional[Path] = None) -> None:
+    """Remove `folders` (made in this order, each inside the one before), deepest first: `run_dir` (when one of
+    them) with what is in it, the others only when empty (a run another process started at the same moment may be
+    in them by now)."""
     import shutil
     for folder in reversed(list(folders)):
-        shutil.rmtree(folder, ignore_errors=True)
+        if run_dir is not None and folder == run_dir:
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def parameter_count(model) -> int:
@@ -517,7 +587,7 @@ def execute(name: str, conf, run_dir: Path, *, resume: bool, checkpoint: Optiona
         raise
     except BaseException as e:
         if is_main:
-            finish_run(conf, run_dir, 'failed', {}, user_error_message(e) or f'{type(e).__name__}: {e}')
+            record_failure(conf, run_dir, e)
         raise
     if is_main and last:
         finish_run(conf, run_dir, (stop.reason if stop is not None else None) or 'completed', last)
@@ -588,7 +658,7 @@ def start_run(conf, name: str, argv: Sequence[str], *, run_dir: Optional[Path] =
         record.update(info or {})
         write_run_json(run_dir, record)
     except OSError as e:  # e.g. a full disk: no half-written run directory stays
-        remove_made(made)
+        remove_made(made, run_dir)
         raise UsageError(f'cannot write the run directory {run_dir}: {e.strerror or e}') from None
     return run_dir
 
@@ -662,8 +732,8 @@ def resume_main(run_dir: str, *, allow_changes: bool = False, on_validation=None
         stack.enter_context(distributed.process_group(_device(conf)))
         prepare(conf)
         # first the checkpoint (another text says which characters differ), then the replay's computed values
-        check_resume(conf, path / CHECKPOINT, checkpoint)  # vocabulary, model shapes, processes: before any write
-        changes = check_replay(conf, allow_changes)
+        data_changes = check_resume(conf, path / CHECKPOINT, checkpoint)  # vocabulary, text, model shapes, processes
+        changes = check_data_changes(data_changes, allow_changes) + check_replay(conf, allow_changes)
         position = checkpoint.get('position', {})
         if position.get('step', 0) >= position.get('total_steps', 0):  # training would return at once
             if distributed.is_main_process():

@@ -112,17 +112,20 @@ class Task:
         """Whether training may stop early after the validation that gave `valid` (the same on every process: the
         validation is all-reduced). Default: never; the retrieval task stops at its target loss."""
         return False
-    def check_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+    def check_checkpoint(self, checkpoint: dict[str, Any]) -> list[str]:
         """Before a resume: refuse a checkpoint made on other data, i.e. one whose `checkpoint_extras` differ
-        from this task's (default: each extra compared for equality).
+        from this task's (default: each extra compared for equality). Returns the differences a resume may accept
+        with `--allow-changes` (one line each; e.g. the text task's text changed but kept its characters), which
+        the runner refuses without it; none by default.
 
         Raises:
-            CheckpointError: naming the extra that differs.
+            CheckpointError: naming the extra that differs (what no resume can accept).
         """
         from lazylab.errors import CheckpointError
         for key, value in self.checkpoint_extras().items():
             if key in checkpoint and checkpoint[key] != value:
                 raise CheckpointError(f"the checkpoint's {key} differs from this run's; it was made on other data")
+        return []
 
 
 class SeqLenWarmup:

@@ -238,15 +238,18 @@ def stop_asked(hook: ValidationHook, step: int, record: dict[str, Any]) -> bool:
     """Rank 0 asks `hook(step, record)`; every process gets whether it said to stop."""
     answer = hook(step, record) if distributed.is_main_process() else None
     return bool(distributed.broadcast_object(answer))
-def check_resume(c, path: Path, checkpoint: dict[str, Any]) -> None:
+def check_resume(c, path: Path, checkpoint: dict[str, Any]) -> list[str]:
     """Before a resume writes anything: `checkpoint` (read from `path`) fits this run's model and processes
-    (`Checkpointer.check`) and was made on this run's data (`Task.check_checkpoint`: for text, the vocabulary).
+    (`Checkpointer.check`) and was made on this run's data (`Task.check_checkpoint`: for text, the vocabulary,
+    then its sha256 and size). Returns the data's changes a resume may accept with `--allow-changes` (one line
+    each; the runner refuses them without it).
 
     Raises:
         CheckpointError: saying what differs.
     """
-    c.task.check_checkpoint(checkpoint)  # first: another vocabulary also changes the model's shapes
+    changes = c.task.check_checkpoint(checkpoint) or []  # first: another vocabulary also changes the model's shapes
     Checkpointer(path, c.model, c.optimizer.optimizer, c.optimizer.scheduler).check(checkpoint)
+    return list(changes)
 
 
 def check_trains(c) -> None:

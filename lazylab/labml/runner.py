@@ -184,14 +184,19 @@ def labml_main(argv: Sequence[str]) -> None:
             session.status = 'completed'
             session.finish()
             adapter.finish_experiment('completed')
+        except ModuleNotFoundError as e:  # imported inside main() or an option: a package to install, one line
+            raise _missing_package(args['module'], e) from None
     except OptionsRequested as o:
         print(options_text(name, o.conf, o.values))
         return
-    except BaseException:
+    except BaseException as e:
         session.abort()
+        session.finish()
+        session.record_end(e)  # run.json: failed with the line `lazylab: error:` prints (or interrupted)
         raise
     finally:
         session.finish()
         adapter.SESSION = None
+    session.record_end()
     if not args['options']:
         print(session.summary(), flush=True)

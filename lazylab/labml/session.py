@@ -12,6 +12,8 @@ script calls them::
                                       after_start: metrics.jsonl / samples.txt writer, the --steps limit
     (training)                        the step limit ends training after N optimizer updates, as 'completed'
     end of the `with` block           on_exit: configs.yaml rewritten with everything computed, files closed
+    main() returns or raises          record_end: run.json's status (running since the start): completed,
+                                      interrupted, or failed with the one-line error
 
 RUN_DIR is ``RUNS_DIR/MODULE/RUN_ID``; RUN_ID is the start time and four random hex digits, so runs sort by time.
 Nothing is written before ``experiment.start()`` except the bundled Tiny Shakespeare copied into ``RUNS_DIR/data``
@@ -22,12 +24,14 @@ import json
 import os
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 from lazylab.configs import apply_overrides, dump, load, parse_overrides
-from lazylab.errors import UsageError
+from lazylab.errors import UsageError, user_error_message
+from lazylab.experiments.runner import write_run_json
 from lazylab.labml import adapter
 
 TINY_SHAKESPEARE = 'tiny_shakespeare.txt'  # the name labml_nn's `tiny_shakespeare` option looks for
@@ -171,8 +175,8 @@ class Session:
         run = adapter.experiment_run()
         info = {'module': self.module, 'run_id': self.run_dir.name, 'uuid': run.uuid, 'name': run.name,
                 'labml_run': os.path.relpath(run.run_path, self.run_dir), 'steps': self.steps, 'argv': self.argv,
-                'created': time.strftime('%Y-%m-%dT%H:%M:%S')}
-        (self.run_dir / 'run.json').write_text(json.dumps(info, indent=1) + '\n', encoding='utf-8')
+                'created': time.strftime('%Y-%m-%dT%H:%M:%S'), 'status': 'running'}
+        write_run_json(self.run_dir, info)
 
     def after_start(self) -> None:
         self._writer = adapter.metrics_writer(self.run_dir / 'metrics.jsonl', self.run_dir / 'samples.txt')
@@ -205,6 +209,29 @@ class Session:
             dump(self.conf, self.run_dir / 'configs.yaml')
         if self._writer is not None:
             self._writer.close()
+
+    def record_end(self, error: Optional[BaseException] = None) -> None:
+        """run.json's end of a started run: `status` completed (the script's main() returned, or the step limit
+        ended it), interrupted (Ctrl-C) or failed with its one-line `error` (what `lazylab: error:` prints for a
+        user's mistake such as a package the module needs that is missing, else the exception's type and first
+        line), and `finished`. Nothing before ``experiment.start()`` (there is no run directory)."""
+        if not self.started:
+            return
+        values: dict[str, Any] = {'status': 'completed', 'finished': time.strftime('%Y-%m-%dT%H:%M:%S')}
+        if isinstance(error, KeyboardInterrupt):
+            values['status'] = 'interrupted'
+        elif error is not None:
+            values['status'] = 'failed'
+            values['error'] = user_error_message(error) or f'{type(error).__name__}: {error}'.splitlines()[0]
+        elif self.status not in ('', 'completed'):  # the script went on after its `with experiment.start()` failed
+            values['status'] = 'failed' if self.status == 'crashed' else self.status
+        try:
+            info = json.loads((self.run_dir / 'run.json').read_text(encoding='utf-8'))
+            write_run_json(self.run_dir, {**info, **values})
+        except (OSError, ValueError) as e:  # a full disk, a removed folder: say so, and keep the run's own error
+            print(f'lazylab: warning: cannot record the end of the run in {self.run_dir / "run.json"}: '
+                  f'{getattr(e, "strerror", None) or e}', file=sys.stderr, flush=True)
+        self.status = values['status']
 
     def abort(self) -> None:
         """A mistake ended the run before ``experiment.start()``: remove the data copy this run placed."""

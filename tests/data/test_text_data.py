@@ -138,3 +138,13 @@ def test_sequential_loader_covers_windows_in_order_and_subsets_evenly():
     assert torch.equal(torch.cat([y for _, y in batches], dim=1), xs + 1)
     sub = SequentialLoader(data, seq_len=10, batch_size=2, max_batches=2)
     assert torch.cat([x for x, _ in sub], dim=1)[0].tolist() == [0, 30, 60, 90]
+
+
+def test_a_dataset_knows_the_sha256_and_size_of_its_texts_bytes(tmp_path):
+    # FIPS 180-2's example: sha256('abc')
+    abc = TextDataset('abc')
+    assert (abc.sha256, abc.size) == ('ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad', 3)
+    path = tmp_path / 't.txt'
+    path.write_text('naïve café\n' * 3, encoding='utf-8')
+    data, raw = TextDataset.load(path), path.read_bytes()
+    assert (data.sha256, data.size) == (hashlib.sha256(raw).hexdigest(), 39)  # 11 characters, ï and é 2 bytes each

@@ -154,6 +154,33 @@ def test_timeout_from_environment(monkeypatch):
         D.timeout()
 
 
+BAD_TIMEOUTS = [('abc', "LAZYLAB_DIST_TIMEOUT='abc' is not a number of seconds"),
+                *[(v, f"LAZYLAB_DIST_TIMEOUT must be a finite number of seconds in (0, 3.1536e+07], got '{v}'")
+                  for v in ('nan', 'inf', '-inf', '-1', '0', '1e18')]]
+
+
+@pytest.mark.parametrize('value, message', BAD_TIMEOUTS)
+@pytest.mark.parametrize('env', [D.DistEnv(), D.DistEnv(rank=0, world_size=2, local_rank=0)],
+                         ids=['one process', 'under torchrun'])
+def test_a_bad_timeout_is_refused_by_setup_with_or_without_torchrun(monkeypatch, value, message, env):
+    """`setup` reads LAZYLAB_DIST_TIMEOUT in every process (nan and inf were a ValueError and an OverflowError
+    of timedelta under torchrun; any value was ignored without it), before it joins a process group."""
+    monkeypatch.setenv('LAZYLAB_DIST_TIMEOUT', value)
+    with pytest.raises(D.DistributedError) as caught:
+        D.setup(torch.device('cpu'), env)
+    assert str(caught.value) == message
+    assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.parametrize('value, message', BAD_TIMEOUTS[:3])
+def test_train_with_a_bad_timeout_is_one_line_and_writes_nothing(tmp_path, cli_error, monkeypatch, value, message):
+    monkeypatch.setenv('LAZYLAB_DIST_TIMEOUT', value)
+    runs = tmp_path / 'runs'
+    assert cli_error(['train', 'transformer', 'd_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16',
+                      'batch_size=4', 'device=cpu', 'threads=1', 'max_steps=1', f'runs_dir={runs}']) == message
+    assert not runs.exists()
+
+
 def test_setup_refuses_mps_and_a_foreign_gpu_index():
     env = D.DistEnv(rank=1, world_size=2, local_rank=1)
     with pytest.raises(D.DistributedError, match='mps'):

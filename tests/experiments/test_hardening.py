@@ -118,12 +118,12 @@ def test_a_failed_checkpoint_write_leaves_no_temporary_file_and_the_previous_che
     save_checkpoint(path, {'format': checkpoint_module.FORMAT, 'step': 1})
     before = path.read_bytes()
     monkeypatch.setattr(checkpoint_module.torch, 'save', _FullDisk())
-    with pytest.raises(CheckpointError, match=r'^cannot write checkpoint .*checkpoint.pt: No space left on device; '
-                                              r'the previous checkpoint is kept$'):
+    with pytest.raises(CheckpointError, match=r'^cannot write the checkpoint .*checkpoint.pt \(the previous '
+                                              r'checkpoint is kept\): No space left on device$'):
         save_checkpoint(path, {'format': checkpoint_module.FORMAT, 'step': 2})
     assert [p.name for p in tmp_path.iterdir()] == [CHECKPOINT] and path.read_bytes() == before
     path.unlink()
-    with pytest.raises(CheckpointError, match='no checkpoint was written$'):
+    with pytest.raises(CheckpointError, match=r'\(no checkpoint was written\): No space left on device$'):
         save_checkpoint(path, {})
     assert list(tmp_path.iterdir()) == []
 
@@ -149,7 +149,7 @@ def test_training_whose_checkpoint_cannot_be_written_stops_with_one_line(tmp_pat
 
     monkeypatch.setattr(checkpoint_module.torch, 'save', second_fails)
     text = cli_error(['train', 'transformer', *TINY, f'runs_dir={tmp_path}'])
-    assert text.endswith('checkpoint.pt: No space left on device; the previous checkpoint is kept'), text
+    assert text.endswith('checkpoint.pt (the previous checkpoint is kept): No space left on device'), text
     run, = (tmp_path / 'transformer').iterdir()
     assert not [p for p in run.iterdir() if '.tmp' in p.name]
     assert load_checkpoint(run / CHECKPOINT)['position']['step'] == 1

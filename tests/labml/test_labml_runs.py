@@ -111,7 +111,7 @@ def test_labml_nn_experiment_trains_30_steps_and_loss_falls(trained, module):
     assert last < first - 0.3, (first, last)
     assert all(0 <= r['accuracy.train'] <= 1 for r in train)
     info = json.loads((run_dir / 'run.json').read_text())
-    assert (info['module'], info['steps']) == (module, STEPS)
+    assert (info['module'], info['steps'], info['status']) == (module, STEPS, 'completed')
     labml_run = run_dir / info['labml_run']
     assert labml_run.name == info['uuid'] and (labml_run / 'configs.yaml').is_file()
     assert json.loads((labml_run / 'run_log.jsonl').read_text().splitlines()[-1])['status'] == 'completed'
@@ -246,6 +246,51 @@ def test_unknown_module_names_the_nearest(tmp_path):
     res = lazylab_labml(tmp_path, 'labml_nn.transformers.feedbak.experiment')
     assert _one_error_line(res) == ("lazylab: error: no module named 'labml_nn.transformers.feedbak.experiment'; "
                                     "did you mean 'labml_nn.transformers.feedback'?")
+
+
+NEEDS_A_PACKAGE = """
+from labml import experiment
+from labml.configs import BaseConfigs, option
+
+
+class Configs(BaseConfigs):
+    size: int = 2
+    dataset: object = 'images'
+
+
+@option(Configs.dataset, 'images')
+def _images(c: Configs):
+    import lazylab_test_missing_package  # noqa: F401
+    return None
+
+
+def main():
+    conf = Configs()
+    experiment.create(name='needs_a_package')
+    experiment.configs(conf, {})
+    with experiment.start():
+        WHERE
+"""
+
+
+@pytest.mark.parametrize('where, message', [
+    ('import lazylab_test_missing_package', 'needs_a_package.py imports lazylab_test_missing_package, which is not '
+                                            'installed here (pip install lazylab_test_missing_package)'),
+    ('print(conf.dataset)', "dataset: option 'images' failed: ModuleNotFoundError: No module named "
+                            "'lazylab_test_missing_package'"),
+    ("import torchvision\n        torchvision.datasets.MNIST('.')",  # lazylab's stand-in for a torchvision
+     'torchvision.datasets.MNIST needs torchvision, which cannot be imported here (not installed); install a '
+     'torchvision build that matches your torch, e.g. pip install torchvision'),
+], ids=['in main', 'in an option', 'torchvision'])
+def test_a_package_missing_after_the_start_is_one_line_and_run_json_says_failed(tmp_path, where, message):
+    """The module imports, the run starts, then it needs a package that is not there (labml_nn's image
+    experiments and torchvision): one line, exit 2, and run.json records the failure with that line."""
+    script = tmp_path / 'needs_a_package.py'
+    script.write_text(NEEDS_A_PACKAGE.replace('WHERE', where), encoding='utf-8')
+    res = lazylab_labml(tmp_path, script.name, '--runs-dir', 'runs')
+    assert _one_error_line(res) == f'lazylab: error: {message}'
+    info = json.loads((_only_run(tmp_path / 'runs', 'needs_a_package') / 'run.json').read_text())
+    assert (info['status'], info['error']) == ('failed', message)
 
 
 def test_help_and_usage(capsys):
