@@ -2,11 +2,15 @@
 
 Each message is one line that names the culprit (the key, file, character or checkpoint); the command line prints
 it as `lazylab: error: …` and exits with code 2, without a traceback (`run_cli`). Every other exception is a
-programming error and keeps its traceback. Configuration mistakes raise `lazylab.configs.ConfigError`, which the
-command line treats the same way.
+programming error and keeps its traceback. This module is the leaf of the package: it imports nothing of lazylab
+(and no torch), and every other module's user errors derive from `LazylabError`, configuration mistakes included.
 
     LazylabError
+    ├── ConfigError         (lazylab.configs) a configuration mistake: an unknown key, a bad value, an unknown option
+    ├── WrapsUserError      an error raised on behalf of another (lazylab.configs.CalculatorError): when its cause is
+    │                       a user error, the user sees that one (`cause_for_user`)
     ├── UsageError          a command-line mistake: unknown experiment, missing run directory, bad flag
+    │   └── DashboardError      a dashboard URL, flag or port (also a ValueError)
     ├── DataError           the user's text or prompt (also a ValueError)
     ├── DistributedError    the torchrun environment or the device does not allow a distributed run
     └── TrainingError       a run cannot go on
@@ -24,8 +28,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
-__all__ = ['LazylabError', 'UsageError', 'DataError', 'DistributedError', 'TrainingError', 'CheckpointError',
-           'NonFiniteLossError', 'Interrupted', 'signals_interrupt', 'user_error_message', 'run_cli', 'plural']
+__all__ = ['LazylabError', 'WrapsUserError', 'UsageError', 'DashboardError', 'DataError', 'DistributedError',
+           'TrainingError', 'CheckpointError', 'NonFiniteLossError', 'Interrupted', 'signals_interrupt',
+           'user_error_message', 'run_cli', 'plural']
 
 
 def plural(n: float, noun: str, nouns: Optional[str] = None) -> str:
@@ -40,8 +45,24 @@ class LazylabError(Exception):
     """Base class of the errors a user can fix; the message is one line."""
 
 
+class WrapsUserError(LazylabError):
+    """A user error raised on behalf of another exception, chained as its `__cause__` (the config engine's
+    CalculatorError, when an option function raised): when that cause is itself a user error (a DataError raised
+    inside an option), the user is shown the cause's message rather than the wrapper's."""
+
+    def cause_for_user(self) -> Optional[LazylabError]:
+        """The chained user error the user should see instead of this one, or None (then this one is shown)."""
+        cause = self.__cause__
+        return cause if isinstance(cause, LazylabError) else None
+
+
 class UsageError(LazylabError):
     """A command-line mistake (unknown experiment, missing run directory, bad flag)."""
+
+
+class DashboardError(UsageError, ValueError):
+    """A user mistake with the dashboard (bad URL or flag, port in use, missing extra). Also a ValueError, as the
+    URL checks raised before. Importable as `lazylab.dashboard.DashboardError` too."""
 
 
 class DataError(LazylabError, ValueError):
@@ -124,14 +145,13 @@ def point_at_devnull(stream) -> None:
 def user_error_message(e: BaseException) -> Optional[str]:
     """The one-line message for an error the user caused, or None for a programming error (show the traceback).
 
-    User errors: `LazylabError` and `lazylab.configs.ConfigError`. One of ours raised while the config engine
-    computed an item arrives wrapped in a `CalculatorError`; the user sees the original message.
+    User errors: every `LazylabError` (`lazylab.configs.ConfigError` is one). One of ours raised while the config
+    engine computed an item arrives wrapped in a `CalculatorError` (a `WrapsUserError`); the user sees the original
+    message.
     """
-    # imported here, not at the top: the config engine may one day build its errors on ours
-    from lazylab.configs import CalculatorError, ConfigError
-    if isinstance(e, CalculatorError) and isinstance(e.__cause__, LazylabError):
-        e = e.__cause__
-    if isinstance(e, (ConfigError, LazylabError)):
+    if isinstance(e, WrapsUserError):
+        e = e.cause_for_user() or e
+    if isinstance(e, LazylabError):
         return str(e).splitlines()[0] if str(e) else type(e).__name__
     return None
 

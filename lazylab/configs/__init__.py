@@ -27,6 +27,11 @@ Instance API: ``conf.set_default(Cls.item, value=None, func=None)``, ``conf._set
     replay_changes(configs) -> [Change]            after computing: recorded computed values that came out different
     label_given(configs, keys, label)              say where given values came from (the dump's `given` section)
     describe(configs_or_class) -> [row]; format_description(rows) -> str     listing for --help / options
+    nearest(name, names) -> [name]; suggestion(name, names) -> "; did you mean 'x'?"   for messages about names
+
+The view of a config for tools (given vs computed values, provenance, declared types, defaults, sub-config
+paths, short keys) is :mod:`lazylab.configs.inspect` (``from lazylab.configs import inspect``); nothing outside
+this package needs ``lazylab.configs.engine``.
 
 Typed items: ``typing.Annotated[T, constraint, ...]`` with the constraints of the annotated-types package::
 
@@ -61,6 +66,7 @@ through ``Sub.item`` stay on ``Sub``; cycles raise CycleError with the chain.
 
 Importing this package never imports torch.
 """
+from . import inspect  # noqa: F401 - the public view of a config: `from lazylab.configs import inspect`
 from .engine.base import BaseConfigs
 from .engine.coerce import coerce_text
 from .engine.errors import (
@@ -74,6 +80,8 @@ from .engine.errors import (
     OverrideSyntaxError,
     UnknownItemError,
     UnknownOptionError,
+    nearest,
+    suggestion,
 )
 from .engine.listing import describe, format_description
 from .engine.overrides import apply_overrides, parse_overrides
@@ -85,7 +93,7 @@ __all__ = [
     'BaseConfigs', 'option', 'calculate', 'aggregate', 'hyperparams', 'meta_config',
     'explain', 'format_explain', 'describe', 'format_description', 'to_dict', 'dump', 'load',
     'replay_changes', 'label_given', 'Change',
-    'apply_overrides', 'parse_overrides', 'coerce_text',
+    'apply_overrides', 'parse_overrides', 'coerce_text', 'nearest', 'suggestion',
     'ConfigError', 'UnknownItemError', 'NoValueError', 'AlreadyComputedError', 'UnknownOptionError',
     'BadValueError', 'CycleError', 'CalculatorError', 'DeclarationError', 'OverrideSyntaxError',
 ]

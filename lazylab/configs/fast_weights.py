@@ -29,6 +29,7 @@ from lazylab.configs.transformer import FeedForwardConfigs, feed_forward_configs
 from lazylab.configs.types import PositiveInt, Probability
 from lazylab.models import fast_weights
 from lazylab.models.autoregressive import AutoregressiveModel
+from lazylab.models.fast_weights import token_wise
 
 
 class FastWeightsConfigs(BaseConfigs):
@@ -97,7 +98,7 @@ def _fast_weights_transformer(c: FastWeightsConfigs):
 
 @option(FastWeightsConfigs.transformer, 'token_wise')
 def _token_wise_transformer(c: FastWeightsConfigs):
-    from lazylab.models.fast_weights import token_wise as m
+    m = token_wise
     attn = m.FastWeightsAttention(c.heads, c.d_model, c.dropout, c.phi, **_rule_kwargs(c))
     layer = m.FastWeightsAttentionTransformerLayer(d_model=c.d_model, attn=attn, feed_forward=c.ffn.ffn,
                                                    dropout_prob=c.dropout)

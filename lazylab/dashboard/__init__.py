@@ -12,16 +12,7 @@ streams to one.
 """
 
 
-from lazylab.errors import UsageError
-
-
-class DashboardError(UsageError, ValueError):
-    """A user mistake with the dashboard (bad URL or flag, port in use, missing extra); a one-line message that the
-    CLI prints as ``lazylab: error: …`` (exit 2). Also a ValueError, as the URL checks raised before."""
-
-
-# The submodules raise DashboardError, imported from here: it is defined above their import.
-from lazylab.dashboard.client import (  # noqa: E402
+from lazylab.dashboard.client import (
     FLUSH_TIMEOUT_S,
     LABML_TOKEN,
     app_writer,
@@ -32,7 +23,7 @@ from lazylab.dashboard.client import (  # noqa: E402
     track_url,
     wait_for_app_upload,
 )
-from lazylab.dashboard.server import (  # noqa: E402
+from lazylab.dashboard.server import (
     CDN_ASSETS,
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -46,6 +37,7 @@ from lazylab.dashboard.server import (  # noqa: E402
     run,
     serve,
 )
+from lazylab.errors import DashboardError
 
 __all__ = [
     'CDN_ASSETS', 'DEFAULT_HOST', 'DEFAULT_PORT', 'DEFAULT_STORE', 'FLUSH_TIMEOUT_S', 'INSTALL_HINT', 'LABML_TOKEN',

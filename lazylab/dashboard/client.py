@@ -5,8 +5,10 @@ writer at a dashboard URL (``http://HOST:PORT``) after a quick socket check, so 
 warning, not a hang. What arrives is what labml's tracker gets: the configs, every `tracker.save` indicator and the
 run's standard output (the sampled text). A server that answers but is not a labml app (another web server on
 that port, a proxy's error page) costs one warning and at most a few seconds too (:func:`labml_app_problem`).
-labml itself thins long series (the client averages bursts late in a
-run, the app keeps at most 1024 points per series); metrics.jsonl keeps them all.
+A dashboard started with ``--token`` gets the token from ``$LAZYLAB_DASHBOARD_TOKEN`` as a header on each request
+(:func:`send_token`); without it, one warning and training goes on without the dashboard. labml itself thins long
+series (the client averages bursts late in a run, the app keeps at most 1024 points per series); metrics.jsonl
+keeps them all.
 
     lazylab train transformer ... dashboard=http://127.0.0.1:5005
 """
@@ -23,8 +25,10 @@ from pathlib import Path
 from typing import Optional
 from urllib.parse import urlsplit
 
-from lazylab.dashboard import DashboardError, labml_patches
+from lazylab.dashboard import labml_patches
+from lazylab.dashboard.guard import TOKEN_ENV, TOKEN_HEADER
 from lazylab.dashboard.server import DEFAULT_PORT
+from lazylab.errors import DashboardError
 
 # The path segment labml's app wants before /track; the app ignores it (it reads a token from the query string only).
 LABML_TOKEN = 'default'
@@ -33,6 +37,8 @@ LABML_TOKEN = 'default'
 FLUSH_TIMEOUT_S = 30.0
 # Seconds the labml-app check may wait for one answer (the app answers a track post after its fixed 3 s pause).
 PROBE_TIMEOUT_S = 5.0
+# labml_app_problem's answer for a dashboard started with --token when this process does not send it.
+NEEDS_TOKEN = 'refuses requests without its token'
 
 
 def track_url(url: str) -> str:
@@ -77,6 +83,8 @@ def labml_app_problem(app_url: str, timeout: float = PROBE_TIMEOUT_S) -> Optiona
         status, body = _ask(urllib.request.Request(f'{head}/runs/{token}'), timeout)
         if status == 200 and isinstance(body, dict) and 'runs' in body:
             return None
+        if status == 401:
+            return NEEDS_TOKEN
     request = urllib.request.Request(f'{app_url.rstrip("/")}/track?run_uuid=&labml_version=0', data=b'[]',
                                      headers={'Content-Type': 'application/json; charset=utf-8'})
     status, body = _ask(request, timeout)
@@ -104,6 +112,34 @@ def _ask(request: urllib.request.Request, timeout: float):
         return status, json.loads(raw)
     except ValueError:
         return status, None
+
+
+class _TokenHeader(urllib.request.BaseHandler):
+    """A urllib handler that adds the dashboard's token header to every request to the dashboard's origin (labml's
+    client posts through urllib.request.urlopen, with no way to add a header of ours)."""
+
+    def __init__(self, origin: tuple, token: str):
+        self.origin, self.token = origin, token
+
+    def http_request(self, request):
+        if _origin(request.full_url) == self.origin:
+            request.add_unredirected_header(TOKEN_HEADER, self.token)  # not sent on to where a redirect points
+        return request
+
+    https_request = http_request
+
+
+def _origin(url: str) -> tuple:
+    parts = urlsplit(url)
+    return parts.scheme, (parts.hostname or '').lower(), parts.port or (443 if parts.scheme == 'https' else 80)
+
+
+def send_token(app_url: str, token: Optional[str]) -> None:
+    """Make this process's urllib requests to `app_url`'s origin carry `token` (a `lazylab dashboard --token`),
+    labml's uploads included; None: no token (the urllib opener is left as it is). Installs a process-wide urllib
+    opener; requests to other origins go out as before."""
+    if token is not None:
+        urllib.request.install_opener(urllib.request.build_opener(_TokenHeader(_origin(app_url), token)))
 
 
 def configured_app_url(search_from: Optional[Path] = None) -> Optional[str]:
@@ -143,12 +179,17 @@ def app_writer_settings(url: Optional[str] = None, *, search_from: Optional[Path
         if not url:
             return None
     app_url = track_url(url)
+    send_token(app_url, os.environ.get(TOKEN_ENV) or None)
     if not is_reachable(app_url, timeout):
         print(f'lazylab: warning: labml dashboard at {url} is not reachable; training without it '
               f'(start one with: lazylab dashboard --port {urlsplit(app_url).port or 80})',
               file=sys.stderr, flush=True)
         return None
     problem = labml_app_problem(app_url)
+    if problem == NEEDS_TOKEN:
+        print(f'lazylab: warning: labml dashboard at {url} {problem}; training without it (set {TOKEN_ENV} to '
+              f'its --token)', file=sys.stderr, flush=True)
+        return None
     if problem is not None:
         print(f'lazylab: warning: {url} {problem}: it is not a labml dashboard; training without it '
               f'(start one with: lazylab dashboard --port {urlsplit(app_url).port or 80})',

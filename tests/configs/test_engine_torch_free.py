@@ -54,6 +54,11 @@ SCRIPT = textwrap.dedent('''
     lc.format_explain(lc.explain(conf))
     lc.format_description(lc.describe(Configs))
     conf._to_json()
+    from lazylab.configs import inspect
+    list(inspect.items(conf)), inspect.given(conf), inspect.selected_option(conf, 'doubled')
+    plain = Configs()
+    inspect.compute_plain(plain)
+    inspect.effective_defaults(plain)
     print(json.dumps({'modules': names, 'values': values, 'replayed': fresh.doubled,
                       'torch_loaded': 'torch' in sys.modules}))
 ''')

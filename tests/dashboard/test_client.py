@@ -37,14 +37,17 @@ def test_app_writer_returns_labml_url_only_when_reachable(capsys):
 @contextlib.contextmanager
 def tiny_server(status: int, body: bytes, raw: bool = False):
     """An HTTP server on 127.0.0.1 (a free port, yielded) answering every GET and POST with `status` and `body`
-    (raw=True: `body` as the whole reply, not HTTP), and the requests it got in `tiny_server.paths`."""
+    (raw=True: `body` as the whole reply, not HTTP), and the requests it got in `tiny_server.paths` (their
+    X-Lazylab-Token headers in `tiny_server.tokens`)."""
     import http.server
     import threading
     paths = tiny_server.paths = []
+    tokens = tiny_server.tokens = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def _answer(self):
             paths.append((self.command, self.path))
+            tokens.append(self.headers.get('X-Lazylab-Token'))
             if raw:
                 self.wfile.write(body)
                 return
@@ -111,3 +114,33 @@ def test_wait_for_app_upload_gives_up_on_a_hung_server(capsys):
     assert dashboard.wait_for_app_upload(timeout=0.5, threads=[thread]) is False
     assert 'gave up sending the last metrics' in capsys.readouterr().err
     assert dashboard.wait_for_app_upload(timeout=0.5, threads=[]) is True
+
+
+LABML_RUNS = b'{"runs": [], "labml_token": "default"}'
+
+
+def test_the_token_goes_to_the_dashboard_and_nowhere_else(monkeypatch, capsys):
+    """With $LAZYLAB_DASHBOARD_TOKEN, every urllib request of this process to the dashboard (labml's uploads go
+    through urllib.request.urlopen) carries it; a request to another server does not."""
+    import urllib.request
+    monkeypatch.setattr(urllib.request, '_opener', None)  # the process-wide opener, restored after the test
+    monkeypatch.setenv('LAZYLAB_DASHBOARD_TOKEN', 'T' * 20)
+    with tiny_server(200, LABML_RUNS) as other:
+        other_tokens = tiny_server.tokens
+        with tiny_server(200, LABML_RUNS) as port:
+            assert dashboard.app_writer(f'http://127.0.0.1:{port}') == f'http://127.0.0.1:{port}/api/v1/default'
+            urllib.request.urlopen(f'http://127.0.0.1:{port}/api/v1/default/track', b'[]', timeout=10).read()
+            assert tiny_server.tokens == ['T' * 20, 'T' * 20]
+        urllib.request.urlopen(f'http://127.0.0.1:{other}/', timeout=10).read()
+        assert other_tokens == [None]
+    assert capsys.readouterr().err == ''
+
+
+def test_a_dashboard_that_wants_a_token_costs_one_warning(monkeypatch, capsys):
+    monkeypatch.delenv('LAZYLAB_DASHBOARD_TOKEN', raising=False)
+    with tiny_server(401, b'{"error": "this dashboard needs its token"}') as port:
+        assert dashboard.app_writer(f'http://127.0.0.1:{port}') is None
+        assert tiny_server.paths == [('GET', '/api/v1/runs/default')]  # no second question
+    assert capsys.readouterr().err == (f'lazylab: warning: labml dashboard at http://127.0.0.1:{port} refuses '
+                                       f'requests without its token; training without it (set '
+                                       f'LAZYLAB_DASHBOARD_TOKEN to its --token)\n')

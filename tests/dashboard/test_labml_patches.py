@@ -77,3 +77,35 @@ def test_url_handler_never_opens_a_browser(monkeypatch):
     handler = labml_client_experiment.AppUrlResponseHandler(True, 'Monitor experiment at ')
     handler.handle({'url': 'http://127.0.0.1:5005/run/x'})
     assert handler.notified and opened == []
+
+
+def test_labml_app_is_the_version_the_app_patches_were_written_for():
+    from importlib.metadata import version
+    assert version('labml-app') == '0.5.14', (
+        'lazylab.dashboard.labml_patches replaces internals of labml-app 0.5.14 (its static route, its error '
+        'middleware); check each against the new version before changing this pin')
+
+
+def test_app_static_route_and_error_middleware_are_the_ones_replaced():
+    """The two pieces of labml_app.flask_app that patch_app_static_route and patch_app_guard replace, as they were:
+    a catch-all route that joins the URL path to STATIC_PATH unchecked, and a middleware that puts the traceback
+    in the answer."""
+    source = Path(importlib.util.find_spec('labml_app.flask_app').origin).read_text(encoding='utf-8')
+    assert "@app.get('/{file_path:path}')\ndef send_js(file_path: str):\n" in source
+    assert "    file_path = str(STATIC_PATH) + '/' + file_path\n" in source
+    assert '@app.middleware("http")\nasync def error_handling_middleware(request: Request, call_next):' in source
+    assert 'content={"error": str(e), "trace": stacktrace}' in source
+    assert labml_patches.CATCH_ALL_PATH == '/{file_path:path}'
+
+
+def test_app_patches_refuse_an_app_without_their_targets():
+    from fastapi import FastAPI
+    app = FastAPI()
+
+    @app.get('/{file_path:path}')
+    def other(file_path: str):
+        return {}
+    with pytest.raises(RuntimeError, match=r'no route /\{file_path:path\} \(send_js\)'):
+        labml_patches.patch_app_static_route(app, Path('.'))
+    with pytest.raises(RuntimeError, match='no error_handling_middleware'):
+        labml_patches.patch_app_guard(app)

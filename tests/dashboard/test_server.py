@@ -66,3 +66,66 @@ def test_main_prints_a_dashboard_error_as_one_line(capsys, monkeypatch):
     monkeypatch.setattr(server, 'run', fail)
     assert dashboard.main([]) == 2
     assert capsys.readouterr().err == 'lazylab: error: some mistake\n'
+
+
+@pytest.fixture
+def started(monkeypatch):
+    """`server.run` up to the point where it would serve: the port check and `serve` replaced (nothing is bound);
+    returns the keyword arguments `serve` got, once it has been called."""
+    got = {}
+    monkeypatch.setattr(server, '_port_is_free', lambda host, port: True)
+    monkeypatch.setattr(server, 'serve', lambda store, host, port, assets, **kw: got.update(host=host, **kw))
+    monkeypatch.delenv('LAZYLAB_DASHBOARD_TOKEN', raising=False)
+    return got
+
+
+@pytest.mark.parametrize('host', ['0.0.0.0', '::'])
+def test_a_host_that_is_not_loopback_warns_there_is_no_authentication(started, capsys, tmp_path, host):
+    server.run(['--host', host, '--store', str(tmp_path)])
+    assert capsys.readouterr().err == (
+        f'lazylab: warning: --host {host} is not a loopback address and the dashboard has no authentication: '
+        f'anyone who reaches this port can read and change it (add --token, or keep 127.0.0.1)\n')
+    assert started['host'] == host and started['token'] is None
+    server.run(['--host', host, '--store', str(tmp_path), '--token', 'x' * 16])
+    assert capsys.readouterr().err == (
+        f'lazylab: warning: --host {host} is not a loopback address: the dashboard speaks plain HTTP, so its token '
+        f'can be read on the way by anyone on the network\n')
+
+
+@pytest.mark.parametrize('host', ['127.0.0.1', '127.0.0.2', '::1', '[::1]', 'localhost', 'LOCALHOST'])
+def test_a_loopback_host_does_not_warn(started, capsys, tmp_path, host):
+    server.run(['--host', host, '--store', str(tmp_path)])
+    assert capsys.readouterr().err == '' and started['host'] == host
+
+
+def test_body_limit_and_token_reach_the_server(started, monkeypatch, tmp_path):
+    server.run(['--store', str(tmp_path)])
+    assert (started['max_body_bytes'], started['token']) == (16 << 20, None)
+    server.run(['--store', str(tmp_path), '--max-body-mb', '3', '--token', 'T' * 20])
+    assert (started['max_body_bytes'], started['token']) == (3 << 20, 'T' * 20)
+    monkeypatch.setenv('LAZYLAB_DASHBOARD_TOKEN', 'from-the-environment')
+    server.run(['--store', str(tmp_path)])
+    assert started['token'] == 'from-the-environment'
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--max-body-mb', '0'], '--max-body-mb must be at least 1, got 0'),
+    (['--max-body-mb', '1.5'], "lazylab dashboard: argument --max-body-mb: invalid int value: '1.5'"),
+    (['--token', 'short-secret'], '--token (or $LAZYLAB_DASHBOARD_TOKEN): use at least 16 letters, digits or - _ . ~ '
+                                  '(e.g. python -c "import secrets; print(secrets.token_urlsafe())")'),
+    (['--token', 'sixteen chars; no'], '--token (or $LAZYLAB_DASHBOARD_TOKEN): use at least 16 letters, digits or - '
+                                       '_ . ~ (e.g. python -c "import secrets; print(secrets.token_urlsafe())")'),
+], ids=['body-0', 'body-float', 'token-short', 'token-characters'])
+def test_bad_guard_flags_are_one_line_and_never_show_the_token(started, tmp_path, flags, message):
+    with pytest.raises(DashboardError) as e:
+        server.run(['--store', str(tmp_path), *flags])
+    assert str(e.value) == message and started == {}
+
+
+def test_help_says_how_a_browser_passes_the_token(capsys, monkeypatch):
+    monkeypatch.setenv('COLUMNS', '1000')  # argparse would break X-Lazylab-Token at a hyphen
+    with pytest.raises(SystemExit):
+        server.run(['--help'])
+    text = capsys.readouterr().out
+    assert 'http://HOST:PORT/?token=TOKEN, which sets a cookie (lazylab_token)' in text
+    assert 'send the header X-Lazylab-Token: TOKEN' in text and '--max-body-mb MB' in text

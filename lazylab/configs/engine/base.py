@@ -12,8 +12,9 @@ from typing import Any, Callable, Optional
 from . import overrides
 from .declarations import RESERVED, ItemRef, declare_class
 from .errors import unknown_item
-from .resolver import ACTIVE, compute, reset_explicit
-from .state import State, state_of
+from .report import labml_json
+from .resolver import compute, reset_explicit
+from .state import ACTIVE, State, state_of
 
 
 class ItemAttribute:
@@ -136,7 +137,6 @@ class BaseConfigs:
     def _to_json(self) -> dict[str, dict[str, Any]]:
         """labml's per-item report: name, type, value, order, options, computed, is_hyperparam, is_meta,
         is_explicitly_specified; sub-config items under dotted names."""
-        from .report import labml_json
         return labml_json(state_of(self))
 
     def _reset_explicitly_specified(self):

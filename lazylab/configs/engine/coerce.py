@@ -14,64 +14,18 @@ Both read ``Annotated[T, ...]`` as ``T`` and then check its constraints (see :mo
 import json
 import numbers
 from enum import Enum
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
+
+from .constraints import rule_of
+from .typing_tools import UNION_ORIGINS, describe_type, is_any
 
 _TRUE = frozenset({'true', 'yes', 'on', '1', 'y', 't'})
 _FALSE = frozenset({'false', 'no', 'off', '0', 'n', 'f'})
 _NULL = frozenset({'null', 'none', '~'})
 
-UNION_ORIGINS = {Union}
-try:  # `int | None` (PEP 604)
-    from types import UnionType
-    UNION_ORIGINS.add(UnionType)
-except ImportError:  # pragma: no cover - Python < 3.10
-    pass
-
 
 class TypeMismatch(ValueError):
     """Text or a value that does not fit a type; ``str(e)`` says what was expected."""
-
-
-def is_any(annotation: Any) -> bool:
-    """Annotations that accept anything: missing, ``Any``, ``object``, labml's ``any``, unresolved strings."""
-    return (annotation is None or annotation is Any or annotation is object or annotation is any
-            or isinstance(annotation, str))
-
-
-def takes_any_string(annotation: Any) -> bool:
-    """Whether every string is a value of ``annotation`` by declaration: ``str``, a Union with ``str``, or an
-    unresolved (postponed) annotation. ``Any``/``object`` do not count here, so a mistyped option name for an
-    item declared ``Any`` with options is still caught."""
-    if annotation is str or isinstance(annotation, str):
-        return True
-    if get_origin(annotation) in UNION_ORIGINS:
-        return any(takes_any_string(a) for a in get_args(annotation))
-    return isinstance(annotation, type) and issubclass(annotation, str)
-
-
-#: value types that never hold config items: a dotted key below an item of one of these cannot exist
-_PLAIN_VALUES = (bool, int, float, complex, str, bytes, tuple, list, dict, set, frozenset, Enum)
-
-
-def is_plain_value(annotation: Any) -> bool:
-    """Whether ``annotation`` only admits plain values (numbers, strings, containers, enums, ``Literal``
-    choices, ``Annotated`` or ``Optional`` forms of those), never a config object."""
-    origin = get_origin(annotation)
-    if origin is Annotated:
-        return is_plain_value(get_args(annotation)[0])
-    if origin is Literal:
-        return True
-    if origin in UNION_ORIGINS:
-        return all(a is type(None) or is_plain_value(a) for a in get_args(annotation))
-    if origin is not None:
-        return isinstance(origin, type) and issubclass(origin, _PLAIN_VALUES)
-    return isinstance(annotation, type) and issubclass(annotation, _PLAIN_VALUES)
-
-
-def describe_type(annotation: Any) -> str:
-    if isinstance(annotation, type):
-        return annotation.__name__
-    return str(annotation).replace('typing.', '')
 
 
 def coerce_text(text: str, annotation: Any) -> Any:
@@ -156,7 +110,6 @@ def coerce_text(text: str, annotation: Any) -> Any:
 
 def _checked(value: Any, annotated: Any) -> Any:
     """``value`` if it passes the constraints of ``Annotated[T, ...]`` (see :mod:`.constraints`)."""
-    from .constraints import rule_of  # (constraints imports this module)
     rule = rule_of(annotated, 'value')
     why = None if rule is None else rule.violation(value)
     if why is not None:
@@ -293,26 +246,8 @@ def conform(value: Any, annotation: Any, *, strict: bool = False) -> Any:
         if any(value == c and type(value) is type(c) for c in get_args(annotation)):
             return value
         raise TypeMismatch('expected one of ' + ', '.join(repr(c) for c in get_args(annotation)))
-    if annotation is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, numbers.Integral) and value in (0, 1):
-            return bool(value)
-        raise TypeMismatch('expected bool')
-    if annotation is int:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeMismatch('expected int')
-        if isinstance(value, numbers.Integral):
-            return int(value)
-        if not (float(value).is_integer() and abs(value) <= 2**53):  # whole numbers a float holds exactly
-            raise TypeMismatch('expected int')
-        return int(value)
-    if annotation is float:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeMismatch('expected float')
-        return float(value)
-    if annotation is str:
-        raise TypeMismatch('expected str (text; quote it in YAML)')
+    if annotation in (bool, int, float, str):
+        return _conform_scalar(value, annotation)
     if isinstance(annotation, type) and issubclass(annotation, Enum):
         if isinstance(value, annotation):
             return value
@@ -320,24 +255,47 @@ def conform(value: Any, annotation: Any, *, strict: bool = False) -> Any:
             if member.value == value:
                 return member
         raise TypeMismatch('expected one of ' + ', '.join(m.name for m in annotation))
-    if origin in (list, tuple, set, frozenset) or annotation in (list, tuple, set, frozenset):
-        if not isinstance(value, (list, tuple, set, frozenset)):
-            raise TypeMismatch(f'expected {describe_type(annotation)}')
-        container = origin or annotation
-        args = get_args(annotation)
-        if container is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
-            if len(value) != len(args):
-                raise TypeMismatch(f'expected {describe_type(annotation)} ({len(args)} values, got {len(value)})')
-            return tuple(conform(v, a, strict=strict) for v, a in zip(value, args))
-        element = args[0] if args else Any
-        return container(conform(v, element, strict=strict) for v in value)
-    if origin is dict or annotation is dict:
-        if not isinstance(value, dict):
-            raise TypeMismatch(f'expected {describe_type(annotation)}')
-        args = get_args(annotation)
-        if len(args) == 2:
-            return {conform(k, args[0], strict=strict): conform(v, args[1], strict=strict) for k, v in value.items()}
-        return dict(value)
+    if origin in (list, tuple, set, frozenset, dict) or annotation in (list, tuple, set, frozenset, dict):
+        return _conform_container(value, annotation, strict)
     if strict and isinstance(annotation, type) and not isinstance(value, annotation):
         raise TypeMismatch(f'a {describe_type(annotation)} cannot be given as {type(value).__name__}')
     return value
+
+
+def _conform_scalar(value: Any, annotation: type) -> Any:
+    """:func:`conform` for a bool, int, float or str item (``value`` is not a string)."""
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, numbers.Integral) and value in (0, 1):
+            return bool(value)
+        raise TypeMismatch('expected bool')
+    if annotation is str:
+        raise TypeMismatch('expected str (text; quote it in YAML)')
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeMismatch(f'expected {annotation.__name__}')
+    if annotation is float:
+        return float(value)
+    if not isinstance(value, numbers.Integral) and not (float(value).is_integer() and abs(value) <= 2**53):
+        raise TypeMismatch('expected int')  # only whole numbers a float holds exactly are ints
+    return int(value)
+
+
+def _conform_container(value: Any, annotation: Any, strict: bool) -> Any:
+    """:func:`conform` for a list, tuple, set, frozenset or dict item, element by element."""
+    container = get_origin(annotation) or annotation
+    args = get_args(annotation)
+    if container is dict:
+        if not isinstance(value, dict):
+            raise TypeMismatch(f'expected {describe_type(annotation)}')
+        if len(args) == 2:
+            return {conform(k, args[0], strict=strict): conform(v, args[1], strict=strict) for k, v in value.items()}
+        return dict(value)
+    if not isinstance(value, (list, tuple, set, frozenset)):
+        raise TypeMismatch(f'expected {describe_type(annotation)}')
+    if container is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+        if len(value) != len(args):
+            raise TypeMismatch(f'expected {describe_type(annotation)} ({len(args)} values, got {len(value)})')
+        return tuple(conform(v, a, strict=strict) for v, a in zip(value, args))
+    element = args[0] if args else Any
+    return container(conform(v, element, strict=strict) for v in value)

@@ -20,8 +20,8 @@ import math
 from collections.abc import Sequence
 from typing import Annotated, Any, Callable, Optional, get_args, get_origin
 
-from .coerce import UNION_ORIGINS
 from .errors import BadValueError, DeclarationError
+from .typing_tools import UNION_ORIGINS, admits_none
 
 # Predicates with a name a reader knows; others are shown by their function's name.
 _PREDICATE_NAMES = {math.isfinite: 'finite', math.isinf: 'infinite', math.isnan: 'nan'}
@@ -113,12 +113,7 @@ def split(annotation: Any, where: str) -> tuple[Any, Optional[Rule]]:
 def rule_of(annotated: Any, where: str) -> Optional[Rule]:
     """The :class:`Rule` of one ``Annotated[T, ...]`` (its own metadata only), or ``None`` without checks."""
     checks = _checks(annotated.__metadata__, where)
-    return Rule(checks, _admits_none(annotated.__origin__)) if checks else None
-
-
-def _admits_none(annotation: Any) -> bool:
-    return annotation is type(None) or (get_origin(annotation) in UNION_ORIGINS
-                                        and type(None) in get_args(annotation))
+    return Rule(checks, admits_none(annotated.__origin__)) if checks else None
 
 
 def _no_nested(annotation: Any, where: str):
@@ -131,7 +126,7 @@ def _no_nested(annotation: Any, where: str):
 
 
 def _checks(metadata: Sequence[Any], where: str) -> list[Check]:
-    import annotated_types as at
+    import annotated_types as at  # only for annotations with metadata: plain annotations never import it
     checks: list[Check] = []
     for meta in metadata:
         if isinstance(meta, at.GroupedMetadata):  # Interval, Len: a group of the single constraints

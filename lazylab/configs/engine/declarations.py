@@ -14,9 +14,9 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
-from .coerce import takes_any_string
 from .constraints import Rule, check, split
 from .errors import DeclarationError
+from .typing_tools import takes_any_string
 
 # Bumped by every registration, so cached merged specs are rebuilt when a parent class gains an option.
 _version = [0]

@@ -1,7 +1,8 @@
 """Errors a user of the config engine can cause.
 
-Every error here is a :class:`ConfigError`; catch that one class to report a configuration mistake as one line
-(the command line prints ``lazylab: error: <message>`` and exits with status 2). Each subclass also derives
+Every error here is a :class:`ConfigError`, itself a :class:`lazylab.errors.LazylabError` (the user errors of all
+of lazylab); catch that one class to report a configuration mistake as one line (the command line prints
+``lazylab: error: <message>`` and exits with status 2). Each subclass also derives
 from the built-in exception labml.configs raises in the same situation, so labml-style code that catches
 ``AttributeError``, ``KeyError`` or ``ValueError`` keeps working.
 
@@ -13,8 +14,10 @@ Programming errors inside the engine itself still raise the usual built-in excep
 import difflib
 from collections.abc import Iterable, Sequence
 
+from lazylab.errors import LazylabError, WrapsUserError
 
-class ConfigError(Exception):
+
+class ConfigError(LazylabError):
     """Base class of every user-caused configuration error.
 
     Attributes:
@@ -66,10 +69,11 @@ class CycleError(ConfigError, RuntimeError):
         super().__init__('cycle in config dependencies: ' + ' -> '.join(self.chain), self.chain[0])
 
 
-class CalculatorError(ConfigError, RuntimeError):
+class CalculatorError(ConfigError, WrapsUserError, RuntimeError):
     """A calculator (an option function, a ``set_default`` function or a constructed type) raised.
 
-    The original exception is chained as ``__cause__``.
+    The original exception is chained as ``__cause__``; when that is a user error itself (a ``DataError`` an
+    option raised), ``cause_for_user()`` returns it and the command line shows its message instead.
 
     Attributes:
         option: the option name (or source such as ``set_default``) that failed.

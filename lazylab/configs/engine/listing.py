@@ -6,11 +6,11 @@ renders the rows as text.
 from enum import Enum
 from typing import Any, Literal, Optional, get_args, get_origin
 
-from .coerce import UNION_ORIGINS, describe_type
 from .comments import item_help
 from .declarations import spec_of
 from .report import plain
 from .state import state_of
+from .typing_tools import UNION_ORIGINS, describe_type
 
 
 def describe(configs_or_class: Any) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ list item is an error), and other values are fitted to the type or refused.
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Optional, get_args, get_origin
 
-from .coerce import TypeMismatch, coerce_text, conform, describe_type, is_plain_value, takes_any_string
+from .coerce import TypeMismatch, coerce_text, conform
 from .constraints import check
 from .declarations import AGGREGATE_MARKER, ItemRef, Spec, spec_of
 from .errors import (
@@ -35,6 +35,7 @@ from .errors import (
 )
 from .report import note_given
 from .state import State, state_of
+from .typing_tools import describe_type, is_plain_value, takes_any_string
 
 
 class _Unborn:

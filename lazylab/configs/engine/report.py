@@ -7,8 +7,7 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any, Optional
 
-from .resolver import ACTIVE
-from .state import State, state_of
+from .state import ACTIVE, State, state_of
 
 _MAX_TEXT = 5000
 

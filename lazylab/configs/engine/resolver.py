@@ -14,14 +14,13 @@ A value that is a string naming one of the item's options runs that calculator. 
 object becomes a sub-config (dotted overrides waiting for it are applied; with ``_primary`` the parent sees
 that item of it). Values are cached, so each item is computed at most once, and nothing is computed unless read.
 
-While an item is computed its frame sits on :data:`ACTIVE`; that gives cycle detection with the full chain and
-records, for provenance, which items each calculator read. (Like labml.configs, this is not thread-safe.)
+While an item is computed its frame sits on :data:`~.state.ACTIVE`; that gives cycle detection with the full chain
+and records, for provenance, which items each calculator read. (Like labml.configs, this is not thread-safe.)
 """
 import copy
 from enum import Enum
 from typing import Any, Callable, Optional
 
-from .coerce import describe_type
 from .constraints import check
 from .declarations import AGGREGATE_MARKER, Calculator, _version
 from .errors import (
@@ -33,27 +32,13 @@ from .errors import (
     UnknownItemError,
     unknown_item,
 )
-from .state import Provenance, State, state_of
+from .overrides import apply_pending, check_option_name
+from .state import ACTIVE, Frame, Provenance, State, state_of
+from .typing_tools import describe_type
 
 # Types labml never constructs from an annotation.
 PLAIN_TYPES = frozenset({int, float, str, bool, bytes, complex, dict, list, tuple, set, frozenset, object,
                          type(None)})
-
-
-class Frame:
-    """One computation in progress."""
-    __slots__ = ('state', 'key', 'path', 'reads', 'read_set')
-
-    def __init__(self, state: State, key: str, path: str):
-        self.state = state
-        self.key = key
-        self.path = path
-        self.reads: list[str] = []
-        self.read_set: set[str] = set()
-
-
-# Computations in progress, innermost last.
-ACTIVE: list[Frame] = []
 
 
 def is_configs(value: Any) -> bool:
@@ -122,7 +107,6 @@ def compute(st: State, key: str):
             calc, selected_by, source = calculators[value], source, 'option'
         else:
             if isinstance(value, str) and calculators:
-                from .overrides import check_option_name
                 check_option_name(st, key, value)
             st.provenance[key] = Provenance(source, detail, '', frame.reads)
             store(st, key, value)
@@ -288,7 +272,6 @@ def attach(st: State, key: str, child: Any):
     st.children[key] = child
     pending = st.pending.pop(key, None)
     if pending:
-        from .overrides import apply_pending
         apply_pending(cst, pending)
 
 

@@ -98,6 +98,23 @@ class State:
         return f'{self.path}.{key}' if self.path else key
 
 
+class Frame:
+    """One computation in progress: the item being computed and the dotted paths it has read so far."""
+    __slots__ = ('state', 'key', 'path', 'reads', 'read_set')
+
+    def __init__(self, state: State, key: str, path: str):
+        self.state = state
+        self.key = key
+        self.path = path
+        self.reads: list[str] = []
+        self.read_set: set[str] = set()
+
+
+#: Computations in progress, innermost last: the resolver pushes and pops them; reading an item records itself on
+#: the innermost (provenance), and a value given while one is in progress is "set by" it (see report.note_given).
+ACTIVE: list[Frame] = []
+
+
 def state_of(configs: Any) -> State:
     """The :class:`State` of a config object, created if a subclass's ``__init__`` skipped ``super().__init__``."""
     d = configs.__dict__

@@ -161,7 +161,7 @@ def dump(configs: Any, path: Optional[Union[str, os.PathLike]] = None,
          run_values: Optional[dict[str, Any]] = None) -> str:
     """The YAML text of :func:`to_dict`; also written to ``path`` when given (through a temporary file and a
     rename, so a reader never sees half a file)."""
-    import yaml
+    import yaml  # PyYAML only when a dump is written: importing lazylab.configs stays quick
     text = _HEADER + yaml.safe_dump(to_dict(configs, run_values), sort_keys=False, default_flow_style=False,
                                     allow_unicode=True)
     if path is not None:
@@ -222,7 +222,7 @@ def load(configs: Any, source: Union[str, os.PathLike, dict[str, Any]], label: O
     if isinstance(source, dict):
         doc = source
     else:
-        import yaml
+        import yaml  # PyYAML only when a dump is read: importing lazylab.configs stays quick
         text = str(source)
         if isinstance(source, os.PathLike) or ('\n' not in text and os.path.exists(text)):
             name = label or os.fspath(source)
