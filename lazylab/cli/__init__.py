@@ -13,7 +13,8 @@
     lazylab compare PATH … [--sort KEY] [--metric KEY] [--csv FILE] [--plot FILE.png]
                                                               runs and sweeps side by side: the keys that differ
     lazylab diff RUN_A RUN_B                                  the keys whose values differ, and where each came from
-    lazylab dashboard [--port 5005] [--store DIR] [--host H]  serve the labml dashboard (optional extra)
+    lazylab dashboard [--port 5005] [--store DIR] [--host H] [--token T] [--max-body-mb N]
+                                                              serve the labml dashboard (optional extra)
 
 EXPERIMENT: a built-in name (feedback, fast_weights, transformer, retrieval), an installed plugin's name, a .py
 file, or a dotted module (see lazylab.experiments.discovery). A mistake the user can fix prints one line
