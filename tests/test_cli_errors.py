@@ -319,7 +319,7 @@ def test_user_errors_are_the_lazylab_errors_and_config_errors_wherever_they_are_
 def test_no_command_prints_the_usage_on_stderr_with_exit_2(capsys):
     assert cli.main([]) == 2
     out, err = capsys.readouterr()
-    assert out == '' and err.startswith('usage:\n    lazylab train NAME')
+    assert out == '' and err.startswith('usage:\n    lazylab train EXPERIMENT')
     assert cli.main(['--help']) == 0
     out, err = capsys.readouterr()
-    assert err == '' and out.startswith('usage:\n    lazylab train NAME')
+    assert err == '' and out.startswith('usage:\n    lazylab train EXPERIMENT')

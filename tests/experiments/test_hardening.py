@@ -181,7 +181,7 @@ def _files(run: Path) -> dict:
 def test_resume_refuses_a_text_with_another_vocabulary_saying_what_differs(
         short_run, tmp_path, cli_error, change, message):
     import re
-    original = (Path(cli.__file__).parent / 'data' / 'tiny_shakespeare.txt').read_text(encoding='utf-8')
+    original = (Path(cli.__file__).parents[1] / 'data' / 'tiny_shakespeare.txt').read_text(encoding='utf-8')
     text = {'same size': original.replace('z', 'é'), 'bigger': original + 'éÄ',
             'smaller': original.replace('z', 'y')}[change]
     (tmp_path / 'text.txt').write_text(text, encoding='utf-8')

@@ -1,0 +1,11 @@
+"""`lazylab sweep EXPERIMENT [key=value | key=a,b,c …] …` and `lazylab sweep --resume SWEEP_DIR`."""
+
+
+def parser():
+    from lazylab.sweeps.sweep import _parser
+    return _parser()
+
+
+def run(argv: list[str]) -> int:
+    from lazylab.sweeps.sweep import sweep_main  # its exit code also says whether every trial finished
+    return sweep_main(argv)

@@ -1,0 +1,327 @@
+"""The run directory and the sweep directory: their files, the run.json record, atomic JSON, run ids, the
+environment a run records, and the locks that keep one process on a run (torch-free).
+
+Every module that reads or writes these folders does it through here, so that a file's name, its schema and how it
+is written are said once:
+
+    RUNS_DIR/STEM/RUN_ID/           a run (`lazylab train`, `lazylab labml`, or a sweep's trial-NNNN/)
+        run.json                    the record (`RunRecord`): what ran, where it came from, how it ended
+        configs.yaml                the replayable configuration dump (lazylab.configs.dump)
+        metrics.jsonl               one JSON object per line: step, tokens, loss.train, …, loss.valid
+        samples.txt                 the text sampled at each validation
+        checkpoint.pt               the last good checkpoint (lazylab.experiments.checkpoint)
+        labml/                      labml's own records of the run
+        trial.json, output.log      a sweep trial's record and what its process printed (sweeps only)
+    RUNS_DIR/STEM/sweep-STUDY/      a sweep: sweep.yaml, study.journal, config.yaml, .owners/, trial-NNNN/
+
+A run id is the start time and 4 random hex digits (`20261201-225659-3fa2`), so runs sort by time; `make_run_dir`
+creates one without a race (an exclusive mkdir, retried with a new id on a clash). JSON files are written to a
+temporary file beside them and renamed over (`write_json`), so a reader sees the old file or the new one, never half.
+
+Locks are `flock`s, which the kernel drops when the process ends, even by SIGKILL: `exclusive_lock` (one process
+trains a run; one sweep process owns its trials) and `lock_is_held` (is that process still alive?). Where there is no
+flock (Windows) they lock nothing and say so in their docstrings: a second process is not refused there.
+"""
+import contextlib
+import errno
+import json
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, TypedDict
+
+from lazylab.errors import UsageError
+
+try:  # POSIX; the one place lazylab asks whether there is a flock
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
+# the files of a run directory
+RUN_JSON = 'run.json'
+CONFIGS_YAML = 'configs.yaml'
+METRICS_JSONL = 'metrics.jsonl'
+SAMPLES_TXT = 'samples.txt'
+CHECKPOINT_PT = 'checkpoint.pt'
+LABML_DIR = 'labml'
+# a sweep trial's folder adds these
+TRIAL_JSON = 'trial.json'
+OUTPUT_LOG = 'output.log'
+TRIAL_LOCK = '.lock'
+# the files of a sweep directory
+SWEEP_YAML = 'sweep.yaml'
+STUDY_JOURNAL = 'study.journal'
+SWEEP_CONFIG = 'config.yaml'
+OWNERS_DIR = '.owners'
+TRIAL_PREFIX = 'trial-'
+SWEEP_PREFIX = 'sweep-'
+
+#: run.json's `status`: running, then how it ended
+STATUSES = ('running', 'completed', 'pruned', 'failed', 'interrupted', 'killed')
+#: run.json's fields about how a run ended; a resume removes them (the run is running again)
+END_FIELDS = ('finished', 'error', 'signal', 'checkpoint_step')
+
+
+class RunRecord(TypedDict, total=False):
+    """run.json: one schema for `lazylab train`, `lazylab labml` and a sweep's trials.
+
+    experiment: the experiment's name (a built-in's, or the file's or module's last name: its runs' folder).
+    source: where the experiment came from, for resume and sweeps to import it again:
+        {'kind': 'builtin' | 'file' | 'module' | 'entry_point', 'module': dotted name, 'path': absolute file
+        path, 'sha256': the file's, 'distribution': its package, 'version': that package's version} (what applies).
+    run_id, uuid: the folder's name; labml's run uuid. argv: the command line's settings. created, finished:
+        local times, `timestamp()`. lazylab, torch, python, device, device_name, git: see `environment`.
+    parameters: the model's parameter count. loss_label: the task's loss with its unit (plots).
+    status: one of STATUSES; error: its one line (failed); signal, checkpoint_step: how it was stopped, and the
+        step `lazylab resume` continues from; steps: optimizer steps taken.
+    replay_changes: computed values of a replayed dump that --allow-changes accepted. sweep: the trial's sweep.
+    labml_run: labml's run folder, relative to the run directory (`lazylab labml` runs).
+    """
+    experiment: str
+    source: dict[str, Any]
+    run_id: str
+    uuid: str
+    argv: list[str]
+    created: str
+    finished: str
+    lazylab: Optional[str]
+    torch: Optional[str]
+    python: str
+    device: str
+    device_name: str
+    git: dict[str, Any]
+    parameters: int
+    loss_label: str
+    status: str
+    error: str
+    signal: str
+    checkpoint_step: Optional[int]
+    steps: Optional[int]
+    replay_changes: list[str]
+    sweep: dict[str, Any]
+    labml_run: str
+
+
+def timestamp() -> str:
+    """The local time as run.json records it: '2026-12-01T22:56:59'."""
+    return time.strftime('%Y-%m-%dT%H:%M:%S')
+
+
+def new_run_id() -> str:
+    """The start time and 4 random hex digits: '20261201-225659-3fa2' (runs sort by time)."""
+    return time.strftime('%Y%m%d-%H%M%S') + '-' + os.urandom(2).hex()
+
+
+def make_run_dir(parent: Path, made: Optional[list[Path]] = None, *, prefix: str = '', attempts: int = 20) -> Path:
+    """Create PARENT/PREFIX+RUN_ID (a new `new_run_id`), and PARENT's missing folders; returns it.
+
+    The run's own folder is made with an exclusive mkdir: two processes that start in the same second never share
+    one (the loser draws a new id and tries again). `made`: a list to which the folders this call made are added,
+    outermost first (see `remove_made`).
+
+    Raises:
+        UsageError: a folder cannot be made (PARENT or one above it is a file, not writable, …); what this call
+            made before it failed is removed again.
+    """
+    made = [] if made is None else made
+    parent = Path(parent).expanduser()
+    try:
+        for folder in reversed([parent, *parent.parents]):
+            if folder.is_dir():
+                continue
+            if folder.exists():
+                raise NotADirectoryError(errno.ENOTDIR, f'{folder} is a file, not a folder')
+            try:
+                folder.mkdir()
+                made.append(folder)
+            except FileExistsError:  # another process made it just now: share it
+                if not folder.is_dir():
+                    raise
+        for _ in range(attempts):
+            run_dir = parent / (prefix + new_run_id())
+            try:
+                run_dir.mkdir()
+            except FileExistsError:
+                continue
+            made.append(run_dir)
+            return run_dir
+        raise FileExistsError(errno.EEXIST, f'{attempts} run ids in a row were taken')
+    except (OSError, ValueError) as e:
+        remove_made(made)
+        why = getattr(e, 'strerror', None) or str(e)
+        raise UsageError(f'cannot create a run directory in {parent}: {why}') from None
+
+
+def remove_made(folders: list[Path]) -> None:
+    """Remove `folders` (made in this order, each inside the one before) and what is in them, deepest first."""
+    import shutil  # only on this error path
+    for folder in reversed(list(folders)):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def write_json(path: Path, doc: Any) -> None:
+    """`doc` as indented JSON in `path`, through a temporary file beside it and a rename (a reader sees the old
+    file or the new one, never half of one); the temporary file is removed if writing fails.
+
+    Raises:
+        OSError: the file cannot be written (the caller says which run; e.g. a full disk).
+    """
+    path = Path(path)
+    tmp = path.with_name(f'{path.name}.tmp{os.getpid()}-{os.urandom(2).hex()}')
+    try:
+        tmp.write_text(json.dumps(doc, indent=1) + '\n', encoding='utf-8')
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def read_json(path: Path) -> Optional[dict[str, Any]]:
+    """The JSON object in `path`; None when the file is missing, unreadable, not JSON or not an object."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding='utf-8'))
+    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def read_record(run_dir: Path) -> RunRecord:
+    """The run.json of RUN_DIR.
+
+    Raises:
+        UsageError: RUN_DIR has no run.json, or it is damaged (not a JSON object), naming the file.
+    """
+    path = Path(run_dir) / RUN_JSON
+    if not path.is_file():
+        raise UsageError(f'{run_dir} is not a lazylab run directory (no {RUN_JSON})')
+    doc = read_json(path)
+    if doc is None:
+        raise UsageError(f'{path} is damaged (not a JSON object)')
+    return doc  # type: ignore[return-value]
+
+
+def write_record(run_dir: Path, record: RunRecord) -> None:
+    """run.json of RUN_DIR, atomically (`write_json`)."""
+    write_json(Path(run_dir) / RUN_JSON, dict(record))
+
+
+def update_record(run_dir: Path, **values: Any) -> RunRecord:
+    """run.json of RUN_DIR with `values` set (and the rest as it was); returns the new record."""
+    record = read_record(run_dir)
+    record.update(values)  # type: ignore[typeddict-item]
+    write_record(run_dir, record)
+    return record
+
+
+def environment() -> dict[str, Any]:
+    """What run.json records about the software: the lazylab, torch and Python versions, and the git commit of
+    lazylab's source when it is a git checkout (`git`: {'commit', 'dirty'}). torch's version is read from its
+    package metadata (torch is not imported here); the caller adds the device."""
+    info: dict[str, Any] = {'lazylab': _version('lazylab'), 'torch': _version('torch'),
+                            'python': platform.python_version()}
+    git = git_commit(Path(__file__).resolve().parent)
+    if git is not None:
+        info['git'] = git
+    return info
+
+
+def _version(distribution: str) -> Optional[str]:
+    from importlib import metadata  # a few ms, only when a run starts
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit(folder: Path) -> Optional[dict[str, Any]]:
+    """{'commit': sha, 'dirty': bool} of the git checkout holding `folder`, or None (not a checkout, no git)."""
+    try:
+        sha = subprocess.run(['git', '-C', str(folder), 'rev-parse', 'HEAD'], capture_output=True, text=True,
+                             timeout=10)
+        if sha.returncode != 0:
+            return None
+        status = subprocess.run(['git', '-C', str(folder), 'status', '--porcelain', '--untracked-files=no'],
+                                capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {'commit': sha.stdout.strip(), 'dirty': bool(status.stdout.strip())}
+
+
+class Locked(UsageError):
+    """Another live process holds the lock (`exclusive_lock`); the message says who, when the caller knows."""
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path, busy: str) -> Iterator[None]:
+    """While the block runs, this process holds an exclusive flock on `path` (a folder or an existing file; nothing
+    is written into it). The kernel drops it when the process ends, even by SIGKILL. Without flock (Windows) this
+    locks nothing.
+
+    Raises:
+        Locked: another process holds it; `busy` is the message (e.g. 'RUN is still being trained by process 12').
+    """
+    fd = _hold(path, busy)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # and with it the lock
+
+
+@dataclass
+class HeldLock:
+    """An exclusive flock held for as long as the object is not `release`d (a sweep owner's lock file, for the
+    life of the process: see `hold_lock`)."""
+    path: Path
+    fd: Optional[int] = field(default=None, repr=False)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def hold_lock(path: Path, busy: str, *, create: bool = False) -> HeldLock:
+    """An exclusive flock on `path` (made empty first when `create`), held until `.release()` or the process ends.
+
+    Raises:
+        Locked: another process holds it (`busy` is the message); FileNotFoundError: no such file (not `create`).
+    """
+    if create:
+        Path(path).touch(exist_ok=True)
+    return HeldLock(Path(path), _hold(path, busy))
+
+
+def _hold(path: Path, busy: str) -> Optional[int]:
+    if fcntl is None:
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise Locked(busy) from None
+    return fd
+
+
+def lock_is_held(path: Path) -> bool:
+    """Whether a live process holds an exclusive flock on `path` (see `exclusive_lock`). A path that cannot be opened
+    here counts as held (another machine's lock file, on a folder this one cannot read); without flock, False."""
+    if fcntl is None:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
