@@ -1,9 +1,8 @@
 """Writes reference/cli.md at build time (mkdocs-gen-files): `lazylab --help`, then `lazylab COMMAND --help` for
 every command, run in this process, so the page is the parsers' own text and never copied by hand.
 
-The commands are the keys of `lazylab.cli.COMMANDS` plus `dashboard` (which `lazylab.cli.main` dispatches before
-the table, to load its optional dependencies only when asked). The help is formatted 100 columns wide, whatever the
-terminal that builds the site.
+The commands are the keys of `lazylab.cli.COMMANDS`. The help is formatted 100 columns wide, whatever the terminal
+that builds the site.
 """
 import contextlib
 import io
@@ -18,7 +17,7 @@ WIDTH = '100'
 
 def commands() -> list[str]:
     """The commands the reference lists, in the order `lazylab --help` shows them."""
-    return [*cli.COMMANDS, 'dashboard']
+    return list(cli.COMMANDS)
 
 
 def help_text(argv: list[str]) -> str:

@@ -121,7 +121,7 @@ def test_cli_reference_is_every_commands_help(site, capsys, monkeypatch):
     page = (out / 'reference' / 'cli.html').read_text(encoding='utf-8')
     sections = dict(re.findall(r'<h2 id="([\w-]+)">.*?<code>(.*?)</code>', page, re.S))
     monkeypatch.setenv('COLUMNS', '100')  # the width docs/_gen/cli_reference.py formats the help at
-    commands = [*cli.COMMANDS, 'dashboard']
+    commands = list(cli.COMMANDS)
     assert list(sections) == ['lazylab'] + [f'lazylab-{c}' for c in commands]
     assert html.unescape(sections['lazylab']).rstrip() == _help(['--help'], capsys)
     for command in commands:

@@ -286,7 +286,7 @@ def test_decoding_an_id_outside_the_vocabulary_is_an_error():
 
 # --- help, listing, progress, summary ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize('command', sorted(cli.COMMANDS) + ['dashboard'])
+@pytest.mark.parametrize('command', sorted(cli.COMMANDS))
 @pytest.mark.parametrize('flag', ['--help', '-h'])
 def test_every_command_answers_help_with_exit_0(capsys, command, flag):
     try:
