@@ -121,7 +121,7 @@ def make_run_dir(parent: Path, made: Optional[list[Path]] = None, *, prefix: str
 
     The run's own folder is made with an exclusive mkdir: two processes that start in the same second never share
     one (the loser draws a new id and tries again). `made`: a list to which the folders this call made are added,
-    outermost first (see `remove_made`).
+    outermost first (see `remove_made`). Runs that start beside it at the same moment share its parents.
 
     Raises:
         UsageError: a folder cannot be made (PARENT or one above it is a file, not writable, …); what this call
@@ -133,34 +133,38 @@ def make_run_dir(parent: Path, made: Optional[list[Path]] = None, *, prefix: str
         for folder in reversed([parent, *parent.parents]):
             if folder.is_dir():
                 continue
-            if folder.exists():
-                raise NotADirectoryError(errno.ENOTDIR, f'{folder} is a file, not a folder')
             try:
                 folder.mkdir()
                 made.append(folder)
-            except FileExistsError:  # another process made it just now: share it
+            except FileExistsError:  # another process made it just now (then share it), or it is a file
                 if not folder.is_dir():
-                    raise
+                    raise NotADirectoryError(errno.ENOTDIR, f'{folder} is a file, not a folder') from None
         for _ in range(attempts):
             run_dir = parent / (prefix + new_run_id())
             try:
                 run_dir.mkdir()
-            except FileExistsError:
+            except FileExistsError:  # another run took this id
                 continue
             made.append(run_dir)
             return run_dir
-        raise FileExistsError(errno.EEXIST, f'{attempts} run ids in a row were taken')
+        raise FileExistsError(errno.EEXIST, f'{attempts} new run ids in a row were taken in {parent}')
     except (OSError, ValueError) as e:
         remove_made(made)
         why = getattr(e, 'strerror', None) or str(e)
         raise UsageError(f'cannot create a run directory in {parent}: {why}') from None
 
 
-def remove_made(folders: list[Path]) -> None:
-    """Remove `folders` (made in this order, each inside the one before) and what is in them, deepest first."""
+def remove_made(folders: list[Path], run_dir: Optional[Path] = None) -> None:
+    """Remove `folders` (made in this order, each inside the one before), deepest first: `run_dir` (when one of
+    them) with what is in it, the others only when empty (a run another process started at the same moment may be
+    in them by now)."""
     import shutil  # only on this error path
     for folder in reversed(list(folders)):
-        shutil.rmtree(folder, ignore_errors=True)
+        if run_dir is not None and folder == run_dir:
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def write_json(path: Path, doc: Any) -> None:

@@ -128,3 +128,13 @@ def test_an_exclusive_lock_refuses_a_second_process_until_the_first_dies(tmp_pat
 
 def test_a_lock_file_that_cannot_be_opened_counts_as_held(tmp_path):
     assert runs.lock_is_held(tmp_path / 'missing')
+
+
+def test_removing_what_a_failed_start_made_keeps_a_run_started_beside_it(tmp_path):
+    made: list[Path] = []
+    mine = runs.make_run_dir(tmp_path / 'r' / 'exp', made)
+    (mine / 'run.json').write_text('{}')
+    other = runs.make_run_dir(tmp_path / 'r' / 'exp')  # another process, at the same moment, in our new parents
+    (other / 'run.json').write_text('{}')
+    runs.remove_made(made, run_dir=mine)
+    assert not mine.exists() and (other / 'run.json').is_file()
