@@ -100,7 +100,8 @@ RUNS_DIR = ''                         # where runs go ('' → a new temporary fo
 import tempfile
 import time
 
-from lazylab.experiments.runner import make_configs, parameter_count, prepare, start_run
+from lazylab.experiments.configure import make_configs, prepare
+from lazylab.experiments.lifecycle import parameter_count, start_run
 
 EXPERIMENT = 'feedback'
 if not RUNS_DIR:
@@ -274,7 +275,8 @@ print(f'reference loop {tokens / t_ref:,.0f} tokens/s, buffered memory {tokens /
 from contextlib import nullcontext
 
 from lazylab.data import SequentialLoader
-from lazylab.experiments.runner import generate, open_run
+from lazylab.experiments.generation import generate
+from lazylab.experiments.replay import open_run
 from lazylab.experiments.trainer import CHECKPOINT, evaluate, load_checkpoint
 
 print(run_dir)

@@ -181,12 +181,12 @@ def test_train_section_commands_run(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize('command', ['lazylab train transformer ffn.glu_variant=SwiGLU --config my.yaml'])
 def test_the_short_key_of_the_readme_reaches_the_nested_key(tmp_path, monkeypatch, command):
     from lazylab.configs import explain
-    from lazylab.experiments.runner import make_configs
+    from lazylab.experiments.configure import make_configs
     monkeypatch.chdir(tmp_path)
     (tmp_path / 'my.yaml').write_text('optimizer.learning_rate: 0.001\n', encoding='utf-8')
     assert command in train_section_commands()
-    argv = shlex.split(command)[3:]
-    conf = make_configs('transformer', argv)
+    a, settings = cli.command('train').parser().parse_with_settings(shlex.split(command)[2:])
+    conf = make_configs(a.experiment, settings, config=a.config)
     assert conf.transformer.ffn.glu_variant == 'SwiGLU' and conf.transformer.ffn.is_gated is True
     assert conf.optimizer.learning_rate == 0.001
     assert explain(conf)['transformer.ffn.glu_variant']['source'] == 'override'

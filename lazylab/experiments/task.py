@@ -24,6 +24,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
+from lazylab.errors import CheckpointError, TrainingError
 from lazylab.experiments import distributed
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -42,13 +43,46 @@ class BatchLoss(NamedTuple):
     count: int
 
 
-def next_token_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reduction: str = 'mean') -> BatchLoss:
-    """Cross-entropy (nats per token) and accuracy of predicting y from x; the model returns (logits, _).
+def logits_of(output: Any) -> torch.Tensor:
+    """The logits of a text model's output: the tensor itself, or the first element of labml_nn's
+    `(logits, state)` pair."""
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def check_logits(logits: Any, y: torch.Tensor, n_tokens: Optional[int] = None) -> None:
+    """That a text model's logits have the shape [seq_len, batch_size, n_tokens] of the targets `y`.
+
+    Raises:
+        TrainingError: naming the shape expected and the shape found (the first-batch check shows it before a
+            run starts).
+    """
+    expected = (*y.shape, n_tokens if n_tokens is not None else 'n_tokens')
+    shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else None
+    if shape is None or len(shape) != 3 or shape[:2] != tuple(y.shape) or \
+            (n_tokens is not None and shape[2] != n_tokens):
+        found = f'logits of shape [{", ".join(map(str, shape))}]' if shape is not None else \
+            f'a {type(logits).__name__}'
+        raise TrainingError(f'the model returns {found}; a text model must return logits [seq_len, batch_size, '
+                            f'n_tokens] = [{", ".join(map(str, expected))}] (alone, or as (logits, state))')
+
+
+def next_token_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reduction: str = 'mean',
+                    n_tokens: Optional[int] = None) -> BatchLoss:
+    """Cross-entropy (nats per token) and accuracy of predicting y from x.
+
+    Args:
+        model: returns logits, alone or as `(logits, state)` (labml_nn's models: `logits_of`).
+        x, y: the batch (inputs and next tokens); reduction: 'mean' or 'sum' of the per-token losses.
+        n_tokens: the vocabulary size the logits must have (None: not checked).
 
     Shapes:
-        x, y: LongTensor [seq_len, batch_size]; logits [seq_len, batch_size, n_vocab] (the loss is taken in float32)
+        x, y: LongTensor [seq_len, batch_size]; logits [seq_len, batch_size, n_tokens] (the loss is taken in float32)
+
+    Raises:
+        TrainingError: the logits have another shape (`check_logits`).
     """
-    logits, _ = model(x)
+    logits = logits_of(model(x))
+    check_logits(logits, y, n_tokens)
     loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction=reduction)
     correct = (logits.detach().argmax(-1) == y).sum().item()
     return BatchLoss(loss, correct, y.numel())
@@ -121,7 +155,6 @@ class Task:
         Raises:
             CheckpointError: naming the extra that differs (what no resume can accept).
         """
-        from lazylab.errors import CheckpointError
         for key, value in self.checkpoint_extras().items():
             if key in checkpoint and checkpoint[key] != value:
                 raise CheckpointError(f"the checkpoint's {key} differs from this run's; it was made on other data")

@@ -153,7 +153,7 @@ def options_text(module: str, conf: Any, script_values: dict[str, Any]) -> str:
 
 def labml_main(argv: Sequence[str]) -> None:
     """The ``lazylab labml`` command (see the module docstring)."""
-    from lazylab.experiments.runner import read_config_file
+    from lazylab.experiments.configure import read_config_file
     from lazylab.labml import adapter, install
     from lazylab.labml.session import OptionsRequested, Session
     args = parse_args(argv)

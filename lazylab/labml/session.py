@@ -31,8 +31,8 @@ from typing import Any, Optional
 
 from lazylab.configs import apply_overrides, dump, load, parse_overrides
 from lazylab.errors import UsageError, user_error_message
-from lazylab.experiments.runner import write_run_json
 from lazylab.labml import adapter
+from lazylab.runs import write_record as write_run_json
 
 TINY_SHAKESPEARE = 'tiny_shakespeare.txt'  # the name labml_nn's `tiny_shakespeare` option looks for
 

@@ -104,7 +104,8 @@ def load_run(path: Path) -> Run:
     Raises:
         UsageError: a damaged configs.yaml.
     """
-    from lazylab.experiments.metrics import METRICS, read_metrics
+    from lazylab.experiments.metrics import read_metrics
+    from lazylab.runs import METRICS_JSONL as METRICS
     trial = _read_json(path / 'trial.json')
     number = trial.get('number')
     label = f'{number:04d}' if isinstance(number, int) and not isinstance(number, bool) else path.name

@@ -406,11 +406,11 @@ def type_space(name: str, fixed: list[str], dims: list[Dimension]) -> Any:
 
     from lazylab.configs import ConfigError, parse_overrides
     from lazylab.configs.engine.errors import UnknownItemError
-    from lazylab.experiments import runner
+    from lazylab.experiments import configure, discovery
     first = [f'{d.key}={d.texts[0] if d.discrete else d.low_text}' for d in dims]
     device = [a for a in fixed if a.startswith('device=')]
-    conf = runner.make_configs(name, fixed)
-    runner.check_values(conf)  # the device (and dashboard) as the trials will see them
+    conf = make_configs(name, fixed)
+    configure.check_values(conf)  # the device (and dashboard) as the trials will see them
     for d in dims:  # what the declarations can tell before anything is computed, with the sweep named
         for text in (d.texts if d.discrete else (d.low_text, d.high_text)):
             try:
@@ -421,13 +421,13 @@ def type_space(name: str, fixed: list[str], dims: list[Dimension]) -> Any:
                 raise UsageError(f'{d.key}={d.written}: {str(e).splitlines()[0]}') from None
     threads = torch.get_num_threads()
     try:
-        conf = runner.make_configs(name, fixed + first + ([] if device == ['device=cpu'] else ['device=cpu']))
+        conf = make_configs(name, fixed + first + ([] if device == ['device=cpu'] else ['device=cpu']))
         _compute(conf)
     except UnknownItemError as e:  # a key below a sub-config, known once the sub-config is made
         d = next((d for d in dims if d.key == e.path), None)
         if d is None:
             raise
-        raise UsageError(f'{d.key}={d.written}: {unknown_key(name, runner.load_experiment(name).Configs, d.key)}') \
+        raise UsageError(f'{d.key}={d.written}: {unknown_key(name, discovery.load_experiment(name).Configs, d.key)}') \
             from None
     finally:
         torch.set_num_threads(threads)
@@ -471,7 +471,6 @@ def check_points(name: str, fixed: list[str], space: Space, grid: bool) -> None:
     import torch
 
     from lazylab.errors import user_error_message
-    from lazylab.experiments import runner
     first = {d.key: d.texts[0] if d.discrete else d.low_text for d in space.dims}
     if grid:
         points = space.grid()[1:]
@@ -485,7 +484,7 @@ def check_points(name: str, fixed: list[str], space: Space, grid: bool) -> None:
     try:
         for label, tokens in checks:
             try:
-                _compute(runner.make_configs(name, fixed + tokens + ([] if device == ['device=cpu'] else
+                _compute(make_configs(name, fixed + tokens + ([] if device == ['device=cpu'] else
                                                                      ['device=cpu'])))
             except Exception as e:
                 message = user_error_message(e)
@@ -497,14 +496,25 @@ def check_points(name: str, fixed: list[str], space: Space, grid: bool) -> None:
         torch.set_num_threads(threads)
 
 
+def make_configs(name: str, tokens: list[str]) -> Any:
+    """`lazylab.experiments.configure.make_configs` of key=value `tokens`, `--config FILE` among them as
+    sweep.make_plan appends it (TODO(sweeps): the sweep's parser passes the file on its own)."""
+    from lazylab.experiments import configure
+    tokens, config = list(tokens), None
+    if '--config' in tokens:
+        at = tokens.index('--config')
+        config, tokens = tokens[at + 1], tokens[:at] + tokens[at + 2:]
+    return configure.make_configs(name, tokens, config=config)
+
+
 def _compute(conf: Any) -> None:
     """What `runner.prepare` checks and computes, but the torch optimizer and its schedule (which the trials build;
     making one here would cost the sweep's start a second, importing torch's compiler) and the pass on a first
     batch: the device, the memory, the data, the model, and every plain item, so that each sub-config exists and
     each of its keys is known (`runner.check_values`, `runner.compute`)."""
-    from lazylab.experiments import runner
-    runner.check_values(conf)
-    runner.compute(conf, optimizer=False)
+    from lazylab.experiments import configure
+    configure.check_values(conf)
+    configure.compute(conf, optimizer=False)
 
 
 def _owner(conf: Any, key: str, name: str) -> tuple[Any, str]:

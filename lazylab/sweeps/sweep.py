@@ -142,7 +142,7 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
     if not a.settings or '=' in a.settings[0]:
         raise UsageError('usage: lazylab sweep NAME [key=value | key=SWEEP …] [--workers N] … (lazylab sweep -h)')
     name, tokens = a.settings[0], a.settings[1:]
-    from lazylab.experiments.runner import load_experiment
+    from lazylab.experiments.discovery import load_experiment
     module = load_experiment(name)
     defaults = module.Configs()
     fixed, dims, seen = [], [], set()
@@ -728,8 +728,8 @@ def outcome(trial_dir: Path, returncode: int, metric: str) -> tuple[str, Optiona
     state: 'completed' (value: the final record's metric), 'pruned' (value: the last validation's), 'failed'
     (error: the one-line message it printed) or 'interrupted' (killed by a signal or Ctrl-C: to be resumed).
     """
-    from lazylab.experiments.metrics import METRICS as METRICS_FILE
     from lazylab.experiments.metrics import read_metrics
+    from lazylab.runs import METRICS_JSONL as METRICS_FILE
     if returncode < 0 or returncode in (130, 143):
         return 'interrupted', None, None, None
     if returncode != 0:

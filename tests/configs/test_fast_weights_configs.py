@@ -119,7 +119,7 @@ def test_token_wise_option_takes_the_feature_map_and_rule():
 
 
 def test_experiment_keys_select_the_variants():
-    from lazylab.experiments.runner import make_configs
+    from lazylab.experiments.configure import make_configs
     conf = make_configs('fast_weights', ['fast_weights.phi=favor', 'fast_weights.favor_features=7',
                                          'fast_weights.update_rule=sum', 'd_model=16', 'heads=2'])
     conf.n_tokens = 11
