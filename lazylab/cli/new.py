@@ -1,5 +1,6 @@
 """`lazylab new NAME [--task text|custom]`: write NAME.py, an experiment of your own that trains as written."""
 from lazylab.cli.parser import Parser
+from lazylab.experiments.templates import write_experiment  # torch-free
 
 
 def parser() -> Parser:
@@ -14,7 +15,6 @@ def parser() -> Parser:
 
 def run(argv: list[str]) -> None:
     a = parser().parse(argv)
-    from lazylab.experiments.templates import write_experiment  # torch-free
     path = write_experiment(a.name, a.task)
     print(f'wrote {path}: train it with `lazylab train {path}` (or `python {path}`); `lazylab options {path}` lists '
           f'its keys')

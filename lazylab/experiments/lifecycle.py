@@ -17,7 +17,7 @@ by SIGTERM — with `signal` and `checkpoint_step`, the step `lazylab resume` co
 move to its `computed_before_run` section).
 
 The first line of a run says what it is (parameters, length, batch, device, folder); the last says how it ended
-and why it stopped (max_steps, the epochs, the time budget, the task's target, a sweep's pruner).
+and why it stopped (max_steps, the epochs, the time budget, the task's target, a sweep's pruner): `summary`.
 """
 import contextlib
 import sys
@@ -29,13 +29,14 @@ from typing import Any, Optional, Union
 import torch
 
 from lazylab.configs import dump, explain, label_given, to_dict
-from lazylab.errors import Interrupted, LazylabError, UsageError, plural, signals_interrupt, user_error_message
+from lazylab.errors import Interrupted, LazylabError, UsageError, signals_interrupt, user_error_message
 from lazylab.experiments import distributed
 from lazylab.experiments.checkpoint import load_checkpoint
 from lazylab.experiments.configure import device, make_configs, prepare
 from lazylab.experiments.discovery import Experiment, find_experiment
 from lazylab.experiments.metrics import stdout_may_close
 from lazylab.experiments.replay import check_data_changes, check_replay, reopen
+from lazylab.experiments.summary import first_line, last_line, parameter_count
 from lazylab.experiments.tracking import LabmlRun
 from lazylab.experiments.trainer import ValidationHook, check_resume, train
 from lazylab.runs import (
@@ -216,11 +217,6 @@ def run_environment(conf) -> dict[str, Any]:
     return info
 
 
-def parameter_count(model: torch.nn.Module) -> int:
-    """The number of parameters of `model` (every element of every parameter tensor)."""
-    return sum(p.numel() for p in model.parameters())
-
-
 @contextlib.contextmanager
 def training_lock(run_dir: Path, take: bool = True) -> Iterator[None]:
     """While the block runs, this process holds the run's training lock (`lazylab.runs.exclusive_lock` on the
@@ -293,50 +289,6 @@ def execute(name: str, conf, run_dir: Path, *, resume: bool, checkpoint: Optiona
     elif is_main:
         print(f'nothing to do: the run in {run_dir} has already finished', flush=True)
     return last
-
-
-def first_line(name: str, conf, run_dir: Path) -> str:
-    """What the run is: `feedback: 1,234 parameters, 10 minutes (…) of 32×64 characters on cpu → RUN_DIR`."""
-    length = plural(conf.total_steps, 'step')
-    if conf.max_minutes > 0 and conf.max_steps == 0:  # the time budget decides the step count, as it goes
-        length = (f'{plural(conf.max_minutes, "minute")} (the step count is fitted to them after the first steps; '
-                  f'at most {plural(conf.total_steps, "step")})')
-    elif conf.max_minutes > 0:
-        length += f' (at most {plural(conf.max_minutes, "minute")})'
-    batch = f'{conf.batch_size}×{conf.seq_len} {conf.task.position_unit}'
-    world_size = distributed.get_world_size()
-    if world_size > 1:
-        batch += f' per process, {world_size} processes (effective batch {conf.batch_size * world_size})'
-    return f'{name}: {parameter_count(conf.model):,} parameters, {length} of {batch} on {device(conf)} → {run_dir}'
-
-
-def last_line(conf, run_dir: Path, last: dict[str, Any], hook_reason: Optional[str] = None) -> str:
-    """How the run ended and why it stopped: `done: step 636, valid loss 1.5212 nats/char, accuracy 0.551, 10,422
-    tokens/s (the run's average); stopped by the time budget (max_minutes=10); run dir RUN_DIR`."""
-    why = stop_reason(conf, last, hook_reason)
-    if 'loss.valid' not in last:
-        return f'stopped at step {last["step"]:,}: {why}; run dir {run_dir}'
-    speed = last.get('tokens_per_s_avg', last.get('tokens_per_s', 0))
-    return (f'done: step {last["step"]:,}, valid loss {last["loss.valid"]:.4f} {conf.task.loss_unit}, accuracy '
-            f'{last["accuracy.valid"]:.3f}, {speed:,.0f} tokens/s (the run\'s average); {why}; run dir {run_dir}')
-
-
-def stop_reason(conf, last: dict[str, Any], hook_reason: Optional[str] = None) -> str:
-    """Why the run stopped, in words, from the trainer's `stopped` (see trainer.train) or the hook's answer."""
-    if hook_reason is not None:
-        return f'stopped by the sweep\'s pruner at step {last["step"]:,}' if hook_reason == 'pruned' else \
-            f'stopped by the hook at step {last["step"]:,} ({hook_reason})'
-    stopped = last.get('stopped')
-    if stopped == 'target':
-        return (f'stopped early, at step {last["step"]:,} of {conf.total_steps:,}: the task\'s target was reached '
-                f'({type(conf.task).__name__}.converged, valid loss {last["loss.valid"]:.4g})')
-    if stopped == 'time':
-        return f'stopped by the time budget (max_minutes={conf.max_minutes:g})'
-    if stopped == 'max_steps':
-        return f'stopped at max_steps={conf.max_steps:,}'
-    if stopped == 'epochs':
-        return f'stopped after {plural(conf.epochs, "epoch")} (epochs={conf.epochs})'
-    return 'stopped'
 
 
 def finish_run(conf, run_dir: Path, status: str, last: dict[str, Any], error: Optional[str] = None,

@@ -57,7 +57,15 @@ class NLPAutoRegressionConfigs(TrainerConfigs):
 
 
 def device_of(c: TrainerConfigs) -> torch.device:
-    """The torch.device that `c.device` names ('auto' picks cuda, mps or cpu)."""
+    """The torch.device that `c.device` names ('auto' picks cuda, mps or cpu): where an experiment's option puts
+    its model (`.to(device_of(c))`).
+
+    Args:
+        c: the experiment's config.
+
+    Raises:
+        ValueError: the device is unknown or not available (a run checks it first, as one error line).
+    """
     return resolve_device(c.device)
 
 
@@ -78,8 +86,11 @@ class TextTask(Task):
     processes (`evaluate` takes this process's columns). Sample: `sample_tokens` characters after `prompt`.
 
     Args:
-        data: the text split; seq_len, batch_size: window length and windows per step (per process).
+        data: the text split.
+        seq_len, batch_size: window length and windows per step (per process).
         seed: the data order (ShuffledLoader) and the samples' generator (seed + step).
+        valid_batches, final_valid_batches: validation batches each time, and at the end (0: the whole split).
+        prompt, sample_tokens, sample_temperature: the samples at each validation.
         device: where batches go for validation and sampling (the model's device).
         rank, world_size: this process in a torchrun job (default: read from lazylab.experiments.distributed).
 
@@ -114,7 +125,16 @@ class TextTask(Task):
 
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, reduction: str = 'mean') -> BatchLoss:
         """Next-character cross-entropy and accuracy (`task.next_token_loss`), the logits checked to be
-        [seq_len, batch_size, n_tokens] of this text's vocabulary."""
+        [seq_len, batch_size, n_tokens] of this text's vocabulary.
+
+        Args:
+            model: a text model (logits alone, or `(logits, state)`).
+            x, y: a batch of `batches`.
+            reduction: 'mean' (training) or 'sum' (evaluation).
+
+        Raises:
+            TrainingError: the logits have another shape (naming both).
+        """
         return next_token_loss(model, x, y, reduction, n_tokens=self.data.n_tokens)
 
     def evaluate(self, model: nn.Module, final: bool) -> dict[str, float]:
@@ -122,7 +142,13 @@ class TextTask(Task):
 
     def sample(self, model: nn.Module, step: int) -> str:
         """`prompt` and `sample_tokens` characters sampled at `sample_temperature`, from a generator seeded with
-        seed + step (training's random state is untouched)."""
+        seed + step (training's random state is untouched); a model without `generate` is re-run on the last
+        seq_len characters for each (`generate_ids`).
+
+        Args:
+            model: the text model.
+            step: the steps taken (seeds the sample).
+        """
         g = torch.Generator(device=self.device).manual_seed(self.seed + step)
         ids = generate_ids(model, self.prompt_ids.to(self.device), self.sample_tokens, context=self.seq_len,
                            temperature=self.sample_temperature, generator=g)
@@ -140,6 +166,9 @@ class TextTask(Task):
         sha256 or size differ from the checkpoint's) is returned as one line, which `lazylab resume` refuses
         unless `--allow-changes`. A checkpoint of an older lazylab records no sha256: a note says the text is not
         compared, and the resume goes on.
+
+        Args:
+            checkpoint: the checkpoint, as `checkpoint.load_checkpoint` returns it.
 
         Raises:
             CheckpointError: saying what differs (sizes, characters added or removed, or their order).

@@ -14,9 +14,9 @@ written. The parts with a state of their own are named and live beside this file
     checkpoint.py  Checkpointer, Position: checkpoint.pt (atomic writes, weights_only reads), resume
     metrics.py     RunningMetrics, RunLog: metrics.jsonl records, the progress line, samples.txt, labml
 
-What `train` reads from the resolved config `c` (an `NLPAutoRegressionConfigs`): `c.model` (on `c.device`),
-`c.optimizer.optimizer` / `c.optimizer.scheduler` (a torch optimizer, an optimizers.ScheduledLR), `c.task`,
-`c.total_steps` and the plain items of `TrainerConfigs` below.
+What `train` reads from the resolved config `c` (any `TrainerConfigs`; the contract is in its docstring): `c.model`
+(on `c.device`), `c.optimizer.optimizer` / `c.optimizer.scheduler` (a torch optimizer, an optimizers.ScheduledLR),
+`c.task`, `c.total_steps` and the plain items of `TrainerConfigs` below.
 
 Run directory (written by rank 0 only):
     configs.yaml     the replayable config dump (written before training starts, by the caller)
@@ -48,7 +48,7 @@ from typing import Annotated, Any, Callable, Literal, Optional
 import torch
 from annotated_types import Ge, Lt
 
-from lazylab.configs import BaseConfigs, ConfigError
+from lazylab.configs import BaseConfigs, ConfigError, explain, to_dict
 from lazylab.configs.types import NonEmptyStr, NonNegativeFloat, NonNegativeInt, PositiveInt, ThreadCount
 from lazylab.errors import CheckpointError, LazylabError, NonFiniteLossError, TrainingError
 from lazylab.experiments import distributed
@@ -56,6 +56,7 @@ from lazylab.experiments.budget import CALIBRATION_STEPS, TimeBudget
 from lazylab.experiments.checkpoint import Checkpointer, Position, load_checkpoint, save_checkpoint
 from lazylab.experiments.metrics import MetricsLog, Progress, RunLog, RunningMetrics, read_metrics
 from lazylab.experiments.task import Batch, BatchLoss, SeqLenWarmup, Task, evaluate
+from lazylab.models.sampling import NonFiniteLogitsError
 from lazylab.runs import CHECKPOINT_PT
 
 #: the trainer's one hook: (step, validation record) -> a reason to stop now (truthy) or None to go on
@@ -70,7 +71,27 @@ __all__ = ['TrainerConfigs', 'resolve_device', 'autocast_for', 'train', 'check_t
 
 
 class TrainerConfigs(BaseConfigs):
-    """How to train: length, batch shape, validation, device and precision (labml's TrainValidConfigs idea)."""
+    """How to train: length, batch shape, validation, device and precision (labml's TrainValidConfigs idea); the
+    base of every experiment's `Configs`.
+
+    The contract: besides the items declared here, the trainer reads four items an experiment's Configs declares
+    and makes, each by an `@option` (or a class default, or a value given):
+
+        model        an `nn.Module` on `device_of(c)`, whatever the task's `loss` calls
+        task         a `Task` (lazylab.experiments.task): batches, loss, evaluation, optional samples
+        optimizer    an `OptimizerConfigs` (lazylab.experiments.optimizers) with `parameters` the model's and
+                     `total_steps` the run's: it makes the torch optimizer and its learning-rate schedule
+        total_steps  the optimizer steps the run takes (e.g. `max_steps` if given, else `epochs` · batches per epoch)
+
+    `NLPAutoRegressionConfigs` provides task, optimizer and total_steps for text (the experiment adds the model);
+    a Task of your own subclasses `Task` and provides all four (lazylab.experiments.retrieval, or `lazylab new
+    NAME --task custom`). Its batches may have any shape its `loss` understands. A Configs that declares one of
+    the four without a way to make it is refused before a run starts, naming the item
+    (`configure.check_trainer_items`).
+
+    Attributes:
+        seed, device, threads, …: the items below, each with its meaning beside it (`lazylab options NAME`).
+    """
     seed: Annotated[int, Ge(0), Lt(2**32)] = 0         # seeds parameters, dropout and the data order
     device: NonEmptyStr = 'auto'                       # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
     threads: ThreadCount = 0                           # CPU threads for torch (0: torch's default)
@@ -366,7 +387,6 @@ def not_finite_cause(c) -> str:
     """The end of the message for a loss or gradient that is not finite before any update: the learning rate is
     not the cause, and the settings given that the model is made from likely are (those given by the user or a
     --config file, or the preset's when there are none of those; in declaration order, as `key=value`)."""
-    from lazylab.configs import explain, to_dict
     rows, doc = explain(c), to_dict(c)
     needs, todo = set(), ['model']  # the items the model is computed from, transitively
     while todo:
@@ -413,7 +433,6 @@ def sample(task: Task, model: torch.nn.Module, autocast, step: int) -> Optional[
     Raises:
         NonFiniteLossError: the model's logits are NaN (the weights are not finite; nothing more is saved).
     """
-    from lazylab.models.sampling import NonFiniteLogitsError
     try:
         with autocast():
             return task.sample(model, step)

@@ -454,3 +454,16 @@ def test_torchrun_trains_a_file_experiment_on_two_processes(here, launch):
     assert load_checkpoint(run / CHECKPOINT_PT)['world_size'] == 2
     assert '2 processes (effective batch 4)' in out and out.count('done: step 3') == 1, out
     assert json.loads((run / 'run.json').read_text())['experiment'] == 'char_gru_k'
+
+
+def test_the_tutorials_code_is_what_lazylab_new_writes():
+    """docs/tutorial.md shows lstm.py whole and sorter.py's Task: they must be what `lazylab new` writes."""
+    import re
+    page = (ROOT / 'docs' / 'tutorial.md').read_text(encoding='utf-8')
+    blocks = re.findall(r'^```python\n(.*?)^```$', page, flags=re.S | re.M)
+    templates = ROOT / 'lazylab' / 'experiments' / 'templates'
+    text = (templates / 'text.py').read_text().replace('EXPERIMENT_NAME', 'lstm')
+    custom = (templates / 'custom.py').read_text()
+    assert blocks[0] == text
+    task = blocks[1].split('\n\n\nclass SortDigits')[1]
+    assert '\n\n\nclass SortDigits' + task in custom and 'def converged' in task
