@@ -325,7 +325,8 @@ from contextlib import nullcontext
 from lazylab.data import SequentialLoader
 from lazylab.experiments.generation import generate
 from lazylab.experiments.replay import open_run
-from lazylab.experiments.trainer import CHECKPOINT, evaluate, load_checkpoint
+from lazylab.experiments.trainer import evaluate, load_checkpoint
+from lazylab.runs import CHECKPOINT_PT
 
 print(run_dir)
 for path in sorted(run_dir.iterdir()):
@@ -333,7 +334,7 @@ for path in sorted(run_dir.iterdir()):
         print(f'  {path.name:<14} {path.stat().st_size:>10,} bytes')
 
 name, conf2, _ = open_run(run_dir)        # a fresh config, replayed from configs.yaml
-checkpoint = load_checkpoint(run_dir / CHECKPOINT)
+checkpoint = load_checkpoint(run_dir / CHECKPOINT_PT)
 torch.manual_seed(123)                    # a different initialisation, overwritten just below
 model2 = conf2.model
 model2.load_state_dict(checkpoint['model'])

@@ -209,13 +209,16 @@ def test_own_experiment_section_commands_run(tmp_path, monkeypatch, capsys):
     assert commands[0] == 'lazylab new lstm' and any(c.startswith('python lstm.py') for c in commands)
     for command in commands:
         words = shlex.split(command)
-        if words[:2] == ['lazylab', 'train'] or words[0] == 'python':
+        if words[:2] == ['lazylab', 'train']:
+            words = words[:3] + OWN_TINY + words[3:]
+        elif words[0] == 'python':
             words = words[:2] + OWN_TINY + words[2:]
         if words[0] == 'python':
             done = subprocess.run([sys.executable, *words[1:]], capture_output=True, text=True, timeout=300,
                                   env={**os.environ, 'PYTHONPATH': str(ROOT)})
             assert done.returncode == 0, (command, done.stderr[-2000:])
             continue
-        argv = [w.replace('RUN_ID', sorted(Path('runs/lstm').iterdir())[0].name) for w in words[1:]]
+        argv = [w.replace('RUN_ID', sorted(Path('runs/lstm').iterdir())[0].name) if 'RUN_ID' in w else w
+                for w in words[1:]]
         assert cli.main(argv) == 0, (command, capsys.readouterr().err[-2000:])
     assert len(list(Path('runs/lstm').glob('*/run.json'))) == 2

@@ -38,7 +38,13 @@ run's life (`lifecycle`), configs from a command line (`configure`), replay chec
 `listing`, and the training loop `trainer.train` with its parts (`task`, `budget`, `checkpoint`, `metrics`).
 """
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for type checkers and the API reference (griffe reads imports statically); at run time: lazily
+    from lazylab.experiments.nlp_autoregression import LABML_NN_PRESET, NLPAutoRegressionConfigs, TextTask, device_of
+    from lazylab.experiments.script import main
+    from lazylab.experiments.task import Batch, BatchLoss, Task, evaluate
+    from lazylab.experiments.trainer import TrainerConfigs
 
 #: public name → the module that defines it
 _PUBLIC = {
@@ -54,7 +60,8 @@ _PUBLIC = {
     'main': 'lazylab.experiments.script',
 }
 
-__all__ = list(_PUBLIC)
+__all__ = ['TrainerConfigs', 'NLPAutoRegressionConfigs', 'TextTask', 'device_of', 'LABML_NN_PRESET', 'Task', 'Batch',
+           'BatchLoss', 'evaluate', 'main']
 
 
 def __getattr__(name: str) -> Any:

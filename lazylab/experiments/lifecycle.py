@@ -57,18 +57,22 @@ from lazylab.runs import (
 
 
 def train_main(experiment: Union[str, Experiment], settings: Sequence[str] = (), *, config: Optional[str] = None,
-               allow_changes: bool = False, run_dir: Optional[Path] = None, on_validation: Optional[ValidationHook] =
-               None, labels: Optional[dict[str, Sequence[str]]] = None, info: Optional[dict[str, Any]] = None
-               ) -> Path:
+               allow_changes: bool = False, run_dir: Optional[Path] = None,
+               on_validation: Optional[ValidationHook] = None, labels: Optional[dict[str, Sequence[str]]] = None,
+               info: Optional[dict[str, Any]] = None) -> Path:
     """`lazylab train EXPERIMENT key=value … [--config FILE] [--allow-changes]`: check, make the run directory,
     train; returns the run directory.
 
     Args:
         experiment: EXPERIMENT as written (built-in name, .py file, module, plugin) or an `Experiment`.
-        settings: key=value tokens; config: the --config file; allow_changes: accept a replayed dump's changes.
+        settings: key=value tokens.
+        config: the --config file (flat settings, or a run's configs.yaml).
+        allow_changes: accept a replayed dump's changed computed values (--allow-changes).
         run_dir: for a caller that runs the run (a sweep's trial): the folder to use (created if needed; it must
-            not hold a run yet). on_validation: the trainer's hook (see trainer.train).
-        labels: {label: keys} relabels given keys in the dump (e.g. {'sweep': ['d_model']}); info: more run.json.
+            not hold a run yet).
+        on_validation: the trainer's hook (see trainer.train).
+        labels: {label: keys} relabels given keys in the dump (e.g. {'sweep': ['d_model']}).
+        info: more for run.json.
 
     Ctrl-C and SIGTERM raise `lazylab.errors.Interrupted` while it runs (`signals_interrupt`): before the run
     directory exists nothing is written; after, run.json records the stop (see `record_interrupt`).
