@@ -3,11 +3,11 @@ chunked reference, side by side in one process (on the CPU; fla's fast kernels a
 
 For each seq_len, forward + backward of the kernel alone (loss = Σ y), rows timed round-robin (median of --reps):
 
-    fla naive_chunk_gated_delta_rule (64)   fla-core 0.6.0's `naive_chunk_gated_delta_rule`, chunk 64 (the 1.00x row)
-    lazylab gated_delta_rule_chunked (C)    ours
-    lazylab delta_rule_chunked (C)          ours without the gate (what the gate costs)
-    lazylab delta_product_chunked, n_h 2    DeltaProduct with the gate, two Householder steps per token
-    lazylab gated_delta_rule_loop           the token loop (the reference), with --loop
+    fla naive_chunk_gated_delta (64)   fla-core 0.6.0's `naive_chunk_gated_delta_rule`, chunk 64 (the 1.00x row)
+    lazylab gated delta chunked (C)    `gated_delta_rule_chunked`, for each C of --chunk-sizes (16)
+    lazylab delta rule chunked (C)     `delta_rule_chunked`: ours without the gate (what the gate costs)
+    lazylab DeltaProduct n_h 2 (C)     `delta_product_chunked` with the gate, two writes per token (C per chunk)
+    lazylab gated delta loop           `gated_delta_rule_loop`, the token loop (the reference), with --loop
 
 Inputs as Gated DeltaNet feeds them: L2-normalised q and k, β = σ(·), g = log σ(·) < 0; fla is called with
 scale = 1 (ours has no scaling of q) and its [batch, seq_len, heads, d] layout, made before the clock starts.
@@ -53,23 +53,26 @@ def fwd_bwd(fn, tensors):
     return run
 
 
-def bench(seq_len, batch, heads, d, chunk_size, reps, naive, with_loop):
+def bench(seq_len, batch, heads, d, chunk_sizes, reps, naive, with_loop):
     (q, k, v, beta, g), (k_p, v_p, beta_p) = inputs(seq_len, batch, heads, d)
     first = lambda x: x.transpose(0, 1).contiguous()  # noqa: E731  (fla's [batch, seq_len, heads, d])
     fla_inputs = [first(x) for x in (q, k, v, g, beta)]
     fns = {
-        'fla naive_chunk_gated_delta_rule (64)': fwd_bwd(
+        'fla naive_chunk_gated_delta (64)': fwd_bwd(
             lambda q, k, v, g, b: naive.naive_chunk_gated_delta_rule(q, k, v, g, b, chunk_size=64, scale=1.0),
             fla_inputs),
-        f'lazylab gated_delta_rule_chunked ({chunk_size})': fwd_bwd(
-            lambda *a: gated_delta_rule_chunked(*a, chunk_size=chunk_size), (q, k, v, beta, g)),
-        f'lazylab delta_rule_chunked ({chunk_size})': fwd_bwd(
-            lambda *a: delta_rule_chunked(*a, chunk_size=chunk_size), (q, k, v, beta)),
-        f'lazylab delta_product_chunked ({chunk_size}), n_h 2': fwd_bwd(
-            lambda *a: delta_product_chunked(*a, chunk_size=chunk_size), (q, k_p, v_p, beta_p, g)),
     }
+    for c in chunk_sizes:
+        fns[f'lazylab gated delta chunked ({c})'] = fwd_bwd(
+            lambda *a, c=c: gated_delta_rule_chunked(*a, chunk_size=c), (q, k, v, beta, g))
+    for c in chunk_sizes:
+        fns[f'lazylab delta rule chunked ({c})'] = fwd_bwd(
+            lambda *a, c=c: delta_rule_chunked(*a, chunk_size=c), (q, k, v, beta))
+    for c in chunk_sizes:
+        fns[f'lazylab DeltaProduct n_h 2 ({c})'] = fwd_bwd(
+            lambda *a, c=c: delta_product_chunked(*a, chunk_size=c), (q, k_p, v_p, beta_p, g))
     if with_loop:
-        fns['lazylab gated_delta_rule_loop'] = fwd_bwd(gated_delta_rule_loop, (q, k, v, beta, g))
+        fns['lazylab gated delta loop'] = fwd_bwd(gated_delta_rule_loop, (q, k, v, beta, g))
     rates = median_rates(fns, reps, seq_len * batch)
     report(f"gated delta rule forward+backward, seq_len {seq_len}, batch {batch}, {heads} heads, d {d} "
            f"{conditions(reps)}", rates, 'tok/s')
@@ -80,7 +83,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_options(parser, threads=1)
     parser.add_argument('--seq-lens', type=int, nargs='+', default=[256, 1024])
-    parser.add_argument('--chunk-size', type=int, default=32)
+    parser.add_argument('--chunk-sizes', type=int, nargs='+', default=[16], help="our kernels' chunk sizes")
     parser.add_argument('--loop', action='store_true', help='also time the token loop (slow)')
     args = parser.parse_args(argv)
     configure(args, reference_loaded=True)  # (labml_nn is not needed here)
@@ -89,10 +92,10 @@ def main(argv=None):
     except FlaMissing as e:
         raise SystemExit(f'fla_naive: {e}') from None
     if args.quick:
-        bench(40, 2, 2, 8, 16, 1, naive, args.loop)
+        bench(40, 2, 2, 8, [16], 1, naive, args.loop)
         return
     for seq_len in args.seq_lens:
-        bench(seq_len, 16, 4, 32, args.chunk_size, args.reps, naive, args.loop)
+        bench(seq_len, 16, 4, 32, args.chunk_sizes, args.reps, naive, args.loop)
 
 
 if __name__ == '__main__':

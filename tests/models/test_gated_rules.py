@@ -318,6 +318,13 @@ def test_beta_zero_leaves_the_state_but_for_the_decay(rule):
         assert_rel_close(s, state / 64, 1e-14, f'{name} state halved six times')
         halves = 0.5 ** torch.arange(1, 7, dtype=q.dtype).view(6, 1, 1, 1)
         assert_rel_close(y, halves * torch.einsum('bhvd,tbhd->tbhv', state, q), 1e-14, f'{name} y')
+    # and the gradients there are the loop's (finite: β = 0 is also what pads the last chunk)
+    inputs = [q, k, v, torch.zeros_like(beta), half, state]
+    _, _, expected = outputs_and_grads(kernels['loop'], inputs)
+    _, _, grads = outputs_and_grads(kernels['chunked (5)'], inputs)
+    for a, b in zip(grads, expected):
+        assert torch.isfinite(a).all()
+        assert_rel_close(a, b, 1e-10, 'grads at β = 0')
 
 
 def test_decay_gate_is_gated_deltanets_formula_and_initialisation():

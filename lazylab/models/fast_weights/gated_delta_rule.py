@@ -176,20 +176,20 @@ class GatedChunks(torch.autograd.Function):
         gam_last = gam[:, -1:]  # [N, 1, 1]: γ_c of each chunk
         states = s_init.new_empty(n + 1, *s_init.shape)
         states[0] = s_init
-        r, u, u_d, o_inter, out = (torch.empty_like(v) for _ in range(5))
-        by_chunk = [x.unflatten(0, (n, bh)) for x in (q, k, k_t, v, gam, delta, gam_last, t_beta, p, r, u, u_d,
-                                                      o_inter, out)]
-        for j, (q_j, k_j, k_t_j, v_j, gam_j, delta_j, gl_j, t_beta_j, p_j, r_j, u_j, u_d_j, o_inter_j,
-                out_j) in enumerate(zip(*by_chunk)):
+        r, u, u_d, out = (torch.empty_like(v) for _ in range(4))
+        q_s = v.new_empty(bh, *v.shape[1:])
+        by_chunk = [x.unflatten(0, (n, bh)) for x in (q, k, k_t, v, gam, delta, gam_last, t_beta, p, r, u, u_d, out)]
+        for j, (q_j, k_j, k_t_j, v_j, gam_j, delta_j, gl_j, t_beta_j, p_j, r_j, u_j, u_d_j, out_j) in enumerate(
+                zip(*by_chunk)):
             s = states[j]
             torch.bmm(k_j, s, out=r_j)
             torch.addcmul(v_j, r_j, gam_j, value=-1, out=r_j)  # R = V − γ ⊙ (K S)
             torch.bmm(t_beta_j, r_j, out=u_j)  # U = Tβ R
-            torch.bmm(q_j, s, out=o_inter_j).mul_(gam_j)  # γ ⊙ (Q S)
-            torch.baddbmm(o_inter_j, p_j, u_j, out=out_j)  # O = γ ⊙ (Q S) + P U
+            torch.bmm(q_j, s, out=q_s).mul_(gam_j)  # γ ⊙ (Q S)
+            torch.baddbmm(q_s, p_j, u_j, out=out_j)  # O = γ ⊙ (Q S) + P U
             torch.mul(u_j, delta_j, out=u_d_j)
             torch.mul(s, gl_j, out=states[j + 1]).baddbmm_(k_t_j, u_d_j)  # S' = γ_c S + Kᵀ (δ ⊙ U)
-        ctx.save_for_backward(q, k, v, beta, e, decay, gam, delta, t, t_beta, p, r, u, u_d, o_inter, states)
+        ctx.save_for_backward(q, k, beta, e, decay, gam, delta, t, t_beta, p, r, u, u_d, states)
         ctx.n, ctx.bh, ctx.exact = n, bh, q.dtype
         return out, states[n].clone()
 
@@ -201,37 +201,42 @@ class GatedChunks(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, d_out, d_s_final):
-        q, k, v, beta, e, decay, gam, delta, t, t_beta, p, r, u, u_d, o_inter, states = ctx.saved_tensors
+        q, k, beta, e, decay, gam, delta, t, t_beta, p, r, u, u_d, states = ctx.saved_tensors
         n, bh = ctx.n, ctx.bh
         d_out = d_out.contiguous()
         d_og = d_out * gam  # dOγ = γ ⊙ dO
         d_u = torch.bmm(p.transpose(1, 2), d_out)  # the loop adds δ ⊙ (K dS')
-        d_q, d_k, d_r, k_ds = torch.empty_like(q), torch.empty_like(k), torch.empty_like(d_u), torch.empty_like(d_u)
-        d_rg = d_u.new_empty(bh, *d_u.shape[1:])
-        d_gl = gam.new_empty(gam.shape[0], 1, 1)  # dγ_c of each chunk
+        d_q, d_k, d_r = torch.empty_like(q), torch.empty_like(k), torch.empty_like(d_u)
+        k_ds, d_rg = d_u.new_empty(bh, *d_u.shape[1:]), d_u.new_empty(bh, *d_u.shape[1:])
+        rs = k.new_empty(bh, *k.shape[1:])
+        # per token: aᵢ (what γᵢ scales), bᵢ (what δᵢ scales), and per chunk dγ_c; row-dots taken while in cache
+        a, b, d_gl = gam.new_empty(gam.shape[:2]), gam.new_empty(gam.shape[:2]), gam.new_empty(gam.shape[0], 1)
         ds = d_s_final.clone(memory_format=torch.contiguous_format)  # updated in place below
-        by_chunk = [x.unflatten(0, (n, bh)) for x in (q, k, gam, delta, t_beta, u_d, d_og, d_u, d_r, k_ds, d_q, d_k,
+        by_chunk = [x.unflatten(0, (n, bh)) for x in (q, k, gam, delta, t_beta, u_d, d_og, d_u, d_r, d_q, d_k, a, b,
                                                       d_gl)]
+        vecdot = torch.linalg.vecdot
         for j in reversed(range(n)):
-            q_j, k_j, gam_j, delta_j, t_beta_j, u_d_j, d_og_j, d_u_j, d_r_j, k_ds_j, d_q_j, d_k_j, d_gl_j = (
+            q_j, k_j, gam_j, delta_j, t_beta_j, u_d_j, d_og_j, d_u_j, d_r_j, d_q_j, d_k_j, a_j, b_j, d_gl_j = (
                 x[j] for x in by_chunk)
             s = states[j]
             s_t = s.transpose(1, 2).contiguous()  # (once per chunk, instead of a copy inside each bmm)
-            torch.linalg.vecdot(s.flatten(1), ds.flatten(1), out=d_gl_j.view(bh))  # dγ_c = ⟨S, dS'⟩
-            torch.bmm(k_j, ds, out=k_ds_j)
-            d_u_j.addcmul_(k_ds_j, delta_j)  # dU = Pᵀ dO + δ ⊙ (K dS')
+            vecdot(s.flatten(1), ds.flatten(1), out=d_gl_j.view(bh))  # dγ_c = ⟨S, dS'⟩
+            torch.bmm(k_j, ds, out=k_ds)
+            d_u_j.addcmul_(k_ds, delta_j)  # dU = Pᵀ dO + δ ⊙ (K dS')
             torch.bmm(t_beta_j.transpose(1, 2), d_u_j, out=d_r_j)  # dR = Tβᵀ dU
             torch.mul(d_r_j, gam_j, out=d_rg)
-            torch.bmm(u_d_j, ds.transpose(1, 2), out=d_k_j).baddbmm_(d_rg, s_t, alpha=-1)
-            torch.bmm(d_og_j, s_t, out=d_q_j)
+            torch.bmm(u_d_j, ds.transpose(1, 2), out=d_k_j)  # (δ ⊙ U) dS'ᵀ
+            vecdot(d_k_j, k_j, out=b_j)  # bᵢ = ⟨(δ ⊙ U)ᵢ, (K dS')ᵢ⟩
+            torch.bmm(d_rg, s_t, out=rs)
+            d_k_j.sub_(rs)  # − (γ ⊙ dR) Sᵀ
+            torch.bmm(d_og_j, s_t, out=d_q_j)  # (γ ⊙ dO) Sᵀ
+            vecdot(d_q_j, q_j, out=a_j).sub_(vecdot(rs, k_j))  # aᵢ = ⟨dOᵢ, γᵢ (Q S)ᵢ⟩ − ⟨dRᵢ, γᵢ (K S)ᵢ⟩
             ds.mul_(gam_j[:, -1:]).baddbmm_(q_j.transpose(1, 2), d_og_j).baddbmm_(k_j.transpose(1, 2), d_rg, alpha=-1)
-        d_beta, d_g = _parallel_gradients(q, k, v, beta, e, decay, gam, t, p, r, u, u_d, o_inter, d_out, d_u,
-                                              d_r, k_ds, d_gl, d_q, d_k)
+        d_beta, d_g = _parallel_gradients(q, k, beta, e, decay, gam, t, p, r, u, d_out, d_u, a, b, d_gl, d_q, d_k)
         return d_q, d_k, d_r, d_beta, d_g, ds, None, None
 
 
-def _parallel_gradients(q, k, v, beta, e, decay, gam, t, p, r, u, u_d, o_inter, d_out, d_u, d_r, k_ds, d_gl, d_q,
-                        d_k):
+def _parallel_gradients(q, k, beta, e, decay, gam, t, p, r, u, d_out, d_u, a, b, d_gl, d_q, d_k):
     """The gradients of everything but the state recurrence (`GatedChunks`), batched over all chunks: adds to dQ
     and dK in place; returns dβ and dg."""
     d_p = torch.bmm(d_out, u.transpose(1, 2))  # dO Uᵀ (what lies above the diagonal meets D's zeros)
@@ -245,24 +250,21 @@ def _parallel_gradients(q, k, v, beta, e, decay, gam, t, p, r, u, u_d, o_inter, 
     t_t = t.transpose(1, 2).contiguous()
     # T = (I + A)⁻¹, A = strictly_lower(diag(β) E):  −dA = strictly_lower(Tᵀ dT Tᵀ)
     d_a_neg = torch.bmm(torch.bmm(t_t, d_t_beta.mul_(beta.transpose(1, 2))), t_t).tril_(-1)
-    d_beta -= (d_a_neg * e).sum(-1, keepdim=True)
+    d_beta -= (d_a_neg * e).sum(-1, keepdim=True)  # dβ ∋ rowsum(dA ⊙ E)
     neg_d_e = d_a_neg.mul_(beta)  # −dE = −diag(β) dA
-    h -= neg_d_e * e  # H from A: dE ⊙ E
+    h.addcmul_(neg_d_e, e, value=-1)  # H from A: dE ⊙ E
     neg_d_e.mul_(decay)  # −d(K Kᵀ) = −dE ⊙ D
     d_k.baddbmm_(neg_d_e + neg_d_e.transpose(1, 2), k, alpha=-1)
     # dg, not dΓ (Γ = cumsum(g)): ∂ exp(Γᵢ − Γⱼ)/∂g_t = exp(Γᵢ − Γⱼ) for j < t ≤ i, so dg_t sums H over the block
     # of rows i ≥ t and columns j < t (summing dΓ = rowsum(H) − colsum(H) instead would cancel large terms in
     # float32); γᵢ = exp(Γᵢ) depends on g_t for t ≤ i, δᵢ = exp(Γ_c − Γᵢ) for t > i, γ_c on every g_t of the chunk
     c = h.shape[-1]
-    at_or_below = torch.ones(c, c, dtype=h.dtype, device=h.device).triu_()  # [t, i]: i ≥ t
-    d_g = torch.matmul(at_or_below, h).tril_(-1).sum(-1, keepdim=True)
-    dot = torch.linalg.vecdot
-    from_gamma = (dot(d_out, o_inter) - dot(d_r, v - r)).unsqueeze(-1)  # the rows γ scales, read back
-    d_g += torch.matmul(at_or_below, from_gamma)  # Σ_{i ≥ t}
-    from_delta = dot(u_d, k_ds).unsqueeze(-1)
-    d_g += torch.matmul(at_or_below.T, from_delta).sub_(from_delta)  # Σ_{i < t}
-    d_g += d_gl * gam[:, -1:]
-    return d_beta, d_g
+    before = torch.ones(c, c, dtype=h.dtype, device=h.device).triu_(1)  # [j, t]: j < t
+    d_g = torch.matmul(h, before).tril_().sum(1)  # Σ_{i ≥ t} Σ_{j < t} H_ij
+    d_g += torch.matmul(b, before)  # Σ_{i < t} bᵢ
+    d_g += torch.matmul(a, before.T.add_(torch.eye(c, dtype=h.dtype, device=h.device)))  # Σ_{i ≥ t} aᵢ
+    d_g += d_gl * gam[:, -1]
+    return d_beta, d_g.unsqueeze(-1)
 
 
 def gated_delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor,
