@@ -37,6 +37,7 @@ from lazylab.configs.types import PositiveInt, Probability
 from lazylab.errors import UsageError
 from lazylab.models import fast_weights
 from lazylab.models.autoregressive import AutoregressiveModel
+from lazylab.models.fast_weights import token_wise
 
 
 class FastWeightsConfigs(BaseConfigs):
@@ -135,7 +136,7 @@ def _fast_weights_transformer(c: FastWeightsConfigs):
 
 @option(FastWeightsConfigs.transformer, 'token_wise')
 def _token_wise_transformer(c: FastWeightsConfigs):
-    from lazylab.models.fast_weights import token_wise as m
+    m = token_wise
     check_rule_keys(c.update_rule, c.gated, c.negative_eigenvalues, c.attention_normalization)
     if c.update_rule not in ('delta', 'sum') or c.negative_eigenvalues:
         raise UsageError(f"transformer=token_wise is labml_nn's token-wise model: update_rule delta or sum, without "
