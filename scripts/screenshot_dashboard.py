@@ -96,7 +96,7 @@ def main() -> int:
             raise SystemExit(f'screenshot_dashboard: {assets} lacks {", ".join(missing_assets(assets))}')
         port = free_port()
         url = f'http://127.0.0.1:{port}'
-        server = subprocess.Popen([sys.executable, '-m', 'lazylab.dashboard', '--port', str(port),
+        server = subprocess.Popen([sys.executable, '-m', 'lazylab', 'dashboard', '--port', str(port),
                                    '--store', str(tmp / 'store'), '--assets', str(assets)], cwd=REPO)
         try:
             wait_for_port(port, server)

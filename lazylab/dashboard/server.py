@@ -6,8 +6,9 @@ with ``labml-db``'s file drivers (models pickled, one folder per model class; in
 is needed and the whole dashboard state is one folder (``--store``, default ``runs/.dashboard``).
 
     lazylab dashboard [--port 5005] [--store DIR] [--host 127.0.0.1] [--assets DIR]
+
+The command line is read by :mod:`lazylab.cli.dashboard`, which calls :func:`run`.
 """
-import argparse
 import ipaddress
 import os
 import re
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from lazylab.dashboard import labml_patches
-from lazylab.dashboard.guard import DEFAULT_MAX_BODY_MB, TOKEN_COOKIE, TOKEN_ENV, TOKEN_HEADER
+from lazylab.dashboard.guard import DEFAULT_MAX_BODY_MB, TOKEN_ENV
 from lazylab.errors import DashboardError
 
 DEFAULT_PORT = 5005
@@ -164,86 +165,52 @@ def host_warning(host: str, token: Optional[str]) -> Optional[str]:
             f'token can be read on the way by anyone on the network')
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse whose mistakes are one-line DashboardErrors (the command line's `lazylab: error: …`)."""
-
-    def error(self, message):
-        raise DashboardError(f'{self.prog}: {message}')
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog='lazylab dashboard', description="Serve labml's dashboard app over a local file store.")
-    parser.add_argument('--port', type=int, default=DEFAULT_PORT, help=f'TCP port (default {DEFAULT_PORT})')
-    parser.add_argument('--host', default=DEFAULT_HOST,
-                        help=f'address to bind (default {DEFAULT_HOST}: this machine only; any other address '
-                             'prints a warning: without --token the dashboard has no authentication)')
-    parser.add_argument('--store', default=DEFAULT_STORE,
-                        help=f'folder holding the dashboard\'s data (default {DEFAULT_STORE})')
-    parser.add_argument('--assets', default=None,
-                        help='folder with the web page\'s CDN files (d3.v6.min.js, bootstrap.min.css, '
-                             'fontawesome/css/all.css + fontawesome/webfonts/), for machines without internet')
-    parser.add_argument('--max-body-mb', type=int, default=DEFAULT_MAX_BODY_MB, metavar='MB',
-                        help=f'largest request body accepted, in MB of 2^20 bytes (default {DEFAULT_MAX_BODY_MB}); '
-                             'a larger one is answered 413 and never held in memory')
-    parser.add_argument('--token', default=os.environ.get(TOKEN_ENV) or None,
-                        help=f'a secret every request must carry (default: ${TOKEN_ENV}; none: no check): '
-                             f'at least 16 letters, digits or - _ . ~. A browser opens the page once as '
-                             f'http://HOST:PORT/?token=TOKEN, which sets a cookie ({TOKEN_COOKIE}); other clients '
-                             f'send the header {_header_name()}: TOKEN; `lazylab train` sends ${TOKEN_ENV}')
-    return parser
-
-
-def _header_name() -> str:
-    return '-'.join(part.capitalize() for part in TOKEN_HEADER.split('-'))  # x-lazylab-token → X-Lazylab-Token
-
-
-def run(argv: Optional[list[str]] = None) -> None:
-    """`lazylab dashboard [--port 5005] [--store DIR] [--host 127.0.0.1] [--assets DIR] [--max-body-mb 16]
-    [--token TOKEN]`: serve until Ctrl-C.
-
-    Everything is checked before anything is written or bound; a `--host` that is not a loopback address prints
-    one warning on stderr (:func:`host_warning`).
+def check(store: str, host: str, port: int, assets: Optional[str], max_body_mb: int, token: Optional[str]) -> None:
+    """The checks `lazylab dashboard` makes before anything is written or bound.
 
     Raises:
-        DashboardError: a malformed flag, the ``dashboard`` extra is missing, the port is out of range or in use,
-            `--store` is inside a file, `--assets` lacks files, `--max-body-mb` is below 1, or the token is too
-            short or has other characters; one line each, naming the value.
+        DashboardError: the ``dashboard`` extra is missing, the port is out of range or in use, `store` is empty or
+            inside a file, `assets` lacks files, `max_body_mb` is below 1, or the token is too short or has other
+            characters; one line each, naming the value (never the token).
     """
-    args = _parser().parse_args(argv)
     require_app()
-    if not 0 < args.port < 65536:
-        raise DashboardError(f'--port must be in 1..65535, got {args.port}')
-    store = Path(args.store)
-    existing = next(p for p in (store, *store.parents) if p.exists())  # '.' or '/' at the latest
-    if not args.store or not existing.is_dir():
-        raise DashboardError(f'--store {args.store!r}: ' + (f'{existing} is a file, not a folder' if args.store
-                                                            else 'give a folder'))
-    if not _port_is_free(args.host, args.port):
-        raise DashboardError(f'{args.host}:{args.port} is already in use; choose another --port')
-    if args.assets is not None and missing_assets(Path(args.assets)):
-        raise DashboardError(f'--assets {args.assets} lacks {", ".join(missing_assets(Path(args.assets)))}')
-    if args.max_body_mb < 1:
-        raise DashboardError(f'--max-body-mb must be at least 1, got {args.max_body_mb}')
-    if args.token is not None and not _TOKEN_RE.fullmatch(args.token):
+    if not 0 < port < 65536:
+        raise DashboardError(f'--port must be in 1..65535, got {port}')
+    existing = next(p for p in (Path(store), *Path(store).parents) if p.exists())  # '.' or '/' at the latest
+    if not store or not existing.is_dir():
+        raise DashboardError(f'--store {store!r}: ' + (f'{existing} is a file, not a folder' if store
+                                                       else 'give a folder'))
+    if not _port_is_free(host, port):
+        raise DashboardError(f'{host}:{port} is already in use; choose another --port')
+    if assets is not None and missing_assets(Path(assets)):
+        raise DashboardError(f'--assets {assets} lacks {", ".join(missing_assets(Path(assets)))}')
+    if max_body_mb < 1:
+        raise DashboardError(f'--max-body-mb must be at least 1, got {max_body_mb}')
+    if token is not None and not _TOKEN_RE.fullmatch(token):
         # the token itself is not shown: it is a secret
         raise DashboardError(f'--token (or ${TOKEN_ENV}): use at least 16 letters, digits or - _ . ~ '
                              f'(e.g. python -c "import secrets; print(secrets.token_urlsafe())")')
-    warning = host_warning(args.host, args.token)
+
+
+def run(store: str = DEFAULT_STORE, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+        assets: Optional[str] = None, *, max_body_mb: int = DEFAULT_MAX_BODY_MB, token: Optional[str] = None) -> None:
+    """`lazylab dashboard`: check everything (:func:`check`), then serve until Ctrl-C or SIGTERM.
+
+    A `host` that is not a loopback address prints one warning on stderr (:func:`host_warning`).
+
+    Raises:
+        DashboardError: what :func:`check` raises (one line, naming the value).
+    """
+    check(store, host, port, assets, max_body_mb, token)
+    warning = host_warning(host, token)
     if warning is not None:
         print(warning, file=sys.stderr, flush=True)
     try:
-        serve(Path(args.store), args.host, args.port, None if args.assets is None else Path(args.assets),
-              max_body_bytes=args.max_body_mb << 20, token=args.token)
+        serve(Path(store), host, port, None if assets is None else Path(assets), max_body_bytes=max_body_mb << 20,
+              token=token)
     except KeyboardInterrupt:
         pass
     print('labml dashboard stopped', flush=True)
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """:func:`run`, returning the exit code: 0, or 2 after printing a DashboardError as `lazylab: error: …`
-    (through the CLI's one error path, `lazylab.errors.run_cli`)."""
-    from lazylab.errors import run_cli
-    return run_cli(run, argv)
 
 
 def _port_is_free(host: str, port: int) -> bool:
