@@ -4,7 +4,8 @@ import os
 
 from lazylab.cli.parser import Parser
 from lazylab.dashboard import server
-from lazylab.dashboard.guard import DEFAULT_MAX_BODY_MB, TOKEN_COOKIE, TOKEN_ENV, TOKEN_HEADER
+from lazylab.dashboard.guard import DEFAULT_MAX_BODY_MB, TOKEN_COOKIE
+from lazylab.dashboard_client import TOKEN_ENV, TOKEN_HEADER
 
 
 def parser() -> Parser:

@@ -2,7 +2,8 @@
 
 - :mod:`lazylab.dashboard.server`: what ``lazylab dashboard`` serves (labml's app, its database in files); the
   command line is :mod:`lazylab.cli.dashboard`.
-- :mod:`lazylab.dashboard.client`: for the trainer, labml's ``app`` writer pointed at a running dashboard.
+- :mod:`lazylab.dashboard_client` (re-exported here): for the runs, labml's ``app`` writer pointed at a running
+  dashboard; it sits below the experiments, which use it.
 - :mod:`lazylab.dashboard.labml_patches`: the places where labml_app's internals are changed (labml's own are
   changed in :mod:`lazylab.labml_internals`).
 
@@ -12,7 +13,20 @@
 Importing this package imports neither labml nor labml_app; they are imported when a server starts or a run
 streams to one.
 """
-from lazylab.dashboard.client import (
+from lazylab.dashboard.server import (
+    CDN_ASSETS,
+    DEFAULT_HOST,
+    DEFAULT_STORE,
+    INSTALL_HINT,
+    create_app,
+    install_file_store,
+    missing_assets,
+    require_app,
+    run,
+    serve,
+)
+from lazylab.dashboard_client import (
+    DEFAULT_PORT,
     FLUSH_TIMEOUT_S,
     LABML_TOKEN,
     app_writer,
@@ -22,19 +36,6 @@ from lazylab.dashboard.client import (
     is_reachable,
     track_url,
     wait_for_app_upload,
-)
-from lazylab.dashboard.server import (
-    CDN_ASSETS,
-    DEFAULT_HOST,
-    DEFAULT_PORT,
-    DEFAULT_STORE,
-    INSTALL_HINT,
-    create_app,
-    install_file_store,
-    missing_assets,
-    require_app,
-    run,
-    serve,
 )
 from lazylab.errors import DashboardError
 

@@ -23,9 +23,9 @@ from http.cookies import CookieError, SimpleCookie
 from typing import Optional
 from urllib.parse import parse_qsl, urlencode
 
+from lazylab.dashboard_client import TOKEN_HEADER
+
 DEFAULT_MAX_BODY_MB = 16
-TOKEN_ENV = 'LAZYLAB_DASHBOARD_TOKEN'  # the server's default --token, and what `lazylab train` sends
-TOKEN_HEADER = 'x-lazylab-token'
 TOKEN_COOKIE = 'lazylab_token'
 TOKEN_QUERY = 'token'
 

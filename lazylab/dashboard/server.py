@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Optional
 
 from lazylab.dashboard import labml_patches
-from lazylab.dashboard.guard import DEFAULT_MAX_BODY_MB, TOKEN_ENV
+from lazylab.dashboard.guard import DEFAULT_MAX_BODY_MB
+from lazylab.dashboard_client import DEFAULT_PORT, TOKEN_ENV
 from lazylab.errors import DashboardError
 
-DEFAULT_PORT = 5005
 DEFAULT_HOST = '127.0.0.1'
 DEFAULT_STORE = os.path.join('runs', '.dashboard')
 INSTALL_HINT = "pip install 'lazylab[dashboard]'"

@@ -10,7 +10,7 @@ server is configured, live in the labml dashboard:
 labml's `screen` writer is not used: lazylab prints its own progress line, and both would redraw the same
 terminal line.
 
-Dashboard hook: `lazylab.dashboard.configure_app_writer(url)` decides whether the app writer is used (a quick
+Dashboard hook: `lazylab.dashboard_client.configure_app_writer(url)` decides whether the app writer is used (a quick
 socket check; an unreachable server costs one warning, never a hang or retries) and sets labml's app URL.
 """
 import contextlib
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lazylab import labml_internals
+from lazylab.dashboard_client import configure_app_writer
 
 
 class LabmlRun:
@@ -35,8 +36,6 @@ class LabmlRun:
     def __init__(self, run_dir: Path, name: str, uuid: str, configs: dict[str, Any], dashboard: str = '',
                  explicit: Iterable[str] = ()):
         from labml import experiment, lab
-
-        from lazylab.dashboard import configure_app_writer
 
         run_dir = Path(run_dir).resolve()
         labml_internals.tolerate_concurrent_runs()

@@ -34,7 +34,7 @@ from typing import Any, Optional
 
 from lazylab import labml_internals, runs
 from lazylab.configs import apply_overrides, dump, inspect, load, parse_overrides
-from lazylab.dashboard.client import configure_app_writer
+from lazylab.dashboard_client import configure_app_writer
 from lazylab.errors import UsageError, user_error_message
 from lazylab.labml import adapter
 from lazylab.labml.console import Console

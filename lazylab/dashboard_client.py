@@ -1,4 +1,8 @@
-"""The trainer's side of the dashboard: point labml's ``app`` writer at a running `lazylab dashboard`.
+"""The trainer's side of the dashboard: point labml's ``app`` writer at a running `lazylab dashboard` (torch-free).
+
+Below the experiments, the labml layer and the dashboard, which all use it (``lazylab train``'s and ``lazylab
+labml``'s runs stream to a dashboard; ``lazylab.dashboard`` re-exports it); it reaches labml's internals only through
+:mod:`lazylab.labml_internals`.
 
 :func:`configure_app_writer` (or :func:`app_writer`, which only returns labml's `app_url`) points labml's ``app``
 writer at a dashboard URL (``http://HOST:PORT``) after a quick socket check, so an unreachable server costs one
@@ -26,9 +30,14 @@ from typing import Optional
 from urllib.parse import urlsplit
 
 from lazylab import labml_internals
-from lazylab.dashboard.guard import TOKEN_ENV, TOKEN_HEADER
-from lazylab.dashboard.server import DEFAULT_PORT
 from lazylab.errors import DashboardError
+
+#: the port `lazylab dashboard` serves on by default
+DEFAULT_PORT = 5005
+#: the environment variable holding a dashboard's token: the server's default --token, and what a run sends
+TOKEN_ENV = 'LAZYLAB_DASHBOARD_TOKEN'
+#: the request header that carries the token
+TOKEN_HEADER = 'x-lazylab-token'
 
 # The path segment labml's app wants before /track; the app ignores it (it reads a token from the query string only).
 LABML_TOKEN = 'default'
