@@ -6,6 +6,10 @@
 # tests and benchmarks compare against. labml_nn 0.5.1 goes in with --no-deps on purpose: its requirements would also bring torchtext,
 # torchvision and fairscale, which the modules we compare against do not import; what they do need (labml, einops)
 # is in lazylab's dependencies and test extra. This is the one place that installs it (CONTRIBUTING.md points here).
+# fla-core 0.6.0 (flash-linear-attention's ops) is a TEST REFERENCE ONLY, also with --no-deps: the tests and
+# benchmarks of the gated delta rule and DeltaProduct compare against three of its pure-PyTorch functions, loaded by
+# file path (lazylab/models/fast_weights/fla_reference.py), so that its Triton kernels are never imported or needed;
+# lazylab itself never imports it. Its only other requirement, einops, is in the test extra.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
@@ -15,6 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e '.[test,dashboard,postgres,docs]'
 	$(PIP) install --no-deps labml-nn==0.5.1
+	$(PIP) install --no-deps fla-core==0.6.0
 	touch $@
 
 .PHONY: install train test lint docs notebooks

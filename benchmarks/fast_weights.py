@@ -10,13 +10,16 @@ round-robin so that load on the machine hits them alike):
    of the same size (lazylab's pre-norm `TransformerLayer`s with causal `MultiHeadAttention`);
 3. generation: 128 new tokens after a 16-token prompt, batch 1, greedy: labml_nn's re-run-the-whole-prefix
    sampling vs ours with the fast weights carried (`generate`: one `step_function` call per token);
-4. `rules`: every feature map × update rule (DPFP ν=1, ELU + 1, FAVOR+ m=32 × delta, sum with attention
-   normalisation), `FastWeightsAttention` forward + backward: the token loop (`kernel='loop'`) vs the chunked
-   kernel, at seq_len 256 (the first of --seq-lens unless --rules-seq-len).
+4. `rules`: every feature map × update rule of the paper (DPFP ν=1, ELU + 1, FAVOR+ m=32 × delta, sum with
+   attention normalisation) and the successors (L2-SiLU × the gated delta rule, DeltaProduct n_h = 2 with and
+   without the gate; DPFP × the gated delta rule), `FastWeightsAttention` forward + backward: the token loop
+   (`kernel='loop'`) vs the chunked kernel, at each --rules-seq-len (256); --rules picks the rules.
 
     python benchmarks/fast_weights.py            # d_model 128, 4 heads, d_ff 512, 4 layers, ν 1, batch 16,
                                                  # seq_len 128, 256, 512, 1024
     python benchmarks/fast_weights.py --quick    # tiny smoke run
+    python benchmarks/fast_weights.py --skip attention training generation --threads 1 \
+        --rules gated_delta delta_product --rules-seq-len 256 1024     # the successors' rows, one thread
 """
 import argparse
 
@@ -92,16 +95,27 @@ def bench_attention(seq_lens, batch, d_model, heads, nu, chunk_size, reps, ref_m
                f"{heads} heads, nu {nu} {conditions(reps)}", rates, 'tok/s')
 
 
-def bench_rules(seq_len, batch, d_model, heads, chunk_size, reps):
-    """Loop vs chunked for every feature map × update rule (no labml_nn: it has only DPFP with the delta rule)."""
+#: the rows of `bench_rules`: (feature map, update rule, the attention's other arguments)
+RULE_ROWS = [(phi, rule, {'attention_normalization': rule == 'sum'}) for phi in ('dpfp', 'linear', 'favor')
+             for rule in ('delta', 'sum')]
+RULE_ROWS += [('l2', 'gated_delta', {}), ('dpfp', 'gated_delta', {}), ('l2', 'delta_product', {}),
+              ('l2', 'delta_product', {'gated': True})]
+
+
+def bench_rules(seq_lens, batch, d_model, heads, chunk_size, reps, rules):
+    """Loop vs chunked for every row of RULE_ROWS whose rule is in `rules` (no labml_nn: it has only DPFP with the
+    delta rule)."""
     d_k = d_model // heads
-    for phi_name in ours.FEATURE_MAPS:
-        for rule in ours.UPDATE_RULES:
-            def build(kernel, phi_name=phi_name, rule=rule):
+    for seq_len in seq_lens:
+        for phi_name, rule, kwargs in RULE_ROWS:
+            if rule not in rules:
+                continue
+
+            def build(kernel, phi_name=phi_name, rule=rule, kwargs=kwargs):
                 torch.manual_seed(0)
                 phi = ours.make_feature_map(phi_name, d_k, nu=1, features=32)
                 return ours.FastWeightsAttention(heads, d_model, 0.0, phi, kernel=kernel, chunk_size=chunk_size,
-                                                 update_rule=rule, attention_normalization=rule == 'sum')
+                                                 update_rule=rule, **kwargs)
             loop, chunked = build('loop'), build('chunked')
             x = torch.randn(seq_len, batch, d_model, requires_grad=True)
 
@@ -112,9 +126,10 @@ def bench_rules(seq_len, batch, d_model, heads, chunk_size, reps):
 
             rates = median_rates({'lazylab loop': fwd_bwd(loop), f'lazylab chunked ({chunk_size})': fwd_bwd(chunked)},
                                  reps, seq_len * batch)
-            report(f"{phi_name} × {rule} rule{' (attention-normalised)' if rule == 'sum' else ''}, "
-                   f"FastWeightsAttention forward+backward, seq_len {seq_len}, batch {batch}, d_model {d_model}, "
-                   f"{heads} heads {conditions(reps)}", rates, 'tok/s')
+            what = ', '.join([f'{phi_name} × {rule} rule'] + [k if v is True else f'{k}={v}'
+                                                              for k, v in kwargs.items() if v])
+            report(f"{what}, FastWeightsAttention forward+backward, seq_len {seq_len}, batch {batch}, d_model "
+                   f"{d_model}, {heads} heads {conditions(reps)}", rates, 'tok/s')
 
 
 def bench_training(seq_lens, batch, sizes, nu, chunk_sizes, reps, ref_max_len):
@@ -179,7 +194,9 @@ def main(argv=None):
     parser.add_argument('--ref-max-len', type=int, default=1024,
                         help='skip the (slow) labml_nn token loop above this seq_len')
     parser.add_argument('--skip', nargs='*', default=[], choices=['attention', 'training', 'generation', 'rules'])
-    parser.add_argument('--rules-seq-len', type=int, default=256, help='seq_len of the rules comparison')
+    parser.add_argument('--rules-seq-len', type=int, nargs='+', default=[256], help='seq_len of the rules comparison')
+    parser.add_argument('--rules', nargs='+', default=list(ours.UPDATE_RULES), choices=ours.UPDATE_RULES,
+                        help='the update rules of the rules comparison')
     args = parser.parse_args(argv)
     configure(args, ref is not None)
     if args.quick:
@@ -194,7 +211,8 @@ def main(argv=None):
     if 'generation' not in args.skip:
         bench_generation(*gen, sizes, nu, reps)
     if 'rules' not in args.skip:
-        bench_rules(16 if args.quick else args.rules_seq_len, batch, sizes[0], sizes[1], args.chunk_size, reps)
+        bench_rules([16] if args.quick else args.rules_seq_len, batch, sizes[0], sizes[1], args.chunk_size, reps,
+                    args.rules)
 
 
 if __name__ == '__main__':

@@ -2,13 +2,18 @@
 figures 2 and 3), with `lazylab train retrieval`, and a PNG of the final evaluation loss against S.
 
 Setting 1 (each key once, the sum rule): ELU + 1 ("linear"), DPFP ν = 1, 2, 3 and FAVOR+; setting 2 (2S pairs drawn
-with replacement): the sum rule against the delta rule, both with DPFP ν = 1. Every run is a separate
-`python -m lazylab.experiments.retrieval …` process with one thread (`--jobs` of them at a time), stopping at an
-evaluation loss of 0.001 or after `--max-steps`; its final `loss.valid` (from metrics.jsonl) is plotted.
+with replacement): the sum rule against the delta rule, both with DPFP ν = 1, and the delta rule's successors: the
+gated delta rule (Gated DeltaNet: a learnt decay, so that overwritten pairs can fade) and DeltaProduct (two writes
+per pair, with and without the gate), with DPFP ν = 1, and the gated delta rule with L2-SiLU keys and β ∈ (0, 2).
+Every run is a separate `python -m lazylab.experiments.retrieval …` process with one thread (`--jobs` of them at a
+time), stopping at an evaluation loss of 0.001 or after `--max-steps`; its final `loss.valid` (from metrics.jsonl)
+is plotted.
 
     python scripts/retrieval_capacity.py                       # the README's figure (docs/retrieval_capacity.png)
     python scripts/retrieval_capacity.py --quick               # a tiny smoke run (S = 4; 30 steps)
     python scripts/retrieval_capacity.py --variants 'ν=1'      # only the variants whose label has 'ν=1'
+    python scripts/retrieval_capacity.py --setting 2           # setting 2 only: the sum, delta and successor rules
+    python scripts/retrieval_capacity.py --setting 2 --variants gated --s2 10 20 --max-steps 500   # a short look
 
 It prints one row per run and the wall time, and writes the numbers beside the PNG (retrieval_capacity.json,
 after every run): started again with the same --max-steps, it runs only what that file lacks.
@@ -35,6 +40,14 @@ SETTING_1 = {  # label → keys (the sum rule, the authors' normalisations: atte
 SETTING_2 = {  # setting 2: 2S pairs with replacement
     'sum rule, DPFP ν=1': ['replace=true', 'phi=dpfp', 'nu=1', 'update_rule=sum'],
     'delta rule, DPFP ν=1': ['replace=true', 'phi=dpfp', 'nu=1', 'update_rule=delta'],
+    # the successors (issue 28); none of their labels says 'delta rule', so --variants 'delta rule' is one variant
+    'gated delta (GDN), DPFP ν=1': ['replace=true', 'phi=dpfp', 'nu=1', 'update_rule=gated_delta'],
+    'DeltaProduct n_h=2, DPFP ν=1': ['replace=true', 'phi=dpfp', 'nu=1', 'update_rule=delta_product',
+                                     'householder_steps=2'],
+    'DeltaProduct n_h=2 gated, DPFP ν=1': ['replace=true', 'phi=dpfp', 'nu=1', 'update_rule=delta_product',
+                                           'householder_steps=2', 'gated=true'],
+    'gated delta (GDN), L2-SiLU, β<2': ['replace=true', 'phi=l2', 'update_rule=gated_delta',
+                                        'negative_eigenvalues=true'],
 }
 
 
@@ -81,15 +94,16 @@ def main(argv=None):
     parser.add_argument('--s1', type=int, nargs='+', default=[20, 40, 80, 120, 160, 240], help='S of setting 1')
     parser.add_argument('--s2', type=int, nargs='+', default=[10, 20, 40, 60, 80], help='S of setting 2')
     parser.add_argument('--variants', default='', help='only the variants whose label contains this text')
+    parser.add_argument('--setting', type=int, choices=[1, 2], default=None, help='only this setting (default: both)')
     parser.add_argument('--out', default='docs/retrieval_capacity.png')
     args = parser.parse_args(argv)
     if args.quick:
         args.s1, args.s2, args.max_steps = [4], [4], 30
     started = time.time()
     plan = [('setting 1: each key once, sum rule', label, keys, n) for label, keys in SETTING_1.items()
-            for n in args.s1 if args.variants in label]
+            for n in args.s1 if args.variants in label and args.setting in (None, 1)]
     plan += [('setting 2: 2S pairs with replacement', label, keys, n) for label, keys in SETTING_2.items()
-             for n in args.s2 if args.variants in label]
+             for n in args.s2 if args.variants in label and args.setting in (None, 2)]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     numbers = out.with_suffix('.json')
@@ -107,7 +121,7 @@ def main(argv=None):
             seconds += r['seconds']
             numbers.write_text(json.dumps({'max_steps': args.max_steps, 'run_seconds': seconds,
                                            'results': results}, indent=1) + '\n')
-            print(f"{setting[:9]}  {label:<28} S={n:<4} loss {r['loss']:.4f}  accuracy {r['accuracy']:.3f}  "
+            print(f"{setting[:9]}  {label:<34} S={n:<4} loss {r['loss']:.4f}  accuracy {r['accuracy']:.3f}  "
                   f"steps {r['step']:<5} {r['seconds']:.0f} s", flush=True)
     minutes = (time.time() - started) / 60
     note = (f'lazylab retrieval capacity sweep: hidden 64, batch 32, Adam 1e-3, stop at 0.001 or {args.max_steps} '

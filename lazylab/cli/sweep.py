@@ -2,8 +2,8 @@
 
 
 def parser():
-    from lazylab.sweeps.sweep import _parser
-    return _parser()
+    from lazylab.sweeps.plan import parser as sweep_parser
+    return sweep_parser()
 
 
 def run(argv: list[str]) -> int:

@@ -6,7 +6,10 @@ The model comes from `FastWeightsConfigs` (sub-config `fast_weights`); the commo
 n_layers, dropout, nu) are its defaults, and its own items select the rest, e.g. `fast_weights.kernel=loop`,
 `fast_weights.transformer=token_wise`, `fast_weights.ffn.activation=GELU`, and the paper's variants:
 `fast_weights.phi=linear|favor|dpfp`, `fast_weights.favor_features=128`, `fast_weights.update_rule=sum`,
-`fast_weights.sum_normalization=false`, `fast_weights.attention_normalization=true`.
+`fast_weights.sum_normalization=false`, `fast_weights.attention_normalization=true`; and the delta rule's
+successors: `fast_weights.update_rule=gated_delta` (Gated DeltaNet), `fast_weights.update_rule=delta_product`
+with `fast_weights.householder_steps=3` and `fast_weights.gated=true` (DeltaProduct),
+`fast_weights.negative_eigenvalues=true` (β ∈ (0, 2)), `fast_weights.phi=l2` (L2-normalised SiLU features).
 """
 import sys
 
@@ -52,9 +55,11 @@ def memory_needs(c: Configs) -> list[Need]:
              'n_layers': named(c, 'n_layers', 'fast_weights.n_layers', f.n_layers),
              'heads': named(c, 'heads', 'fast_weights.heads', f.heads)}
     phi = selected_option(f, 'phi')
-    d_dot = feature_size(phi, max(1, f.d_model // f.heads), f.nu, f.favor_features)
+    d_key = max(1, f.d_model // f.heads)
+    d_dot = d_key if phi == 'l2' else feature_size(phi, d_key, f.nu, f.favor_features)  # (L2-SiLU: d_dot = d_key)
     phi_keys = {'dpfp': (named(c, 'nu', 'fast_weights.nu', f.nu), sizes['d_model']), 'linear': (sizes['d_model'],),
-                'favor': (('fast_weights.favor_features', f.favor_features), sizes['heads'])}.get(phi, ())
+                'favor': (('fast_weights.favor_features', f.favor_features), sizes['heads']),
+                'l2': (sizes['d_model'],)}.get(phi, ())
     return language_model_needs(c, sizes, features=None if d_dot is None else (d_dot, phi_keys))
 
 

@@ -4,6 +4,9 @@ section 6.1 and figures 2-3), on the CPU in minutes.
     lazylab train retrieval n_keys=60 phi=dpfp nu=2          ≡  python -m lazylab.experiments.retrieval …
     lazylab train retrieval n_keys=40 replace=true update_rule=delta
     lazylab train retrieval n_keys=60 model=softmax           (the softmax-attention baseline)
+    lazylab train retrieval replace=true update_rule=gated_delta    (the delta rule's successors: gated_delta,
+    lazylab train retrieval update_rule=delta_product gated=true     delta_product with householder_steps and gated,
+                                                                     negative_eigenvalues=true, phi=l2)
 
 Data (the authors' `synthetic/associativeRetrievalDataset.py`): S keys and S values. Setting 1 (`replace=false`):
 a sequence is the S keys, each once, in random order, paired with the S values in random order (seq_len S).
@@ -19,8 +22,9 @@ loss reaches `stop_loss` (0.001) or after `max_steps`. The run directory is the 
 `loss.valid` (the evaluation loss) and `accuracy.valid` (retrieval accuracy: the argmax of ŷ is the target).
 
 The normalisations default to the authors' choices for each rule: the sum rule reads with linear attention's
-normaliser and raw features (`attention_normalization=true`, `sum_normalization=false`), the delta rule with
-sum-normalised features (`sum_normalization=true`, `attention_normalization=false`); either can be set.
+normaliser and raw features (`attention_normalization=true`, `sum_normalization=false`), the delta rule (and its
+successors, the gated delta rule and DeltaProduct) with sum-normalised features (`sum_normalization=true`,
+`attention_normalization=false`); either can be set (attention normalisation only for the sum and delta rules).
 """
 import sys
 from collections.abc import Iterator
@@ -30,6 +34,7 @@ import torch
 from torch import nn
 
 from lazylab.configs import option
+from lazylab.configs.fast_weights import check_rule_keys
 from lazylab.configs.types import NonNegativeFloat, NonNegativeInt, PositiveInt
 from lazylab.errors import UsageError
 from lazylab.experiments import distributed
@@ -164,10 +169,14 @@ class Configs(TrainerConfigs):
     seq_len: PositiveInt = 'pairs'       # pairs per sequence: S, or 2S with replace
     stop_loss: NonNegativeFloat = 0.001  # stop once the evaluation loss is at most this (0: never)
     model: nn.Module = 'fast_weights'    # fast_weights, or softmax (the softmax-attention baseline)
-    phi: nn.Module = 'dpfp'              # feature map φ': dpfp (with nu), linear (ELU + 1), favor (FAVOR+)
+    phi: nn.Module = 'dpfp'              # feature map φ': dpfp (with nu), linear (ELU + 1), favor (FAVOR+), l2
     nu: PositiveInt = 1                  # ν of DPFP: d_dot = 2 · hidden_size · ν
     favor_features: PositiveInt = 64     # m, random features of FAVOR+ (d_dot = 2m)
-    update_rule: Literal['sum', 'delta'] = 'sum'  # fast-weight update: sum (linear attention) or delta
+    # fast-weight update: sum (linear attention), delta, gated_delta (Gated DeltaNet) or delta_product (DeltaProduct)
+    update_rule: Literal['sum', 'delta', 'gated_delta', 'delta_product'] = 'sum'
+    householder_steps: PositiveInt = 2   # n_h, writes per pair of delta_product
+    gated: bool = False                  # delta_product with the gated delta rule's decay gate
+    negative_eigenvalues: bool = False   # β = 2σ(·) ∈ (0, 2) (rules with a β)
     sum_normalization: bool              # φ' = φ / Σφ (default: the delta rule's, not the sum rule's)
     attention_normalization: bool        # ŷ / (z · φ'(q)) (default: the sum rule's, not the delta rule's)
     hidden_size: PositiveInt = 64        # keys and queries before φ'
@@ -191,7 +200,7 @@ def _embedding_size(c: Configs):
 
 @option(Configs.sum_normalization, 'by_rule')
 def _sum_normalization(c: Configs):
-    return c.update_rule == 'delta'
+    return c.update_rule != 'sum'
 
 
 @option(Configs.attention_normalization, 'by_rule')
@@ -222,17 +231,24 @@ def _favor(c: Configs):
     return _phi(c, 'favor')
 
 
+@option(Configs.phi, 'l2')
+def _l2(c: Configs):
+    return _phi(c, 'l2')
+
+
 @option(Configs.model, 'fast_weights')
 def _fast_weights_model(c: Configs):
+    check_rule_keys(c.update_rule, c.gated, c.negative_eigenvalues, c.attention_normalization)
     model = FastWeightsRetrieval(c.n_keys, c.n_keys, c.embedding_size, c.hidden_size, c.phi,
                                  update_rule=c.update_rule, attention_normalization=c.attention_normalization,
-                                 kernel=c.kernel, chunk_size=c.chunk_size)
+                                 kernel=c.kernel, chunk_size=c.chunk_size, householder_steps=c.householder_steps,
+                                 gated=c.gated, negative_eigenvalues=c.negative_eigenvalues)
     return model.to(device_of(c))
 
 
 #: the keys only the fast-weight model reads (softmax attention has no feature map and no update rule)
 FAST_WEIGHT_KEYS = ('phi', 'nu', 'favor_features', 'update_rule', 'sum_normalization', 'attention_normalization',
-                    'kernel', 'chunk_size')
+                    'kernel', 'chunk_size', 'householder_steps', 'gated', 'negative_eigenvalues')
 
 
 def check_softmax_keys(c: Configs) -> None:
@@ -303,9 +319,9 @@ def memory_needs(c: Configs) -> list[Need]:
     model = selected_option(c, 'model')
     if model == 'fast_weights':
         phi = selected_option(c, 'phi')
-        d_dot = feature_size(phi, hidden, c.nu, c.favor_features)
+        d_dot = hidden if phi == 'l2' else feature_size(phi, hidden, c.nu, c.favor_features)  # (L2-SiLU: hidden)
         phi_keys = {'dpfp': (('nu', c.nu), ('hidden_size', hidden)), 'linear': (('hidden_size', hidden),),
-                    'favor': (('favor_features', c.favor_features),)}.get(phi, ())
+                    'favor': (('favor_features', c.favor_features),), 'l2': (('hidden_size', hidden),)}.get(phi, ())
         if d_dot is not None:
             needs += [Need('fast-weight features φ(k), φ(q)', FLOAT * batch * (n_pairs + n_keys) * d_dot,
                            (*phi_keys, *size)),

@@ -408,11 +408,12 @@ def prepare(conf) -> None:
     check_trains(conf)
 
 
-def compute(conf, optimizer: bool = True) -> None:
+def compute(conf, optimizer: bool = True, plain: bool = True) -> None:
     """Compute what a run is made of, in the order its mistakes should surface: the memory it needs (from the sizes
     alone, `check_memory_needs`), the data, the model, the step count, the optimizer and its schedule (not with
-    `optimizer=False`: a sweep checking its points skips their cost) and every plain item, so that configs.yaml
-    records all of them. Seeds torch first: the model's initial parameters depend only on `seed`.
+    `optimizer=False`: a sweep checking its points skips their cost) and every plain item (`compute_plain`; not
+    with `plain=False`: a sweep calls it apart, to tell the reads of these checks from those of the listing), so
+    that configs.yaml records all of them. Seeds torch first: the model's initial parameters depend only on `seed`.
 
     Raises:
         UsageError, DataError, ConfigError: as `prepare`.
@@ -427,8 +428,17 @@ def compute(conf, optimizer: bool = True) -> None:
     _ = conf.model, conf.total_steps
     if optimizer:
         _ = conf.optimizer.optimizer, conf.optimizer.scheduler
-    # the remaining plain items too (numbers, strings, flags); unused component options (say, a decoder the causal
-    # model never builds) stay unbuilt
+    if plain:
+        compute_plain(conf)
+
+
+def compute_plain(conf) -> None:
+    """Compute the plain items (numbers, strings, flags) of `conf` and of its sub-configs; unused component options
+    (say, a decoder the causal model never builds) stay unbuilt.
+
+    Raises:
+        ConfigError: an item that cannot be computed, or whose computed value breaks its constraints.
+    """
     from lazylab.configs import describe
     for row in describe(conf):
         if row['plain']:

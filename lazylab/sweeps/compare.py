@@ -8,7 +8,11 @@ table has one row per run: the configuration keys whose values differ between th
 was given — on the command line, in a preset, a --config file or by the sweep —, so the values computed from them
 do not crowd the table), the final and best value of the metric (`loss.valid` unless --metric), the steps taken,
 the training speed (mean tokens/s), the parameter count, the run's time and its status: completed, pruned, failed,
-running, or interrupted (a sweep trial whose process is gone: `lazylab sweep --resume` continues it). Rows are
+running, interrupted (a sweep trial whose process is gone: `lazylab sweep --resume` continues it), or damaged (a
+file of it cannot be read whole: a run.json or trial.json that is not a JSON object, a metrics.jsonl line that is
+not a record — its last line cut off by a crash, say —; a warning line on stderr names the file, and the table
+shows what could be read). Runs of several experiments get an `experiment` column, and their keys that differ
+include those set by each experiment's defaults. Rows are
 sorted by the final metric, best first (--sort KEY sorts by any column; --sort=-KEY descending). --csv writes every
 column at full precision; --plot draws the metric's curve of every run against tokens seen, one labelled line
 per run.
@@ -24,6 +28,7 @@ import csv
 import fcntl
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -51,6 +56,16 @@ class Run:
     records: list[dict[str, Any]] = field(default_factory=list)
     status: str = 'running'
     error: Optional[str] = None
+    damage: list[str] = field(default_factory=list)   # what is wrong with its files (warnings)
+
+    @property
+    def experiment(self) -> Optional[str]:
+        """The experiment that made the run (run.json; a `lazylab labml` run: its module; a trial that never
+        started its run: its sweep's folder, RUNS_DIR/NAME/sweep-ID)."""
+        name = self.info.get('experiment') or self.info.get('module')
+        if isinstance(name, str):
+            return name
+        return self.path.resolve().parent.parent.name if self.is_trial else None
 
     def metric(self, key: str) -> tuple[Optional[float], list[tuple[int, float]]]:
         """(final value, [(tokens, value) of every record that has it])."""
@@ -70,13 +85,68 @@ class Run:
         return float(self.records[-1]['time']) if self.records and 'time' in self.records[-1] else None
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    """The JSON object in `path`; {} when the file is missing, damaged or holds no object."""
+def _read_json(path: Path, damage: Optional[list[str]] = None) -> dict[str, Any]:
+    """The JSON object in `path`; {} when the file is missing, damaged or holds no object (then, when it is there,
+    a line in `damage`: the file is written whole, through a rename, so a reader never sees half of it)."""
     try:
         doc = json.loads(path.read_text(encoding='utf-8'))
-    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
+    except FileNotFoundError:
         return {}
-    return doc if isinstance(doc, dict) else {}
+    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
+        doc = None
+    if not isinstance(doc, dict):
+        if damage is not None:
+            damage.append(f'{path} is damaged (not a JSON object); the run\'s status is not known')
+        return {}
+    return doc
+
+
+def _read_records(path: Path, damage: list[str], being_written: bool) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl file, each whole line that is a JSON object; a line in `damage` for the lines
+    that are not (a last line cut off by a crash, say), but for the last line of a run still being written."""
+    lines = path.read_bytes().split(b'\n')
+    torn = lines[-1] != b''
+    records, bad = [], 0
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line.decode('utf-8'))
+        except ValueError:  # (UnicodeDecodeError too)
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        elif not (being_written and torn and i == len(lines) - 1):  # the line the trainer is writing now
+            bad += 1
+    if bad:
+        last = torn and not being_written and not _is_record(lines[-1])
+        why = 'its last line is cut off (a crash while it was written?)' if bad == 1 and last else \
+            f'{plural(bad, "line")} {"is" if bad == 1 else "are"} not a JSON record'
+        damage.append(f'{path} is damaged: {why}; the table shows its {plural(len(records), "whole record")}')
+    return records
+
+
+def _is_record(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line.decode('utf-8')), dict)
+    except ValueError:
+        return False
+
+
+def _being_trained(path: Path) -> bool:
+    """Whether a process trains the run in `path` now (it holds the run directory's lock: see
+    lazylab.experiments.runner.training_lock)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def _read_dump(path: Path) -> dict[str, Any]:
@@ -104,11 +174,13 @@ def load_run(path: Path) -> Run:
     Raises:
         UsageError: a damaged configs.yaml.
     """
-    from lazylab.experiments.metrics import METRICS, read_metrics
-    trial = _read_json(path / 'trial.json')
+    from lazylab.experiments.metrics import METRICS
+    damage: list[str] = []
+    trial = _read_json(path / 'trial.json', damage)
     number = trial.get('number')
     label = f'{number:04d}' if isinstance(number, int) and not isinstance(number, bool) else path.name
-    run = Run(path, label, bool(trial), info=_read_json(path / 'run.json'), trial=trial)
+    run = Run(path, label, bool(trial) or (path / 'trial.json').is_file(), info=_read_json(path / 'run.json', damage),
+              trial=trial, damage=damage)
     if (path / 'configs.yaml').is_file():
         doc = _read_dump(path / 'configs.yaml')
         run.values = dict(doc.get('values') or {})
@@ -118,9 +190,12 @@ def load_run(path: Path) -> Run:
     elif trial:
         run.values = dict(trial.get('params') if isinstance(trial.get('params'), dict) else {})
         run.given = {k: 'sweep' for k in run.values}
-    if (path / METRICS).is_file():
-        run.records = read_metrics(path / METRICS)
     run.status, run.error = _status(run)
+    if (path / METRICS).is_file():
+        running = run.status == 'running' or run.info.get('status') == 'running'
+        run.records = _read_records(path / METRICS, damage, being_written=running and _being_trained(path))
+    if damage:
+        run.status = 'damaged'
     return run
 
 
@@ -198,11 +273,14 @@ def _direction(paths: list[str], metric: str) -> str:
 
 
 def differing_keys(runs: list[Run]) -> list[str]:
-    """Keys given to some run whose values are not the same in every run that has them, in dump order."""
+    """Keys given to some run whose values are not the same in every run that has them, in dump order. Runs of
+    several experiments: also the keys an experiment sets itself (a class default, or the option its default
+    names), each experiment's own defaults differing (feedback's threads=1 against the transformer's 0)."""
+    several = len({r.experiment for r in runs}) > 1
     order: dict[str, None] = {}
     for r in runs:
         for k in list(r.values) + list(r.objects):
-            if k in r.given:
+            if k in r.given or several and _set_by_the_experiment(r.computed.get(k)):
                 order.setdefault(k, None)
     keys = []
     for k in order:
@@ -213,6 +291,17 @@ def differing_keys(runs: list[Run]) -> list[str]:
     return keys
 
 
+def _set_by_the_experiment(how: Optional[str]) -> bool:
+    """Whether a dump's `computed` entry is a value the experiment sets itself, not one computed from others."""
+    return isinstance(how, str) and (how == 'default' or how.startswith('option ') and ' while ' not in how)
+
+
+def keys_of_some(runs: list[Run]) -> list[str]:
+    """Keys some runs have and others do not (runs of several experiments): `lazylab diff` lists them."""
+    have = [set(r.values) | set(r.objects) for r in runs if r.values or r.objects]
+    return sorted(set().union(*have) - set.intersection(*have)) if len(have) > 1 else []
+
+
 @dataclass
 class Table:
     paths: list[str]
@@ -221,6 +310,12 @@ class Table:
     keys: list[str]
     rows: list[dict[str, Any]]   # column -> raw value
     columns: list[str]
+    only_some: list[str] = field(default_factory=list)   # keys some runs have and others not (several experiments)
+
+    @property
+    def warnings(self) -> list[str]:
+        """One line per damaged file (see `load_run`)."""
+        return [line for r in self.runs for line in r.damage]
 
 
 def compare(paths: list[str], metric: str = 'loss.valid', sort: Optional[str] = None) -> Table:
@@ -237,17 +332,20 @@ def compare(paths: list[str], metric: str = 'loss.valid', sort: Optional[str] = 
     keys = differing_keys(runs)
     maximize = _direction(paths, metric) == 'maximize'
     name = 'trial' if all(r.is_trial for r in runs) and len({r.trial.get('sweep') for r in runs}) == 1 else 'run'
+    several = len({r.experiment for r in runs}) > 1
     rows = []
     for r in runs:
         final, points = r.metric(metric)
         best = (max if maximize else min)((v for _, v in points), default=None)
         row = {name: r.label if name == 'trial' else _run_label(r)}
+        if several:
+            row['experiment'] = r.experiment
         for k in keys:
             row[k] = r.values.get(k, _type_of(r.objects.get(k)))
         row.update({'final': final, 'best': best, 'steps': r.steps(), 'tok/s': r.tokens_per_s(),
                     'params': r.info.get('parameters'), 'time': r.seconds(), 'status': r.status})
         rows.append(row)
-    columns = [name, *keys, *FIXED_COLUMNS]
+    columns = [name, *(['experiment'] if several else []), *keys, *FIXED_COLUMNS]
     if sort is None:
         rows.sort(key=lambda row: (row['final'] is None, -row['final'] if maximize and row['final'] is not None
                                    else row['final'] or 0.0))
@@ -259,7 +357,7 @@ def compare(paths: list[str], metric: str = 'loss.valid', sort: Optional[str] = 
         present = [row for row in rows if row[column] is not None]
         present.sort(key=lambda row: _sortable(row[column]), reverse=descending)
         rows = present + [row for row in rows if row[column] is None]
-    return Table(paths, metric, runs, keys, rows, columns)
+    return Table(paths, metric, runs, keys, rows, columns, keys_of_some(runs) if several else [])
 
 
 def check_metric(metric: str, runs: list[Run]) -> None:
@@ -270,7 +368,7 @@ def check_metric(metric: str, runs: list[Run]) -> None:
         UsageError: `--metric NAME: no run has it; did you mean …? the runs' metrics: …`
     """
     from lazylab.configs.engine.errors import suggestion
-    from lazylab.sweeps.sweep import METRICS
+    from lazylab.sweeps.plan import METRICS
     have = sorted({k for r in runs for record in r.records for k in record} - set(POSITION_KEYS))
     if metric in have or metric in METRICS:
         return
@@ -320,7 +418,10 @@ def format_table(t: Table) -> str:
         return '  '.join(p.rjust(w) if c in numeric else p.ljust(w)
                          for p, w, c in zip(parts, widths, t.columns)).rstrip()
     what = plural(len(t.rows), 'trial' if t.columns[0] == 'trial' else 'run')
-    out = [f'lazylab compare {" ".join(t.paths)}      ({what}; keys that differ: {len(t.keys)})',
+    experiments = len({r.experiment for r in t.runs})
+    more = f'; {plural(len(t.only_some), "more key")} only some of the {experiments} experiments have: lazylab ' \
+        f'diff lists them' if t.only_some else ''
+    out = [f'lazylab compare {" ".join(t.paths)}      ({what}; keys that differ: {len(t.keys)}{more})',
            line(heads)] + [line(c) for c in cells]
     for r in t.runs:
         if r.status == 'failed' and r.error:
@@ -369,6 +470,8 @@ def plot(t: Table, path: str) -> list[str]:
         if not points:
             continue
         settings = ', '.join(f'{short[k]}={_cell(k, row[k])}' for k in t.keys)
+        if 'experiment' in row:
+            settings = f'{row["experiment"]}' + (f', {settings}' if settings else '')
         label = f'{row[t.columns[0]]}' + (f': {settings}' if settings else '') + \
             (f' ({r.status})' if r.status != 'completed' else '')
         ax.plot(*zip(*points), marker='o', markersize=3, linewidth=1.5, label=label)
@@ -402,6 +505,8 @@ def compare_main(paths: list[str], metric: str, sort: Optional[str], csv_file: O
     if plot_file is not None:
         check_output(plot_file, '--plot', figure=True)
     t = compare(paths, metric, sort)
+    for warning in t.warnings:
+        print(f'lazylab: warning: {warning}', file=sys.stderr, flush=True)
     print(format_table(t))
     if csv_file is not None:
         print(f'wrote {write_csv(t, csv_file)}')

@@ -346,7 +346,11 @@ class Space:
 
     def overrides(self, params: dict[str, Any]) -> list[str]:
         """The key=value tokens of a trial with these params (typed values, as Optuna holds them)."""
-        return [f'{d.key}={d.text_of(params[d.key])}' for d in self.dims]
+        return [f'{k}={t}' for k, t in self.texts(params).items()]
+
+    def texts(self, params: dict[str, Any]) -> dict[str, str]:
+        """{key: the text a trial with these params is given}, in the dimensions' order."""
+        return {d.key: d.text_of(params[d.key]) for d in self.dims}
 
     def shown(self, params: dict[str, Any]) -> list[str]:
         """The key=value tokens of a trial as its progress lines show them: `overrides`, but a float drawn from an
@@ -392,25 +396,26 @@ def unknown_key(name: str, conf: Any, key: str) -> str:
     return f'{name} has no config item {key!r}{hint}'
 
 
-def type_space(name: str, fixed: list[str], dims: list[Dimension]) -> Any:
-    """Type and check every swept value against experiment NAME, as `lazylab train` would: the fixed settings
-    (`fixed`: key=value tokens and --config FILE) are applied and the first point's configuration is computed on
-    the CPU (so that sub-configs exist and every key is known), then each value is typed by its item's declared
-    type, options and constraints. Fills each dimension's `values` (or `low`, `high`, `is_int`); returns the
-    computed configuration of the first point.
+def type_space(name: str, fixed: list[str], dims: list[Dimension], checker: Any = None) -> Any:
+    """Type and check every swept value against experiment NAME, as `lazylab train` would: each value is first
+    checked against its item's declaration (a fresh configuration with the fixed settings: `fixed` are key=value
+    tokens and --config FILE), then the first point's configuration is computed on the CPU (by `checker`, a
+    `lazylab.sweeps.points.PointChecker`, which keeps what later points can share; so that sub-configs exist and
+    every key is known) and each value is typed by its item's declared type, options and constraints. Fills each
+    dimension's `values` (or `low`, `high`, `is_int`); returns the computed configuration of the first point.
+
+    Every key a user can set can be swept, those other values are computed from included (`seq_len`, a warm-up's
+    `seq_len_start`): a value is only ever given to a configuration in which nothing is computed yet.
 
     Raises:
         UsageError, ConfigError, DataError: one line naming the key (and the value), before anything is written.
     """
-    import torch
-
     from lazylab.configs import ConfigError, parse_overrides
     from lazylab.configs.engine.errors import UnknownItemError
     from lazylab.experiments import runner
-    first = [f'{d.key}={d.texts[0] if d.discrete else d.low_text}' for d in dims]
-    device = [a for a in fixed if a.startswith('device=')]
+    from lazylab.sweeps.points import PointChecker
+    first = {d.key: d.texts[0] if d.discrete else d.low_text for d in dims}
     conf = runner.make_configs(name, fixed)
-    runner.check_values(conf)  # the device (and dashboard) as the trials will see them
     for d in dims:  # what the declarations can tell before anything is computed, with the sweep named
         for text in (d.texts if d.discrete else (d.low_text, d.high_text)):
             try:
@@ -419,92 +424,77 @@ def type_space(name: str, fixed: list[str], dims: list[Dimension]) -> Any:
                 if isinstance(e, UnknownItemError) and e.path == d.key:
                     raise UsageError(f'{d.key}={d.written}: {unknown_key(name, conf, d.key)}') from None
                 raise UsageError(f'{d.key}={d.written}: {str(e).splitlines()[0]}') from None
-    threads = torch.get_num_threads()
+    # the device (and the dashboard) as the trials will see them, with the first point's values (so that a
+    # warm-up's keys are checked together, swept or not); the points themselves are computed on the CPU
+    runner.check_values(runner.make_configs(name, fixed + [f'{k}={t}' for k, t in first.items()]))
+    checker = checker or PointChecker(name, fixed, [d.key for d in dims])
     try:
-        conf = runner.make_configs(name, fixed + first + ([] if device == ['device=cpu'] else ['device=cpu']))
-        _compute(conf)
+        conf = checker.check(first)
     except UnknownItemError as e:  # a key below a sub-config, known once the sub-config is made
         d = next((d for d in dims if d.key == e.path), None)
         if d is None:
             raise
         raise UsageError(f'{d.key}={d.written}: {unknown_key(name, runner.load_experiment(name).Configs, d.key)}') \
             from None
-    finally:
-        torch.set_num_threads(threads)
     for d in dims:
-        view, last = _owner(conf, d.key, name)
-
-        def typed(text: str, d=d, view=view, last=last) -> Any:
-            try:
-                return parse_overrides([f'{last}={text}'], view)[last]
-            except ConfigError as e:
-                raise UsageError(f'{d.key}={d.written}: {str(e).splitlines()[0]}') from None
-        if d.discrete:
-            d.values = [typed(t) for t in d.texts]
-            if not all(isinstance(v, int) and not isinstance(v, bool) for v in d.values):
-                d.int_step = None  # a range typed by a float item: drawn from its values
-            continue
-        d.low, d.high = typed(d.low_text), typed(d.high_text)
-        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in (d.low, d.high)):
-            raise UsageError(f'{d.key}={d.written}: interval() needs a number item; {d.key} takes '
-                             f'{type(d.low).__name__} values')
-        d.is_int = d.is_int or isinstance(d.low, int) and isinstance(d.high, int)
-        if d.is_int:
-            d.low, d.high = int(d.low), int(d.high)
-        if not d.low < d.high:
-            raise UsageError(f'{d.key}={d.written}: the interval is empty (lo must be < hi)')
-        if d.log and d.low <= 0:
-            raise UsageError(f'{d.key}={d.written}: tag(log, …) needs lo > 0')
+        _type_dimension(d, *_owner(conf, d.key, name))
     return conf
 
 
-def check_points(name: str, fixed: list[str], space: Space, grid: bool) -> None:
+def _type_dimension(d: Dimension, view: Any, last: str) -> None:
+    """Type the values (or the bounds) of `d` by its item: `last` of the config object `view`."""
+    from lazylab.configs import ConfigError, parse_overrides
+
+    def typed(text: str) -> Any:
+        try:
+            return parse_overrides([f'{last}={text}'], view)[last]
+        except ConfigError as e:
+            raise UsageError(f'{d.key}={d.written}: {str(e).splitlines()[0]}') from None
+    if d.discrete:
+        d.values = [typed(t) for t in d.texts]
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in d.values):
+            d.int_step = None  # a range typed by a float item: drawn from its values
+        return
+    d.low, d.high = typed(d.low_text), typed(d.high_text)
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in (d.low, d.high)):
+        raise UsageError(f'{d.key}={d.written}: interval() needs a number item; {d.key} takes '
+                         f'{type(d.low).__name__} values')
+    d.is_int = d.is_int or isinstance(d.low, int) and isinstance(d.high, int)
+    if d.is_int:
+        d.low, d.high = int(d.low), int(d.high)
+    if not d.low < d.high:
+        raise UsageError(f'{d.key}={d.written}: the interval is empty (lo must be < hi)')
+    if d.log and d.low <= 0:
+        raise UsageError(f'{d.key}={d.written}: tag(log, …) needs lo > 0')
+
+
+def check_points(name: str, fixed: list[str], space: Space, grid: bool, checker: Any = None,
+                 say: Any = None) -> None:
     """Check the sweep's other points as `type_space` checks its first (as `lazylab train` checks a run before it
-    writes anything, on the CPU: `_compute`), so that a point that would fail in its trial (a text file that does
-    not exist, a width its heads do not divide, a model too big for the memory) is an error before the sweep
-    directory is made. The grid: every point. A sampler's: each value of a list or range, and the high end of each
-    interval, with the other swept keys at their first values (what it will draw is not known yet).
+    writes anything, on the CPU), so that a point that would fail in its trial (a text file that does not exist, a
+    width its heads do not divide, a model too big for the memory) is an error before the sweep directory is made.
+    The grid: every point. A sampler's: each value of a list or range, and the high end of each interval, with the
+    other swept keys at their first values (what it will draw is not known yet). `checker`: the
+    `lazylab.sweeps.points.PointChecker` of `type_space` (what the points share: see that module); `say`: where
+    the progress lines go (`checking point 1,200 of 5,000…` every few seconds; stderr by default).
 
     Raises:
         UsageError: the first bad point, in one line: `grid point 2 of 4 (text=b.txt): text file not found: b.txt`.
     """
-    import torch
+    import sys
 
-    from lazylab.errors import user_error_message
-    from lazylab.experiments import runner
+    from lazylab.sweeps.points import PointChecker, check_all
     first = {d.key: d.texts[0] if d.discrete else d.low_text for d in space.dims}
     if grid:
         points = space.grid()[1:]
-        checks = [(f'grid point {i} of {len(points) + 1}', space.overrides(p)) for i, p in enumerate(points, 2)]
+        checks = [(f'grid point {i} of {len(points) + 1}', space.texts(p)) for i, p in enumerate(points, 2)]
     else:
         others = ' (the other swept keys at their first values)' if len(space.dims) > 1 else ''
-        checks = [(f'{d.key}={text}{others}', [f'{k}={text if k == d.key else v}' for k, v in first.items()])
+        checks = [(f'{d.key}={text}{others}', {**first, d.key: text})
                   for d in space.dims for text in (d.texts[1:] if d.discrete else [d.high_text])]
-    device = [a for a in fixed if a.startswith('device=')]
-    threads = torch.get_num_threads()
-    try:
-        for label, tokens in checks:
-            try:
-                _compute(runner.make_configs(name, fixed + tokens + ([] if device == ['device=cpu'] else
-                                                                     ['device=cpu'])))
-            except Exception as e:
-                message = user_error_message(e)
-                if message is None:
-                    raise
-                where = f' ({" ".join(tokens)})' if grid else ''
-                raise UsageError(f'{label}{where}: {message}') from None
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _compute(conf: Any) -> None:
-    """What `runner.prepare` checks and computes, but the torch optimizer and its schedule (which the trials build;
-    making one here would cost the sweep's start a second, importing torch's compiler) and the pass on a first
-    batch: the device, the memory, the data, the model, and every plain item, so that each sub-config exists and
-    each of its keys is known (`runner.check_values`, `runner.compute`)."""
-    from lazylab.experiments import runner
-    runner.check_values(conf)
-    runner.compute(conf, optimizer=False)
+    checker = checker or PointChecker(name, fixed, [d.key for d in space.dims])
+    check_all(checker, checks, where=(lambda tokens: f' ({tokens})') if grid else (lambda tokens: ''),
+              say=say or (lambda line: print(line, file=sys.stderr, flush=True)))
 
 
 def _owner(conf: Any, key: str, name: str) -> tuple[Any, str]:

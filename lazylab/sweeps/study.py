@@ -14,9 +14,10 @@ user attrs (`lazylab`); a process that finds the study already there waits for t
 runs the same sweep.
 """
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from lazylab.errors import UsageError
+from lazylab.redaction import redact, redact_url
 
 #: the study's user attr holding the sweep's signature (written last by the process that created the study)
 SIGNATURE = 'lazylab'
@@ -34,18 +35,13 @@ def open_storage(url_or_file: str):
     """The storage for a journal file path or a database URL (anything with '://').
 
     Raises:
-        UsageError: the database cannot be reached or the URL is not one Optuna accepts (password hidden); the
-            journal file is a folder or is not an Optuna journal.
+        UsageError: the database cannot be reached or the URL is not one Optuna accepts (its credentials hidden:
+            lazylab.redaction); the journal file is a folder or is not an Optuna journal.
     """
     optuna = _optuna()
     if '://' not in url_or_file:
-        import os
-
         from optuna.storages.journal import JournalFileBackend
-        if os.path.isdir(url_or_file):
-            raise UsageError(f'--storage {url_or_file} is a folder; give a journal file or a database URL')
-        if not _is_journal(url_or_file):
-            raise UsageError(f'cannot open the study storage {url_or_file}: not an Optuna journal file')
+        _check_journal(url_or_file)
         return optuna.storages.JournalStorage(JournalFileBackend(url_or_file))
     url = _with_driver(url_or_file)
     last: Optional[Exception] = None
@@ -54,16 +50,56 @@ def open_storage(url_or_file: str):
             rdb = optuna.storages.RDBStorage(url, engine_kwargs={'pool_pre_ping': True})
             return optuna.storages.get_storage(rdb)  # Optuna's cached wrapper, as create_study would use
         except ImportError as e:
-            raise UsageError(f'storage {mask_password(url_or_file)} needs a database driver: {e} '
-                             f"(pip install 'lazylab[postgres]' for PostgreSQL)") from None
+            raise _driver_error(url_or_file, e) from None
         except Exception as e:  # sqlalchemy's errors (bad URL, refused connection, a concurrent schema creation)
             last = e
             if not any(w in str(e).lower() for w in ('already exists', 'duplicate', 'unique')):
                 break
             time.sleep(0.3 * (attempt + 1))
-    first = str(last).strip().splitlines()[0] if str(last).strip() else type(last).__name__
-    raise UsageError(f'cannot open the study storage {mask_password(url_or_file)}: '
-                     f'{mask_password(first)}') from None
+    raise _storage_error(url_or_file, last) from None
+
+
+def check_storage(url_or_file: str) -> None:
+    """What `open_storage` checks, writing nothing (`lazylab sweep --dry-run`): a journal file that is a folder or
+    not an Optuna journal; a database that cannot be reached (connected to, and nothing created in it).
+
+    Raises:
+        UsageError: as `open_storage`.
+    """
+    if '://' not in url_or_file:
+        _check_journal(url_or_file)
+        return
+    try:
+        import sqlalchemy
+        from sqlalchemy.pool import NullPool
+        engine = sqlalchemy.create_engine(_with_driver(url_or_file), poolclass=NullPool)
+        try:
+            with engine.connect():
+                pass
+        finally:
+            engine.dispose()
+    except ImportError as e:
+        raise _driver_error(url_or_file, e) from None
+    except Exception as e:  # sqlalchemy's errors: a bad URL, a refused connection
+        raise _storage_error(url_or_file, e) from None
+
+
+def _check_journal(path: str) -> None:
+    import os
+    if os.path.isdir(path):
+        raise UsageError(f'--storage {path} is a folder; give a journal file or a database URL')
+    if not _is_journal(path):
+        raise UsageError(f'cannot open the study storage {path}: not an Optuna journal file')
+
+
+def _driver_error(url: str, e: ImportError) -> UsageError:
+    return UsageError(f'storage {redact_url(url)} needs a database driver: {redact(str(e), [url, _with_driver(url)])}'
+                      f" (pip install 'lazylab[postgres]' for PostgreSQL)")
+
+
+def _storage_error(url: str, e: Optional[Exception]) -> UsageError:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return UsageError(f'cannot open the study storage {redact_url(url)}: {redact(first, [url, _with_driver(url)])}')
 
 
 def _is_journal(path: str) -> bool:
@@ -91,12 +127,6 @@ def _with_driver(url: str) -> str:
             and importlib.util.find_spec('psycopg2') is not None:
         return f'postgresql+psycopg2{sep}{rest}'
     return url
-
-
-def mask_password(url: str) -> str:
-    """The URL with its password replaced by ***, for messages and sweep.yaml."""
-    import re
-    return re.sub(r'(://[^/:@]+:)[^@/]*@', r'\1***@', url)
 
 
 def make_sampler(kind: str, seed: int):
@@ -143,9 +173,15 @@ class Study:
         if not self.created and self.study.direction.name.lower() != direction:
             raise UsageError(f'study {name} maximizes/minimizes the other way ({self.study.direction.name.lower()})')
 
-    def enqueue(self, points: list[dict[str, Any]], signature: dict[str, Any]) -> None:
-        """(The creating process) add one WAITING trial per point, then the signature that says they are there."""
+    def enqueue(self, points: list[dict[str, Any]], signature: dict[str, Any],
+                say: Optional[Callable[[str], None]] = None) -> None:
+        """(The creating process) add one WAITING trial per point, then the signature that says they are there.
+        `say` gets a line every few seconds (a journal file syncs each trial to disk: thousands take a while)."""
+        last = time.monotonic()
         for i, params in enumerate(points):
+            if say is not None and time.monotonic() - last >= 5.0:
+                say(f'recording trial {i + 1:,} of {len(points):,} in the study…')
+                last = time.monotonic()
             self.study.enqueue_trial(params, user_attrs={'lazylab.point': i})
         self.study.set_user_attr(SIGNATURE, signature)
 
@@ -168,11 +204,14 @@ class Study:
     def trials(self, states=None) -> list:
         return self.storage.get_all_trials(self.study_id, deepcopy=False, states=states)
 
-    def claim(self) -> Optional[Any]:
-        """Move the first WAITING trial (by number) to RUNNING, as this process only; None when none is left."""
+    def claim(self, before: Optional[Callable[[int], None]] = None) -> Optional[Any]:
+        """Move the first WAITING trial (by number) to RUNNING, as this process only; None when none is left.
+        `before(number)` is called before each attempt (lazylab.sweeps.owners records the claim)."""
         TrialState = self.optuna.trial.TrialState
         for t in sorted(self.trials((TrialState.WAITING,)), key=lambda t: t.number):
             trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, t.number)
+            if before is not None:
+                before(t.number)
             try:
                 if self.storage.set_trial_state_values(trial_id, state=TrialState.RUNNING):
                     return self.optuna.trial.Trial(self.study, trial_id)

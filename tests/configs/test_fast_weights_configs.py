@@ -125,3 +125,87 @@ def test_experiment_keys_select_the_variants():
     conf.n_tokens = 11
     attn = conf.model.transformer.layers[0].attn
     assert type(attn.phi) is fw.Favor and attn.phi.features == 7 and attn.update_rule == 'sum'
+
+
+# ---- the delta rule's successors (issue 28) ----
+
+@pytest.mark.parametrize('values', [
+    {'update_rule': 'gated_delta', 'phi': 'l2'},
+    {'update_rule': 'gated_delta', 'negative_eigenvalues': True},
+    {'update_rule': 'delta_product', 'householder_steps': 3, 'phi': 'l2'},
+    {'update_rule': 'delta_product', 'gated': True, 'negative_eigenvalues': True, 'phi': 'l2'},
+    {'update_rule': 'delta', 'negative_eigenvalues': True, 'phi': 'l2'},
+], ids=['gated-l2', 'gated-neg', 'product3-l2', 'product2-gated-neg-l2', 'delta-neg-l2'])
+def test_successor_rules_and_their_keys_reach_every_layer_which_generates_one_step_per_token(values):
+    torch.manual_seed(0)
+    model = configs(**values).model.eval()
+    d_k = SMALL['d_model'] // SMALL['heads']
+    rule = values['update_rule']
+    n_h = values.get('householder_steps', 2) if rule == 'delta_product' else 1
+    for layer in model.transformer.layers:
+        attn = layer.attn
+        assert (attn.update_rule, attn.householder_steps) == (rule, n_h)
+        assert attn.negative_eigenvalues == values.get('negative_eigenvalues', False)
+        assert (attn.decay is not None) == (rule == 'gated_delta' or values.get('gated', False))
+        assert isinstance(attn.decay, (fw.DecayGate, type(None)))
+        assert type(attn.phi) is (fw.L2NormSiLU if values.get('phi') == 'l2' else fw.DPFP)
+        assert attn.key.linear.out_features == attn.value.linear.out_features == n_h * SMALL['d_model']
+        assert attn.interpolation_weight[0].linear.out_features == n_h * SMALL['heads']
+    tokens = torch.randint(0, SMALL['n_tokens'], (12, 2))
+    full, _ = model(tokens)
+    logits, state = model.forward_with_state(tokens[:5])  # carried state, then one step per token
+    assert state[0].shape == (2, SMALL['heads'], d_k, model.transformer.layers[0].attn.phi.out_features(d_k))
+    assert model.transformer.step_function() is not None
+    stepped = [logits]
+    with torch.no_grad():
+        for t in range(5, 12):
+            logits, state = model.forward_with_state(tokens[t:t + 1], state)
+            stepped.append(logits)
+    torch.testing.assert_close(torch.cat(stepped), full, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize('keys,message', [
+    (['fast_weights.gated=true'], 'gated=true is the decay gate of update_rule=delta_product, got update_rule=delta '
+                                  '(the gated delta rule is update_rule=gated_delta)'),
+    (['fast_weights.update_rule=sum', 'fast_weights.negative_eigenvalues=true'],
+     'negative_eigenvalues=true doubles β, which update_rule=sum does not have'),
+    (['fast_weights.update_rule=gated_delta', 'fast_weights.attention_normalization=true'],
+     'attention_normalization=true is for update_rule=delta or sum, got update_rule=gated_delta'),
+    (['fast_weights.update_rule=delta_product', 'fast_weights.transformer=token_wise'],
+     "transformer=token_wise is labml_nn's token-wise model: update_rule delta or sum, without negative_eigenvalues "
+     "(got update_rule=delta_product); the whole-sequence model (transformer=default) generates token by token with "
+     "every rule"),
+    (['fast_weights.update_rule=delta_product', 'fast_weights.householder_steps=0'],
+     'bad value for fast_weights.householder_steps: must be ≥ 1, got 0'),
+], ids=['gated-without-product', 'negative-sum', 'attention-normalised-gated', 'token-wise-product', 'n_h-0'])
+def test_options_a_rule_does_not_have_are_one_line_errors_before_anything_is_written(tmp_path, cli_error, keys,
+                                                                                    message):
+    runs = tmp_path / 'runs'
+    threads = torch.get_num_threads()
+    try:
+        got = cli_error(['train', 'fast_weights', *keys, 'max_steps=1', 'd_model=16', 'heads=2', 'threads=1',
+                         f'runs_dir={runs}'])
+    finally:
+        torch.set_num_threads(threads)
+    assert got == message
+    assert not runs.exists()
+
+
+def test_the_default_rule_builds_no_gate_and_its_state_dict_loads_into_the_gated_rule():
+    torch.manual_seed(1)
+    delta = configs().model
+    assert all(layer.attn.decay is None for layer in delta.transformer.layers)
+    gated = configs(update_rule='gated_delta').model
+    missing, unexpected = gated.load_state_dict(delta.state_dict(), strict=False)
+    assert not unexpected
+    assert sorted({k.split('attn.')[1] for k in missing}) == ['decay.A_log', 'decay.dt_bias', 'decay.projection.weight']
+
+
+def test_experiment_keys_select_the_successors():
+    from lazylab.experiments.runner import make_configs
+    conf = make_configs('fast_weights', ['fast_weights.update_rule=delta_product', 'fast_weights.householder_steps=3',
+                                         'fast_weights.gated=true', 'fast_weights.phi=l2', 'd_model=16', 'heads=2'])
+    conf.n_tokens = 11
+    attn = conf.model.transformer.layers[0].attn
+    assert (attn.update_rule, attn.householder_steps) == ('delta_product', 3) and attn.decay is not None
+    assert type(attn.phi) is fw.L2NormSiLU

@@ -110,10 +110,17 @@ def test_sum_of_one_hot_writes_equals_the_sum_rule():
     torch.testing.assert_close(sum_of_writes(keys, value_ids, 4), expected[:, 0], rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize('rule', ['sum', 'delta'])
+RULES = {'sum': {'update_rule': 'sum'}, 'delta': {'update_rule': 'delta'},
+         'gated_delta': {'update_rule': 'gated_delta'},
+         'gated_delta-neg': {'update_rule': 'gated_delta', 'negative_eigenvalues': True},
+         'delta_product': {'update_rule': 'delta_product', 'householder_steps': 3},
+         'delta_product-gated': {'update_rule': 'delta_product', 'gated': True}}
+
+
+@pytest.mark.parametrize('rule', RULES)
 def test_retrieval_model_kernels_agree_and_the_projection_equals_the_one_hot_product(rule):
     torch.manual_seed(0)
-    model = FastWeightsRetrieval(5, 5, 11, 8, fw.DPFP(nu=2), update_rule=rule, kernel='loop').double()
+    model = FastWeightsRetrieval(5, 5, 11, 8, fw.DPFP(nu=2), **RULES[rule], kernel='loop').double()
     pairs, _ = retrieval_batch(5, True, 4, torch.Generator().manual_seed(2))
     queries = torch.arange(5).unsqueeze(1).expand(5, 4)
     reference = model(pairs, queries)
@@ -274,9 +281,52 @@ def test_keys_reach_the_model_and_defaults_follow_the_rule():
     assert conf.model.phi.nu == 3 and conf.model.phi.sum_normalization and conf.model.attention_normalization
 
 
-def test_capacity_script_runs_and_writes_the_figure_and_numbers(tmp_path):
+def test_the_successor_rules_keys_reach_the_model():
+    conf = make_configs('retrieval', ['n_keys=6', 'replace=true', 'update_rule=delta_product', 'householder_steps=3',
+                                      'gated=true', 'negative_eigenvalues=true', 'phi=l2', 'threads=1'])
+    prepare(conf)
+    model = conf.model
+    assert (model.update_rule, model.householder_steps, model.negative_eigenvalues) == ('delta_product', 3, True)
+    assert isinstance(model.decay, fw.DecayGate) and isinstance(model.phi, fw.L2NormSiLU)
+    assert model.key.out_features == 3 * conf.hidden_size and model.beta.out_features == 3
+    assert not model.attention_normalization  # the delta family's default
+    conf = make_configs('retrieval', ['update_rule=gated_delta', 'threads=1'])
+    assert conf.model.decay is not None and conf.model.phi.sum_normalization  # (as the delta rule's)
+
+
+def test_the_gated_model_without_its_decay_is_the_delta_rule_model():
+    # exp(A_log) = 0 makes g = 0: the gated delta rule's retrieval model reads what the delta rule's does (the same
+    # weights but the gate's), and with its decay something else
+    torch.manual_seed(0)
+    model = FastWeightsRetrieval(4, 4, 8, 16, fw.L2NormSiLU(), update_rule='gated_delta').double()
+    pairs, last = retrieval_batch(4, True, 3, torch.Generator().manual_seed(1))
+    queries = torch.arange(4).unsqueeze(1).expand(4, 3)
+    gated = model(pairs, queries)
+    with torch.no_grad():
+        model.decay.A_log.fill_(-float('inf'))  # exp(A_log) = 0: g = 0, no decay
+    delta = FastWeightsRetrieval(4, 4, 8, 16, fw.L2NormSiLU(), update_rule='delta').double()
+    delta.load_state_dict(model.state_dict(), strict=False)
+    torch.testing.assert_close(model(pairs, queries), delta(pairs, queries), rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(gated, delta(pairs, queries))
+
+
+def test_a_key_the_rule_does_not_have_is_a_one_line_error(tmp_path, cli_error):
+    runs = tmp_path / 'runs'
+    threads = torch.get_num_threads()
+    try:
+        got = cli_error(['train', 'retrieval', 'update_rule=delta', 'gated=true', 'n_keys=4', 'max_steps=1',
+                         'threads=1', f'runs_dir={runs}'])
+    finally:
+        torch.set_num_threads(threads)
+    assert got == ('gated=true is the decay gate of update_rule=delta_product, got update_rule=delta (the gated '
+                   'delta rule is update_rule=gated_delta)')
+    assert not runs.exists()
+
+
+@pytest.mark.parametrize('variant', ['delta rule', 'DeltaProduct n_h=2 gated'])
+def test_capacity_script_runs_and_writes_the_figure_and_numbers(tmp_path, variant):
     out = tmp_path / 'cap.png'
-    done = subprocess.run([sys.executable, 'scripts/retrieval_capacity.py', '--quick', '--variants', 'delta rule',
+    done = subprocess.run([sys.executable, 'scripts/retrieval_capacity.py', '--quick', '--variants', variant,
                            '--out', str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     numbers = json.loads(out.with_suffix('.json').read_text())

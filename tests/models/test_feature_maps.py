@@ -1,6 +1,6 @@
 """Each feature map φ' against a naive formula written here (not our kernels): DPFP, ELU + 1, FAVOR+, with and
-without sum normalisation; FAVOR+'s projection (orthogonal, seeded, kept, redrawn only when asked) and its
-estimate of the softmax kernel."""
+without sum normalisation, and L2-normalised SiLU; FAVOR+'s projection (orthogonal, seeded, kept, redrawn only when
+asked) and its estimate of the softmax kernel."""
 import math
 
 import pytest
@@ -12,6 +12,7 @@ from lazylab.models.fast_weights.feature_maps import (
     DPFP,
     FEATURE_MAPS,
     Favor,
+    L2NormSiLU,
     LinearElu,
     make_feature_map,
     orthogonal_random_features,
@@ -138,14 +139,35 @@ def test_favor_projection_comes_from_the_seed_is_saved_and_redrawn_only_when_ask
 
 
 @pytest.mark.parametrize('name', FEATURE_MAPS)
-def test_feature_maps_work_under_bf16_autocast_and_give_positive_features(name):
+def test_feature_maps_work_under_bf16_autocast_and_give_positive_or_unit_features(name):
+    # the sum-normalised maps are positive; L2-SiLU is not (SiLU dips to −0.28) but has unit length
     phi = make_feature_map(name, 8, nu=2, features=6)
     k = torch.randn(5, 3, 8)
     expected = phi(k)
     with torch.autocast('cpu', dtype=torch.bfloat16):
         out = phi(k.bfloat16())
-    assert (out >= 0).all() and out.shape == expected.shape
+    assert out.shape == expected.shape
+    if name == 'l2':
+        torch.testing.assert_close(out.float().norm(dim=-1), torch.ones(5, 3), rtol=0, atol=1e-5)
+    else:
+        assert (out >= 0).all()
     torch.testing.assert_close(out.float(), expected, rtol=0, atol=0.02)
+
+
+@settings(max_examples=20, deadline=None)
+@given(d_key=st.integers(1, 9), rows=st.integers(1, 6), scale=st.floats(0.01, 30), seed=st.integers(0, 2 ** 16))
+def test_l2_silu_equals_the_definition(d_key, rows, scale, seed):
+    # SiLU(x) = x / (1 + e^−x), divided by √(Σ SiLU² + eps), one vector at a time in Python floats
+    k = scale * torch.randn(rows, d_key, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    expected = []
+    for vector in k.tolist():
+        silu = [x / (1 + math.exp(-x)) for x in vector]
+        length = math.sqrt(sum(s * s for s in silu) + 1e-6)
+        expected.append([s / length for s in silu])
+    out = L2NormSiLU()(k)
+    torch.testing.assert_close(out, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-14)
+    assert L2NormSiLU().out_features(d_key) == d_key
+    assert make_feature_map('l2', d_key, sum_normalization=False).eps == 1e-6  # (sum normalisation does not apply)
 
 
 @pytest.mark.parametrize('name', FEATURE_MAPS)
@@ -177,7 +199,7 @@ def test_fused_feature_maps_equal_the_plain_operations_forward_and_backward(name
 
 
 def test_make_feature_map_names_the_choices():
-    with pytest.raises(ValueError, match='dpfp, linear, favor'):
+    with pytest.raises(ValueError, match='dpfp, linear, favor, l2'):
         make_feature_map('softmax', 4)
     with pytest.raises(ValueError, match='features=0'):
         Favor(4, 0)

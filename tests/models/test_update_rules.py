@@ -1,7 +1,11 @@
 """Feature map × update rule × kernel: every combination of the fast-weight attention agrees with the token loop
 (forward and backward; float64 within 1e-10, float32 within 1e-5, relative to the largest value), passes
-gradcheck, carries its state over segments, and generates one step per token; the sum rule's kernels against
-each other and a hand-worked case; and the kernels in bfloat16 autocast against float64 at seq_len 4096.
+gradcheck, carries its state over segments, and generates one step per token (bit for bit the module path); the
+sum rule's kernels against each other and a hand-worked case; and the kernels in bfloat16 autocast against float64
+at seq_len 4096. The combinations: every feature map × sum normalisation × attention normalisation for the delta
+and sum rules, and for the gated delta rule and DeltaProduct (with and without its gate, n_h 1-3) a covering set
+with L2-SiLU and the sum-normalised maps, with and without negative eigenvalues (their kernels against
+flash-linear-attention's references: test_gated_rules.py).
 
 Tolerances are relative: max |ours − reference| ≤ tol · max |reference| (for float32 gradients, at least 1 % of the
 run's largest gradient stands in for a smaller max |reference|).
@@ -30,17 +34,33 @@ PHIS = {  # name → φ' factory (sum_normalization given)
     'dpfp2': lambda norm: fw.DPFP(nu=2, sum_normalization=norm),
     'linear': lambda norm: fw.LinearElu(sum_normalization=norm),
     'favor': lambda norm: fw.Favor(D_K, 3, sum_normalization=norm, generator=torch.Generator().manual_seed(4)),
+    'l2': lambda norm: fw.L2NormSiLU(),  # (L2-normalised: sum normalisation does not apply)
 }
-# feature map × sum normalisation × update rule × attention normalisation
-COMBOS = list(itertools.product(PHIS, [True, False], fw.UPDATE_RULES, [False, True]))
-COMBO_IDS = [f"{phi}-{'sumnorm' if s else 'raw'}-{rule}{'-attnnorm' if a else ''}" for phi, s, rule, a in COMBOS]
+#: the options beside the rule, by the name a combination's id shows
+OPTIONS = {'': {}, 'neg': {'negative_eigenvalues': True}, 'nh1': {'householder_steps': 1},
+           'nh2': {'householder_steps': 2}, 'nh3-neg': {'householder_steps': 3, 'negative_eigenvalues': True},
+           'gated-nh2': {'householder_steps': 2, 'gated': True},
+           'gated-nh2-neg': {'householder_steps': 2, 'gated': True, 'negative_eigenvalues': True},
+           'gated-nh3': {'householder_steps': 3, 'gated': True}}
+# feature map × sum normalisation × update rule × attention normalisation × options: every one of the paper's
+# rules, and a covering set of the successors'
+COMBOS = list(itertools.product(['dpfp1', 'dpfp2', 'linear', 'favor'], [True, False], ['delta', 'sum'],
+                                [False, True], ['']))
+COMBOS += [('l2', True, 'delta', False, 'neg'), ('l2', True, 'sum', False, ''),
+           ('l2', True, 'gated_delta', False, ''), ('l2', True, 'gated_delta', False, 'neg'),
+           ('dpfp1', True, 'gated_delta', False, ''), ('favor', True, 'gated_delta', False, 'neg'),
+           ('l2', True, 'delta_product', False, 'nh1'), ('l2', True, 'delta_product', False, 'nh3-neg'),
+           ('dpfp1', True, 'delta_product', False, 'nh2'), ('l2', True, 'delta_product', False, 'gated-nh2-neg'),
+           ('linear', True, 'delta_product', False, 'gated-nh2'), ('l2', True, 'delta_product', False, 'gated-nh3')]
+COMBO_IDS = [f"{phi}-{'sumnorm' if s else 'raw'}-{rule}{'-attnnorm' if a else ''}{'-' + o if o else ''}"
+             for phi, s, rule, a, o in COMBOS]
 
 
 def attention(combo, dtype=torch.float64, seed=0, **kwargs):
-    phi, sum_norm, rule, attn_norm = combo
+    phi, sum_norm, rule, attn_norm, options = combo
     torch.manual_seed(seed)
     module = fw.FastWeightsAttention(HEADS, D_MODEL, 0.0, PHIS[phi](sum_norm), update_rule=rule,
-                                     attention_normalization=attn_norm, **kwargs)
+                                     attention_normalization=attn_norm, **OPTIONS[options], **kwargs)
     with torch.no_grad():  # weights of a size that keeps raw (un-normalised) features and the delta rule tame
         for p in module.parameters():
             p.copy_(0.4 * torch.randn(p.shape, generator=torch.Generator().manual_seed(seed + p.numel())))
@@ -96,7 +116,7 @@ def expansive(combo):
     differences between summation orders (the chunked form's (I + A)⁻¹ sums powers of an A with entries ~d_k).
     Its float32 agreement within 1e-5 is checked over the first 7 tokens only (float64: at every length), and its
     generation over 7 tokens within 1e-4."""
-    phi, sum_norm, rule, _ = combo
+    phi, sum_norm, rule, *_ = combo
     return phi == 'linear' and not sum_norm and rule == 'delta'
 
 
@@ -144,10 +164,10 @@ def test_carried_state_over_segments_equals_one_pass(combo):
 
 
 def language_model(combo, n_layers=2):
-    phi, sum_norm, rule, attn_norm = combo
+    phi, sum_norm, rule, attn_norm, options = combo
     torch.manual_seed(0)
     attn = fw.FastWeightsAttention(HEADS, D_MODEL, 0.0, PHIS[phi](sum_norm), update_rule=rule,
-                                   attention_normalization=attn_norm)
+                                   attention_normalization=attn_norm, **OPTIONS[options])
     layer = fw.FastWeightsAttentionTransformerLayer(d_model=D_MODEL, attn=attn,
                                                     feed_forward=FeedForward(D_MODEL, 16, 0.0), dropout_prob=0.0)
     return AutoregressiveModel(7, D_MODEL, fw.FastWeightsAttentionTransformer(layer, n_layers)).eval()
@@ -176,10 +196,10 @@ def test_generation_is_one_step_per_token_and_equals_rerunning_the_prefix(combo)
     assert torch.equal(lm.generate(prompt, 8, temperature=0), lm.generate(prompt, 8, temperature=0, use_state=False))
 
 
-@pytest.mark.parametrize('rule', fw.UPDATE_RULES)
+@pytest.mark.parametrize('rule', ['delta', 'sum'])
 @pytest.mark.parametrize('attn_norm', [False, True])
 def test_token_wise_variant_equals_the_whole_sequence_module(rule, attn_norm):
-    whole = attention(('linear', True, rule, attn_norm), torch.float32)
+    whole = attention(('linear', True, rule, attn_norm, ''), torch.float32)
     token_wise = fw_tw.FastWeightsAttention(HEADS, D_MODEL, 0.0, fw.LinearElu(), update_rule=rule,
                                             attention_normalization=attn_norm)
     token_wise.load_state_dict({k.replace('interpolation_weight.', 'gate.'): v for k, v in whole.state_dict().items()})
@@ -194,7 +214,7 @@ def test_token_wise_variant_equals_the_whole_sequence_module(rule, attn_norm):
 
 
 def test_sum_rule_has_no_beta_keeps_the_other_names_and_weights_and_loads_delta_state_dicts():
-    delta = attention(('dpfp1', True, 'delta', False), torch.float32)
+    delta = attention(('dpfp1', True, 'delta', False, ''), torch.float32)
     torch.manual_seed(0)
     summed = fw.FastWeightsAttention(HEADS, D_MODEL, 0.0, fw.DPFP(), update_rule='sum')
     torch.manual_seed(0)
@@ -347,7 +367,7 @@ def _sum(kernel):
     return lambda q, k, v, b, s: sum_rule_loop(q, k, v, s)
 
 
-@pytest.mark.parametrize('rule', fw.UPDATE_RULES)
+@pytest.mark.parametrize('rule', ['delta', 'sum'])  # (the gated delta rule's and DeltaProduct's: test_gated_rules.py)
 @pytest.mark.parametrize('kernel', ['chunked', 'loop', 'step'])
 def test_kernels_in_bf16_autocast_keep_float32_state_and_match_float64_at_seq_len_4096(rule, kernel):
     # Inputs as autocast hands them over (bf16), sum-normalised features as DPFP gives; the reference is the
@@ -388,7 +408,8 @@ def norm_rel(actual, expected):
 
 
 @pytest.mark.parametrize('phi,rule,attn_norm', [('dpfp', 'delta', False), ('dpfp', 'sum', False),
-                                                ('linear', 'sum', True), ('favor', 'sum', False)])
+                                                ('linear', 'sum', True), ('favor', 'sum', False),
+                                                ('l2', 'gated_delta', False), ('l2', 'delta_product', False)])
 def test_attention_module_in_bf16_autocast_matches_float64_at_seq_len_4096(phi, rule, attn_norm):
     # The whole module (d_model 64, 2 heads, its default initialisation) under CPU bf16 autocast against the same
     # weights in float64, forward and backward (backward() inside the autocast block). Stated tolerances, as

@@ -118,3 +118,99 @@ def test_a_metric_the_trainer_records_but_no_run_has_yet_is_a_column_of_dashes(t
     assert cli_error(['compare', str(tmp_path / 'empty'), '--metric', 'nometric']) == \
         '--metric nometric: no run has it (no run has recorded any yet; metrics: accuracy.train, accuracy.valid, ' \
         'loss.train, loss.valid, tokens_per_s)'
+
+
+def _warnings(err: str) -> list[str]:
+    return [x for x in err.splitlines() if x.startswith('lazylab: warning: ')]
+
+
+def test_a_metrics_file_cut_off_mid_line_marks_the_run_damaged(tmp_path, capsys):
+    a = make_run(tmp_path / 'a', 16, [2.0, 1.5, 1.2])
+    data = (a / 'metrics.jsonl').read_bytes()
+    (a / 'metrics.jsonl').write_bytes(data[:-12])  # a crash while the last record was written
+    b = make_run(tmp_path / 'b', 32, [2.0, 1.4])
+    assert cli.main(['compare', str(a), str(b)]) == 0
+    captured = capsys.readouterr()
+    assert _warnings(captured.err) == [f'lazylab: warning: {a / "metrics.jsonl"} is damaged: its last line is cut off '
+                                       f'(a crash while it was written?); the table shows its 2 whole records']
+    rows = {row['run']: row for row in compare.compare([str(a), str(b)]).rows}
+    assert (rows[f'{tmp_path.name}/a']['final'], rows[f'{tmp_path.name}/a']['status']) == (1.5, 'damaged')
+    assert rows[f'{tmp_path.name}/b']['status'] == 'completed'
+
+
+def test_lines_that_are_not_records_mark_the_run_damaged(tmp_path):
+    a = make_run(tmp_path / 'a', 16, [2.0, 1.5])
+    with open(a / 'metrics.jsonl', 'ab') as f:
+        f.write(b'\xff\xfe\n[1]\n{"step": 3, "loss.valid": 1.25}\n')
+    t = compare.compare([str(a)])
+    assert (t.rows[0]['final'], t.rows[0]['status']) == (1.25, 'damaged')
+    assert t.warnings == [f'{a / "metrics.jsonl"} is damaged: 2 lines are not a JSON record; the table shows its 3 '
+                          f'whole records']
+
+
+def test_a_run_json_that_is_not_json_marks_the_run_damaged(tmp_path, capsys):
+    a = make_run(tmp_path / 'a', 16, [2.0, 1.5])
+    (a / 'run.json').write_text('{"status": "completed", "par')
+    assert cli.main(['compare', str(a)]) == 0
+    captured = capsys.readouterr()
+    assert _warnings(captured.err) == [f'lazylab: warning: {a / "run.json"} is damaged (not a JSON object); the run\'s '
+                                       f'status is not known']
+    assert captured.out.splitlines()[2].split()[-1] == 'damaged'
+
+
+def test_the_last_line_of_a_run_being_trained_is_not_damage(tmp_path):
+    import fcntl
+    import os
+    a = make_run(tmp_path / 'a', 16, [2.0, 1.5])
+    (a / 'run.json').write_text(json.dumps({'experiment': 'transformer', 'status': 'running'}))
+    with open(a / 'metrics.jsonl', 'ab') as f:
+        f.write(b'{"step": 3, "loss.va')  # the trainer is writing this line now
+    fd = os.open(a, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as lazylab.experiments.runner.training_lock holds it while it trains
+        t = compare.compare([str(a)])
+        assert (t.rows[0]['status'], t.rows[0]['final'], t.warnings) == ('running', 1.5, [])
+    finally:
+        os.close(fd)
+    t = compare.compare([str(a)])  # its process is gone: the cut-off line is damage now
+    assert t.rows[0]['status'] == 'damaged' and len(t.warnings) == 1
+
+
+def make_experiment_run(folder: Path, experiment: str, values: dict, given: dict, computed: dict) -> Path:
+    run = make_run(folder, 16, [2.0, 1.5])
+    (run / 'run.json').write_text(json.dumps({'experiment': experiment, 'status': 'completed'}))
+    import yaml
+    (run / 'configs.yaml').write_text(yaml.safe_dump({'values': values, 'given': given, 'computed': computed}))
+    return run
+
+
+def test_runs_of_two_experiments_show_the_experiment_and_the_keys_each_sets_itself(tmp_path, capsys):
+    a = make_experiment_run(tmp_path / 'transformer' / 'r1', 'transformer',
+                            {'d_model': 16, 'threads': 0, 'model': 'transformer', 'seq_len': 64,
+                             'transformer.n_layers': 1},
+                            {'d_model': 'user'},
+                            {'threads': 'default', 'model': 'option transformer', 'seq_len': 'default',
+                             'transformer.n_layers': 'assigned while computing transformer'})
+    b = make_experiment_run(tmp_path / 'feedback' / 'r2', 'feedback',
+                            {'d_model': 16, 'threads': 1, 'model': 'feedback_transformer_kv', 'seq_len': 64,
+                             'feedback.n_layers': 2},
+                            {'d_model': 'user'},
+                            {'threads': 'default', 'model': 'option feedback_transformer_kv', 'seq_len': 'default',
+                             'feedback.n_layers': 'set_default func while computing feedback'})
+    assert cli.main(['compare', str(tmp_path / 'feedback'), str(tmp_path / 'transformer')]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith('(2 runs; keys that differ: 2; 2 more keys only some of the 2 experiments have: lazylab '
+                           'diff lists them)')
+    assert out[1].split() == ['run', 'experiment', 'model', 'threads', 'loss.valid', 'best', 'steps', 'tok/s',
+                              'params', 'time', 'status']  # (the keys in the first run's dump order)
+    assert [x.split()[1:4] for x in out[2:4]] == [['feedback', 'feedback_transformer_kv', '1'],
+                                                 ['transformer', 'transformer', '0']]
+    # within one experiment the defaults are the same for every run: only given keys count, and no column is added
+    c = make_experiment_run(tmp_path / 'transformer' / 'r3', 'transformer',
+                            {'d_model': 32, 'threads': 0, 'model': 'transformer', 'seq_len': 64,
+                             'transformer.n_layers': 1}, {'d_model': 'user'},
+                            {'threads': 'default', 'model': 'option transformer', 'seq_len': 'default'})
+    t = compare.compare([str(a), str(c)])
+    assert (t.keys, t.columns[:2], t.only_some) == (['d_model'], ['run', 'd_model'], [])
+    assert cli.main(['diff', str(a), str(b)]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(': 4 keys differ')  # threads, model and the two of one

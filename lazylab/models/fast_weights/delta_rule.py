@@ -28,48 +28,23 @@ Precision: the state and every product that accumulates into it are float32 what
 for float64 inputs), also under autocast and in a backward pass started inside an autocast block; y comes back in
 v's dtype, the state stays float32 (so carrying it from segment to segment loses nothing).
 """
-from contextlib import nullcontext
-from functools import partial
 from typing import Optional
 
 import torch
 
-__all__ = ['delta_rule_step', 'delta_rule_step_unchecked', 'delta_rule_loop', 'delta_rule_chunked',
-           'unit_lower_inverse', 'exact_dtype', 'no_autocast', 'to_chunks', 'from_chunks']
+from lazylab.models.fast_weights._chunks import (  # (exact_dtype, no_autocast, to_chunks, from_chunks: re-exported)
+    Chunking,
+    check_chunk_size,
+    check_qkv_state,
+    empty_sequence,
+    exact_dtype,
+    from_chunks,
+    no_autocast,
+    to_chunks,
+)
 
-
-def no_autocast(device_type: str):
-    """A context with autocast off on `device_type`: `torch.autocast(…, enabled=False)` where autocast is on,
-    else a no-op (cheaper, for a one-token step)."""
-    return torch.autocast(device_type, enabled=False) if torch.is_autocast_enabled(device_type) else nullcontext()
-
-
-def exact_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype the fast weights and their accumulations are kept in: float32 for float32 and lower (bfloat16,
-    float16: what autocast gives), float64 for float64 (as flash-linear-attention keeps its states)."""
-    return torch.promote_types(dtype, torch.float32)
-
-
-def check_qkv_state(rule: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[torch.Tensor],
-                    token: bool, extra_rows: int = 0):
-    """The shapes every update rule takes: q, k [batch, heads, d] for one token or [seq_len, batch, heads, d] for
-    a sequence, v with the same leading dims, state [batch, heads, d_v + extra_rows, d_dot] (one extra row for
-    the attention normaliser z that a kernel carries in its state).
-
-    Raises:
-        ValueError: naming `rule` ('delta rule', 'sum rule') and the shapes.
-    """
-    lead = 3 if token else 4
-    if q.dim() != lead or k.shape != q.shape or v.shape[:-1] != q.shape[:-1]:
-        raise ValueError(f"{rule}: q and k must have equal shapes and v the same leading dims, "
-                         f"{'[batch, heads, d]' if token else '[seq_len, batch, heads, d]'}; "
-                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if state is not None:
-        expected = (q.shape[-3], q.shape[-2], v.shape[-1] + extra_rows, q.shape[-1])
-        if tuple(state.shape) != expected:
-            raise ValueError(f"{rule}: state must be [batch, heads, d_v{' + 1' if extra_rows else ''}, d_dot] = "
-                             f"{expected}; "
-                             f"got {tuple(state.shape)}")
+__all__ = ['delta_rule_step', 'delta_rule_step_unchecked', 'delta_update_unchecked', 'delta_rule_loop',
+           'delta_rule_chunked', 'unit_lower_inverse', 'exact_dtype', 'no_autocast', 'to_chunks', 'from_chunks']
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, state: Optional[torch.Tensor],
@@ -108,21 +83,29 @@ def delta_rule_step_unchecked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """`delta_rule_step` without its shape checks, with beta as [batch, heads, 1]: for a generation step function,
     which checks the state once per layer and token and needs nothing else checked (its q, k, v, β come from
     its own projection). Mismatched shapes broadcast or fail inside PyTorch here."""
-    # The state and its products in float32 (float64 for float64 inputs) whatever the inputs' dtype (bf16 under
-    # autocast): `.to` is free for inputs already there, and autocast is switched off only where it is on.
     exact, out_dtype = exact_dtype(v.dtype), v.dtype
-    q, k, v, beta = q.to(exact), k.to(exact), v.to(exact), beta.to(exact)
     with no_autocast(q.device.type):  # (vecdot may decompose into a matmul, which autocast would take to bf16)
-        # Matrix-vector products as vecdot: for one token, fewer operations than matmul's reshapes around a bmm.
-        k_row = k.unsqueeze(-2)
-        if state is None:
-            # W⁽⁰⁾ = 0, so v̄ = 0 and the update is a plain outer product
-            new_state = (beta * v).unsqueeze(-1) * k_row
-        else:
-            state = state.to(exact)
-            retrieved = torch.linalg.vecdot(state, k_row)  # v̄ᵢ = W kᵢ
-            new_state = torch.addcmul(state, (v - retrieved).mul_(beta).unsqueeze(-1), k_row)
-        return torch.linalg.vecdot(new_state, q.unsqueeze(-2)).to(out_dtype), new_state
+        new_state = delta_update_unchecked(k, v, beta, state)
+        return torch.linalg.vecdot(new_state, q.to(exact).unsqueeze(-2)).to(out_dtype), new_state
+
+
+def delta_update_unchecked(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, state: Optional[torch.Tensor]
+                           ) -> torch.Tensor:
+    """One delta-rule write without the read: W + β (v − W k) ⊗ k, for k [batch, heads, d_dot], v [batch, heads,
+    d_v], β [batch, heads, 1] and W [batch, heads, d_v, d_dot] or None (zeros); the new W in the exact dtype
+    (float32, or float64 for float64 inputs). No shape checks; call it with autocast off."""
+    # The state and its products in float32 (float64 for float64 inputs) whatever the inputs' dtype (bf16 under
+    # autocast): `.to` is free for inputs already there.
+    exact = exact_dtype(v.dtype)
+    k, v, beta = k.to(exact), v.to(exact), beta.to(exact)
+    # Matrix-vector products as vecdot: for one token, fewer operations than matmul's reshapes around a bmm.
+    k_row = k.unsqueeze(-2)
+    if state is None:
+        # W⁽⁰⁾ = 0, so v̄ = 0 and the update is a plain outer product
+        return (beta * v).unsqueeze(-1) * k_row
+    state = state.to(exact)
+    retrieved = torch.linalg.vecdot(state, k_row)  # v̄ᵢ = W kᵢ
+    return torch.addcmul(state, (v - retrieved).mul_(beta).unsqueeze(-1), k_row)
 
 
 def delta_rule_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
@@ -164,7 +147,7 @@ def unit_lower_inverse(a: torch.Tensor) -> torch.Tensor:
     return torch.linalg.solve_triangular(a, eye, upper=False, unitriangular=True)
 
 
-class _ChunkedDeltaRule(torch.autograd.Function):
+class ChunkedDeltaRule(torch.autograd.Function):
     """The chunkwise delta rule with a hand-written backward (see `delta_rule_chunked` for the forward equations).
 
     Inputs are chunk-major: q, k: [N, c, d_dot], v: [N, c, d_v], beta: [N, c, 1] with N = n · bh (chunk j is
@@ -218,7 +201,7 @@ class _ChunkedDeltaRule(torch.autograd.Function):
     def backward(ctx, d_out, d_s_final):
         # backward() may be called inside an autocast block: its products stay in the forward's float32
         with torch.autocast(d_out.device.type, enabled=False):
-            return _ChunkedDeltaRule._backward(ctx, d_out.to(ctx.exact), d_s_final.to(ctx.exact))
+            return ChunkedDeltaRule._backward(ctx, d_out.to(ctx.exact), d_s_final.to(ctx.exact))
 
     @staticmethod
     def _backward(ctx, d_out, d_s_final):
@@ -274,7 +257,7 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
     multiple of C is padded with k = v = β = 0 tokens, which leave the state unchanged.
 
     T is one batched unit-triangular solve (`unit_lower_inverse`). The backward is hand-written
-    (`_ChunkedDeltaRule`). Everything runs in float32 (float64 for float64 inputs), also under autocast and in a
+    (`ChunkedDeltaRule`). Everything runs in float32 (float64 for float64 inputs), also under autocast and in a
     backward pass started inside autocast; y is cast back to v's dtype, the state stays float32.
 
     Args:
@@ -288,44 +271,13 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
         ValueError: bad shapes or chunk_size < 1.
     """
     beta = _check(q, k, v, beta, state, token=False)
-    if chunk_size < 1:
-        raise ValueError(f"delta_rule_chunked: chunk_size must be >= 1, got {chunk_size}")
-    seq_len, batch, heads, d_dot = q.shape
-    d_v = v.shape[-1]
-    exact = exact_dtype(v.dtype)  # float32, or float64 for float64 inputs
-    if seq_len == 0:
-        weights = state.to(exact) if state is not None else q.new_zeros(batch, heads, d_v, d_dot, dtype=exact)
-        return v.new_zeros(v.shape), weights
-
-    c = min(chunk_size, seq_len)
-    n = -(-seq_len // c)
-    bh = batch * heads
-    chunks = partial(to_chunks, n=n, c=c, dtype=exact)
-
+    check_chunk_size('delta_rule_chunked', chunk_size)
+    d_v, d_dot = v.shape[-1], q.shape[-1]
+    if q.shape[0] == 0:
+        return empty_sequence(v, state, d_v, d_dot)
+    layout = Chunking.of(q, chunk_size, exact_dtype(v.dtype))  # float32, or float64 for float64 inputs
     with torch.autocast(q.device.type, enabled=False):
-        if state is None:
-            s_init = q.new_zeros(bh, d_dot, d_v, dtype=exact)
-        else:
-            s_init = state.transpose(-1, -2).to(exact).reshape(bh, d_dot, d_v)
-        out, s = _ChunkedDeltaRule.apply(chunks(q), chunks(k), chunks(v), chunks(beta.unsqueeze(-1)), s_init, n, bh)
-    final_state = s.view(batch, heads, d_dot, d_v).transpose(-1, -2)  # stays float32: the carried state
-    return from_chunks(out, seq_len, batch, heads).to(v.dtype), final_state
-
-
-def to_chunks(x: torch.Tensor, n: int, c: int, dtype: torch.dtype) -> torch.Tensor:
-    """[seq_len, batch, heads, d] → [n · batch · heads, c, d] in `dtype`: chunk-major and contiguous, so that every
-    product of a chunked kernel is a plain 3-d bmm and chunk j's rows are the block [j · bh, (j + 1) · bh). A
-    sequence shorter than n · c is padded with zeros (for both rules, a zero key and value leave the state as it
-    is). One copy: splitting the sequence axis is a view even for q, k, v split off one projection."""
-    pad = n * c - x.shape[0]
-    if pad:
-        x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 1) + (0, pad))
-    return x.unflatten(0, (n, c)).permute(0, 2, 3, 1, 4).reshape(n * x.shape[1] * x.shape[2], c, x.shape[-1]).to(dtype)
-
-
-def from_chunks(x: torch.Tensor, seq_len: int, batch: int, heads: int) -> torch.Tensor:
-    """The inverse of `to_chunks`: [n · batch · heads, c, d] → [seq_len, batch, heads, d] (padding dropped)."""
-    c, d = x.shape[-2:]
-    n = x.shape[0] // (batch * heads)
-    x = x.view(n, batch, heads, c, d).permute(0, 3, 1, 2, 4).reshape(n * c, batch, heads, d)
-    return x[:seq_len] if n * c > seq_len else x  # (a slice costs a zero-filled copy in the backward pass)
+        out, s = ChunkedDeltaRule.apply(layout.chunks(q), layout.chunks(k), layout.chunks(v),
+                                         layout.chunks(beta.unsqueeze(-1)), layout.initial_state(state, d_v, d_dot),
+                                         layout.n, layout.bh)
+    return layout.unchunk(out).to(v.dtype), layout.final_state(s)  # the state stays float32: the carried state

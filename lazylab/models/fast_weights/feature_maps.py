@@ -9,9 +9,14 @@ unless `sum_normalization=False`:
 * `LinearElu()`: φ(x) = ELU(x) + 1 (Katharopoulos, Vyas, Pappas & Fleuret 2020, "Transformers are RNNs"),
   d_dot = d_key;
 * `Favor(d_key, features)`: FAVOR+ positive random features (Choromanski et al. 2021, "Rethinking Attention with
-  Performers"), d_dot = 2 · features.
+  Performers"), d_dot = 2 · features;
 
-`make_feature_map(name, d_key, …)` builds one by its option name ('dpfp', 'linear', 'favor'); each map's
+and one map of the delta rule's successors, normalised by its length instead of its sum:
+
+* `L2NormSiLU()`: φ'(x) = SiLU(x) / ‖SiLU(x)‖₂, d_dot = d_key (DeltaNet's and Gated DeltaNet's keys and queries;
+  unit keys make I − β k kᵀ a reflection for β = 2).
+
+`make_feature_map(name, d_key, …)` builds one by its option name ('dpfp', 'linear', 'favor', 'l2'); each map's
 `out_features(d_key)` gives d_dot. Every map acts on the last axis alone (no per-head parameters), so q and k of
 all heads may go through one call.
 
@@ -34,11 +39,11 @@ from typing import Optional
 import torch
 from torch import nn
 
-__all__ = ['DPFP', 'LinearElu', 'Favor', 'FEATURE_MAPS', 'make_feature_map', 'sum_normalise', 'dpfp_normalised',
-           'orthogonal_random_features']
+__all__ = ['DPFP', 'LinearElu', 'Favor', 'L2NormSiLU', 'FEATURE_MAPS', 'make_feature_map', 'sum_normalise',
+           'dpfp_normalised', 'orthogonal_random_features']
 
 #: the option names of the feature maps (`phi=` of the configs)
-FEATURE_MAPS = ('dpfp', 'linear', 'favor')
+FEATURE_MAPS = ('dpfp', 'linear', 'favor', 'l2')
 
 
 def sum_normalise(phi: torch.Tensor, eps: float) -> torch.Tensor:
@@ -238,10 +243,40 @@ class Favor(nn.Module):
             return e * (e.sum(-1, keepdim=True) + scaled_eps).reciprocal()
 
 
+class L2NormSiLU(nn.Module):
+    """φ'(x) = SiLU(x) / √(‖SiLU(x)‖² + eps), SiLU(x) = x σ(x): the L2-normalised SiLU features of DeltaNet and
+    Gated DeltaNet (Yang, Wang, Zhang, Shen & Kim 2024, "Parallelizing Linear Transformers with the Delta Rule over
+    Sequence Length"; Yang, Kautz & Hatamizadeh 2025; flash-linear-attention's `l2norm`, eps 1e-6).
+    Keys of length one keep the delta rule's state bounded for β ∈ (0, 2): each factor I − β k kᵀ has eigenvalues 1
+    and 1 − β ∈ (−1, 1). d_dot = d_key. It is normalised by its length, never by its sum: the option
+    `sum_normalization` does not apply to it.
+
+    Computed in float32 (float64 for float64 inputs), also under autocast: the squared length would lose too much
+    in bfloat16.
+
+    Shapes:
+        k: [..., d_key] → [..., d_key]
+    """
+
+    def __init__(self, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+
+    def out_features(self, d_key: int) -> int:
+        """d_dot = d_key."""
+        return d_key
+
+    def forward(self, k: torch.Tensor) -> torch.Tensor:
+        exact = torch.promote_types(k.dtype, torch.float32)
+        with torch.autocast(k.device.type, enabled=False):
+            phi = nn.functional.silu(k.to(exact))
+            return phi * torch.rsqrt(phi.square().sum(-1, keepdim=True) + self.eps)
+
+
 def make_feature_map(name: str, d_key: int, *, nu: int = 1, features: int = 64, sum_normalization: bool = True,
                      eps: float = 1e-6) -> nn.Module:
-    """The feature map φ' called `name` ('dpfp' with `nu`, 'linear', 'favor' with `features`) for keys of size
-    d_key (only FAVOR+ needs it).
+    """The feature map φ' called `name` ('dpfp' with `nu`, 'linear', 'favor' with `features`, 'l2') for keys of
+    size d_key (only FAVOR+ needs it). `sum_normalization` applies to the first three ('l2' is L2-normalised).
 
     Raises:
         ValueError: an unknown name.
@@ -252,6 +287,8 @@ def make_feature_map(name: str, d_key: int, *, nu: int = 1, features: int = 64, 
         return LinearElu(eps=eps, sum_normalization=sum_normalization)
     if name == 'favor':
         return Favor(d_key, features, eps=eps, sum_normalization=sum_normalization)
+    if name == 'l2':
+        return L2NormSiLU(eps=eps)
     raise ValueError(f"unknown feature map {name!r}; feature maps: {', '.join(FEATURE_MAPS)}")
 
 

@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from lazylab.models.fast_weights.delta_rule import exact_dtype
+from lazylab.models.fast_weights._chunks import exact_dtype
 
 __all__ = ['normalise_by_attention', 'divide_by_last_column', 'split_state', 'join_state']
 

@@ -24,12 +24,18 @@ and each returns `(y, state)` with y: [seq_len, batch, heads, d_v] (for a step: 
 Precision: the state and its accumulations are float32 (float64 for float64 inputs) under autocast too; y comes
 back in v's dtype, the state stays float32.
 """
-from functools import partial
 from typing import Optional
 
 import torch
 
-from lazylab.models.fast_weights.delta_rule import check_qkv_state, exact_dtype, from_chunks, no_autocast, to_chunks
+from lazylab.models.fast_weights._chunks import (
+    Chunking,
+    check_chunk_size,
+    check_qkv_state,
+    empty_sequence,
+    exact_dtype,
+    no_autocast,
+)
 from lazylab.models.fast_weights.normalization import join_state
 
 __all__ = ['sum_rule_step', 'sum_rule_step_unchecked', 'sum_rule_loop', 'sum_rule_chunked']
@@ -204,27 +210,22 @@ def sum_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: O
     d_v = v.shape[-1]
     rows = d_v + attention_normalization  # the state's rows: W, and z below it when normalising
     _check(q, k, v, state, token=False, extra_rows=int(attention_normalization))
-    if chunk_size < 1:
-        raise ValueError(f"sum_rule_chunked: chunk_size must be >= 1, got {chunk_size}")
-    seq_len, batch, heads, d_dot = q.shape
-    exact = exact_dtype(v.dtype)
-    if seq_len == 0:
-        weights = state.to(exact) if state is not None else q.new_zeros(batch, heads, rows, d_dot, dtype=exact)
-        return v.new_zeros(v.shape), weights
-    c = min(chunk_size, seq_len)
-    n = -(-seq_len // c)
-    bh = batch * heads
-    chunks = partial(to_chunks, n=n, c=c, dtype=exact)
+    check_chunk_size('sum_rule_chunked', chunk_size)
+    d_dot = q.shape[-1]
+    if q.shape[0] == 0:
+        return empty_sequence(v, state, rows, d_dot)
+    layout = Chunking.of(q, chunk_size, exact_dtype(v.dtype))
     with torch.autocast(q.device.type, enabled=False):
-        if state is None:
-            s_init = q.new_zeros(bh, d_dot, d_v, dtype=exact)
-            z_init = q.new_zeros(bh, d_dot, dtype=exact) if attention_normalization else None
-        else:
-            state = state.to(exact)
-            s_init = state[..., :d_v, :].transpose(-1, -2).reshape(bh, d_dot, d_v)
-            z_init = state[..., d_v, :].reshape(bh, d_dot) if attention_normalization else None
-        out, s, z = _ChunkedSumRule.apply(chunks(q), chunks(k), chunks(v), s_init, z_init, n, eps)
-    final_state = s.view(batch, heads, d_dot, d_v).transpose(-1, -2)
+        if state is not None:
+            state = state.to(layout.dtype)
+        s_init = layout.initial_state(None if state is None else state[..., :d_v, :], d_v, d_dot)
+        z_init = None
+        if attention_normalization:
+            z_init = (state[..., d_v, :].reshape(layout.bh, d_dot) if state is not None else
+                      s_init.new_zeros(layout.bh, d_dot))
+        out, s, z = _ChunkedSumRule.apply(layout.chunks(q), layout.chunks(k), layout.chunks(v), s_init, z_init,
+                                          layout.n, eps)
+    final_state = layout.final_state(s)
     if attention_normalization:
-        final_state = join_state(final_state, z.view(batch, heads, d_dot))
-    return from_chunks(out, seq_len, batch, heads).to(v.dtype), final_state
+        final_state = join_state(final_state, z.view(layout.batch, layout.heads, d_dot))
+    return layout.unchunk(out).to(v.dtype), final_state

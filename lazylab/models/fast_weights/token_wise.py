@@ -15,10 +15,11 @@ from typing import Optional
 import torch
 from torch import nn
 
-from lazylab.models.fast_weights import check_update_rule, per_layer_state
 from lazylab.models.fast_weights.delta_rule import delta_rule_step
 from lazylab.models.fast_weights.feature_maps import DPFP  # re-exported, as labml_nn does
 from lazylab.models.fast_weights.normalization import join_state, normalise_by_attention, split_state
+from lazylab.models.fast_weights.rules import check_update_rule
+from lazylab.models.fast_weights.step import per_layer_state
 from lazylab.models.fast_weights.sum_rule import sum_rule_step
 from lazylab.models.feed_forward import FeedForward  # re-exported, as labml_nn does
 from lazylab.models.mha import PrepareForMultiHeadAttention
@@ -43,14 +44,15 @@ class FastWeightsAttention(nn.Module):
         means zeros.
 
     Raises:
-        ValueError: d_model not divisible by heads; an unknown update rule.
+        ValueError: d_model not divisible by heads; an update rule other than 'delta' and 'sum' (the gated delta
+            rule and DeltaProduct are in the whole-sequence module, whose step function generates token by token).
     """
 
     def __init__(self, heads: int, d_model: int, dropout_prob: float, phi: nn.Module, *,
                  update_rule: str = 'delta', attention_normalization: bool = False, eps: float = 1e-6):
         super().__init__()
         check_heads(d_model, heads, 'FastWeightsAttention')
-        check_update_rule(update_rule)
+        check_update_rule(update_rule, ('delta', 'sum'), "token-wise FastWeightsAttention (labml_nn's form)")
         self.d_k = d_model // heads
         self.heads = heads
         self.query = PrepareForMultiHeadAttention(d_model, heads, self.d_k, bias=False)

@@ -1,0 +1,99 @@
+"""flash-linear-attention's plain-PyTorch references, loaded by file path: what the tests and benchmarks of the
+gated delta rule and DeltaProduct compare against. Not used by any model.
+
+fla-core (the ops of flash-linear-attention) is a test reference only: `make install` installs fla-core==0.6.0
+with --no-deps (its kernels are Triton, for GPUs; lazylab needs only three pure-PyTorch functions from it):
+
+    fla/ops/gated_delta_rule/naive.py     naive_recurrent_gated_delta_rule, naive_chunk_gated_delta_rule
+    fla/ops/gated_delta_product/naive.py  naive_recurrent_gated_delta_product
+
+Importing `fla` (or `fla.ops…`) would run its package `__init__` files, which import Triton. So the files are found
+through the installed distribution's record (`importlib.metadata`, which reads files and imports nothing) and each
+is executed on its own (`importlib.util.spec_from_file_location`). Their imports are checked first: torch and
+einops only, never fla itself (a later version that imported fla from them is refused, not half-loaded).
+
+fla's references compute in float32 whatever the inputs (`.to(torch.float32)`, `dtype=torch.float32`); with
+`float64=True` the module's global `torch` is a view of torch in which the names float32 and float mean float64,
+so the same code runs in float64 (its arithmetic is unchanged). Tensor.float() casts, which that view cannot
+reach (DeltaProduct's reference has them for q, k, v, β), are exact for inputs that float32 represents: draw the
+inputs in float32 and widen them.
+"""
+import ast
+import importlib.metadata
+import importlib.util
+import types
+from pathlib import Path
+
+import torch
+
+__all__ = ['FLA_VERSION', 'NAIVE_FILES', 'FlaMissing', 'naive_file', 'load_naive']
+
+FLA_VERSION = '0.6.0'
+#: the reference files, inside the fla-core distribution
+NAIVE_FILES = {'gated_delta_rule': 'fla/ops/gated_delta_rule/naive.py',
+               'gated_delta_product': 'fla/ops/gated_delta_product/naive.py'}
+#: what those files may import
+ALLOWED_IMPORTS = ('torch', 'einops')
+
+
+class FlaMissing(LookupError):
+    """fla-core 0.6.0, or one of its reference files, is not installed (the message says which and how to install)."""
+
+
+def naive_file(op: str) -> Path:
+    """The installed path of the reference file of `op` ('gated_delta_rule' or 'gated_delta_product').
+
+    Raises:
+        FlaMissing: fla-core is not installed, has another version, or lacks the file.
+    """
+    install = f'pip install --no-deps fla-core=={FLA_VERSION} (what `make install` does)'
+    try:
+        dist = importlib.metadata.distribution('fla-core')
+    except importlib.metadata.PackageNotFoundError:
+        raise FlaMissing(f'fla-core is not installed; {install}') from None
+    if dist.version != FLA_VERSION:
+        raise FlaMissing(f'fla-core {dist.version} is installed, the references are pinned to {FLA_VERSION}; '
+                         f'{install}')
+    relative = NAIVE_FILES[op]
+    if not any(str(f) == relative for f in dist.files or ()):
+        raise FlaMissing(f'fla-core {FLA_VERSION} has no {relative}')
+    return Path(dist.locate_file(relative))
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding='utf-8'))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            names.add('.' * node.level + (node.module or ''))
+    return names
+
+
+class _Float64Torch(types.ModuleType):
+    """torch, but for the names float32 and float, which are float64 here (see the module docstring)."""
+
+    def __getattr__(self, name):
+        return torch.float64 if name in ('float32', 'float') else getattr(torch, name)
+
+
+def load_naive(op: str, float64: bool = False) -> types.ModuleType:
+    """fla-core's reference module of `op` ('gated_delta_rule' or 'gated_delta_product'), executed from its file
+    without importing fla (see the module docstring); with `float64`, computing in float64.
+
+    Raises:
+        FlaMissing: see `naive_file`.
+        ImportError: the file imports something other than torch and einops.
+    """
+    path = naive_file(op)
+    bad = {name for name in _imports(path) if name.split('.')[0] not in ALLOWED_IMPORTS}
+    if bad:
+        raise ImportError(f'{path} imports {sorted(bad)}: only {", ".join(ALLOWED_IMPORTS)} can be loaded without fla')
+    name = f'_lazylab_fla_{op}_naive{"_float64" if float64 else ""}'
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if float64:
+        module.torch = _Float64Torch('torch')
+    return module

@@ -1,0 +1,196 @@
+"""Which process runs which trial of a sweep directory, and the take-over of trials whose process is gone.
+
+Each `lazylab sweep` process holds an exclusive lock on SWEEP_DIR/.owners/TOKEN while it lives (the kernel drops it
+when the process ends, even by SIGKILL), and tags the trials it claims with TOKEN (the trial system attr
+`lazylab:owner`). A trial still RUNNING whose owner's lock is free is taken over by the next process on the
+directory (retagged, under the dead owner's lock, so by one process only). A lock file goes when no RUNNING trial is
+tagged with its token any more: its process removes it at the end (unless it leaves trials to take over), and the
+process that takes over a dead owner's last trial removes that owner's; so .owners/ holds only the live and the
+interrupted. A lock file of another machine's process is not here: its trials are that machine's to resume.
+
+Claiming a trial and tagging it are two writes to the study, so a process killed between them leaves a RUNNING
+trial with no owner. Before each claim a process writes `claiming N` into its own lock file; a trial with no owner
+is taken over (under a lock on .owners/ itself, by one process only) when a dead process's lock file says it was
+claiming it, and the trial is at least `GRACE` seconds old (a live claimer tags it within milliseconds) — or, with
+no such file here (a process of another machine, or of a lazylab before this record), once it is `LEASE` seconds
+old.
+"""
+import datetime
+import fcntl
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from lazylab.sweeps.study import OWNER
+
+#: seconds a trial with no owner must be old before a dead claimer's record lets it be taken over
+GRACE = 10.0
+#: seconds after which a trial with no owner and no claimer's record here is taken over
+LEASE = 600.0
+
+
+class Owners:
+    """The owner locks of one sweep directory, as process `token` sees them.
+
+    Args:
+        folder: SWEEP_DIR/.owners.
+        study: the sweep's `lazylab.sweeps.study.Study`.
+        token: this process's token (host-pid-random).
+    """
+
+    def __init__(self, folder: Path, study: Any, token: str):
+        self.folder, self.study, self.token = folder, study, token
+        self.lock = None
+
+    def hold(self) -> None:
+        """Create and lock this process's lock file (held until `release`)."""
+        self.folder.mkdir(exist_ok=True)
+        self.lock = open(self.folder / self.token, 'w', encoding='utf-8')
+        fcntl.flock(self.lock, fcntl.LOCK_EX)
+
+    def claiming(self, number: int) -> None:
+        """Record, in this process's lock file, that it is about to claim trial `number` (see the module docstring)."""
+        self.lock.seek(0)
+        self.lock.truncate()
+        self.lock.write(f'claiming {number}\n')
+        self.lock.flush()
+
+    def release(self) -> None:
+        """Let go of this process's lock; its file goes too unless a trial it owns is left RUNNING (then the next
+        process on the directory takes the trial over through that file, and removes it)."""
+        if self.lock is None:
+            return
+        if not self.owned_running(self.token):
+            (self.folder / self.token).unlink(missing_ok=True)
+        self.lock.close()
+        self.lock = None
+
+    def running(self) -> list:
+        return self.study.trials((self.study.optuna.trial.TrialState.RUNNING,))
+
+    def owned_running(self, owner: str) -> bool:
+        """Whether a RUNNING trial of the study is tagged with `owner`."""
+        return any(t.system_attrs.get(OWNER) == owner for t in self.running())
+
+    def take_over(self) -> list[int]:
+        """The RUNNING trials of this directory whose process is gone, taken over (retagged with this process's
+        token), by number."""
+        taken, dead = [], set()
+        for t in sorted(self.running(), key=lambda t: t.number):
+            owner = t.system_attrs.get(OWNER)
+            if owner is None:
+                if self._unowned_dead(t) and self._retag_unowned(t.number):
+                    taken.append(t.number)
+            elif owner != self.token and self._retag_from(owner, t.number):
+                taken.append(t.number)
+                dead.add(owner)
+        for owner in dead | set(self._dead_claimers):  # gone: once no trial is left to it, its lock file goes
+            self.remove_dead_owner(owner)
+        return taken
+
+    def _retag_from(self, owner: str, number: int) -> bool:
+        """Retag trial `number` of dead `owner` (its lock free) with this token, under that lock."""
+        try:  # (opened, not created: a missing file is another machine's trial, which that machine resumes)
+            fd = os.open(self.folder / owner, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # its process is alive
+            if self._fresh_owner(number) != (True, owner):
+                return False  # another process took it over first
+            self.study.set_owner(number, self.token)
+            return True
+        finally:
+            os.close(fd)
+
+    @property
+    def _dead_claimers(self) -> dict[str, int]:
+        """{token: trial number} of the dead processes' lock files here that say which trial they were claiming."""
+        out = {}
+        for path in self.folder.iterdir() if self.folder.is_dir() else ():
+            if path.name == self.token:
+                continue
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                words = os.read(fd, 100).decode('ascii', 'replace').split()
+                if len(words) == 2 and words[0] == 'claiming' and words[1].isdigit():
+                    out[path.name] = int(words[1])
+            except BlockingIOError:
+                pass  # alive
+            finally:
+                os.close(fd)
+        return out
+
+    def _unowned_dead(self, t) -> bool:
+        """Whether the process that claimed RUNNING trial `t` (which has no owner) is gone (module docstring)."""
+        age = self.age(t)
+        if age is None:
+            return False
+        return age >= LEASE or (age >= GRACE and t.number in self._dead_claimers.values())
+
+    @staticmethod
+    def age(t) -> Optional[float]:
+        """Seconds since trial `t` was claimed (its start), or None."""
+        if t.datetime_start is None:
+            return None
+        return (datetime.datetime.now() - t.datetime_start).total_seconds()
+
+    def _retag_unowned(self, number: int) -> bool:
+        """Tag trial `number`, RUNNING with no owner, with this token, under a lock on .owners/ (so one process of
+        this directory does)."""
+        fd = os.open(self.folder, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if self._fresh_owner(number) != (True, None):
+                return False
+            self.study.set_owner(number, self.token)
+            return True
+        finally:
+            os.close(fd)
+
+    def _fresh_owner(self, number: int) -> tuple[bool, Optional[str]]:
+        """(whether trial `number` is RUNNING, its owner) as the storage holds it now."""
+        storage, study_id = self.study.storage, self.study.study_id
+        fresh = storage.get_trial(storage.get_trial_id_from_study_id_trial_number(study_id, number))
+        return fresh.state.name == 'RUNNING', fresh.system_attrs.get(OWNER)
+
+    def remove_dead_owner(self, owner: str) -> None:
+        """Remove the lock file of `owner`, a process that is gone (its lock is free), when no RUNNING trial is
+        tagged with it."""
+        try:
+            fd = os.open(self.folder / owner, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if not self.owned_running(owner):
+                (self.folder / owner).unlink(missing_ok=True)
+        except BlockingIOError:
+            pass  # alive after all
+        finally:
+            os.close(fd)
+
+    def interrupted(self, t) -> bool:
+        """A RUNNING trial with no live process that this directory knows of: ours (it was interrupted), one whose
+        owner's lock here is free, or one with no owner (its claimer was killed before it tagged it)."""
+        from lazylab.sweeps.compare import lock_held
+        owner = t.system_attrs.get(OWNER)
+        if owner is None or owner == self.token:
+            return True
+        return not lock_held(self.folder / owner)  # (a lock we cannot open: another machine's trial)
+
+    def unowned_note(self, t) -> Optional[str]:
+        """For a RUNNING trial with no owner that `take_over` left: when a --resume will take it over."""
+        if t.system_attrs.get(OWNER) is not None:
+            return None
+        age = self.age(t) or 0.0
+        wait = (GRACE if t.number in self._dead_claimers.values() else LEASE) - age
+        return (f'trial {t.number:04d} was claimed by a process that was killed before it recorded itself; '
+                f'lazylab sweep --resume takes it over from {max(1, round(wait))} s from now')

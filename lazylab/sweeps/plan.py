@@ -1,0 +1,238 @@
+"""A `lazylab sweep` command line, parsed and checked: the `Plan` (nothing written yet).
+
+`make_plan(argv)` checks everything before anything is written (the grammar, every key and value against the
+experiment's declarations, the whole configuration of every grid point — of each swept value for a sampler —, the
+flags); a mistake is one `UsageError` line. See lazylab.sweeps.sweep for the command itself.
+"""
+import argparse
+import hashlib
+import os
+import re
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from lazylab.errors import UsageError, plural
+from lazylab.redaction import redact, redact_url
+from lazylab.sweeps.spec import Fixed, Space, check_points, full_key, parse_value, type_space
+
+#: the keys of a validation record a sweep can optimize
+METRICS = ('loss.valid', 'accuracy.valid', 'loss.train', 'accuracy.train', 'tokens_per_s')
+SWEEP_YAML = 'sweep.yaml'
+JOURNAL = 'study.journal'
+CONFIG_COPY = 'config.yaml'
+OWNERS = '.owners'
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(f'lazylab sweep: {message}')
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog='lazylab sweep', add_help=False, allow_abbrev=False)
+    p.add_argument('settings', nargs='*')
+    p.add_argument('--config')
+    p.add_argument('--workers', type=int, default=1)
+    p.add_argument('--trials', type=int)
+    p.add_argument('--sampler', choices=('grid', 'random', 'tpe'))
+    p.add_argument('--zip', action='append', default=[])
+    p.add_argument('--metric', default='loss.valid')
+    p.add_argument('--direction', choices=('minimize', 'maximize'))
+    p.add_argument('--prune', choices=('none', 'median', 'halving'), default='none')
+    p.add_argument('--storage')
+    p.add_argument('--study')
+    p.add_argument('--seed', type=int, default=0)
+    p.add_argument('--launcher')
+    p.add_argument('--resume')
+    p.add_argument('--dry-run', action='store_true')
+    p.add_argument('-h', '--help', action='store_true')
+    return p
+
+
+@dataclass
+class Plan:
+    """A checked sweep: what to run and how (nothing written yet)."""
+    name: str
+    argv: list[str]                 # the command's arguments, as given
+    fixed: list[str]                # key=value tokens for every trial
+    config_file: Optional[str]
+    space: Space
+    sampler: str
+    trials: int
+    metric: str
+    direction: str
+    prune: str
+    storage: Optional[str]          # None: the journal in the sweep directory
+    study: str
+    seed: int
+    workers: int                    # as given (--workers): the sweep runs at most one per trial left
+    launcher: list[str]
+    runs_dir: Path
+    default_threads: int
+    points: list[dict[str, Any]] = field(default_factory=list)
+    study_named: bool = True        # --study given (else a name made of the time)
+
+    @property
+    def sweep_dir(self) -> Path:
+        return self.runs_dir / self.name / f'sweep-{self.study}'
+
+    def signature(self) -> dict[str, Any]:
+        """What every process on one study must agree on (machines may differ in paths, threads, versions)."""
+        config = None
+        if self.config_file:
+            config = hashlib.sha256(Path(self.config_file).read_bytes()).hexdigest()
+        fixed = [t for t in self.fixed if not t.startswith('runs_dir=')]  # each machine has its own runs folder
+        return {'experiment': self.name, 'fixed': fixed, 'config_sha256': config,
+                'space': self.space.describe(), 'zip': self.space.zips, 'sampler': self.sampler,
+                'trials': self.trials, 'metric': self.metric, 'direction': self.direction, 'prune': self.prune}
+
+    def redact(self, text: str) -> str:
+        """`text` (a command line, a message) with the storage URL's credentials hidden (lazylab.redaction)."""
+        return redact(text, [self.storage] if self.storage else [])
+
+    def storage_shown(self, sweep_dir: Optional[Path] = None) -> str:
+        """The storage as messages and sweep.yaml show it: the journal file, or the database URL redacted."""
+        if self.storage is None:
+            return f'journal file {(sweep_dir or self.sweep_dir) / JOURNAL}'
+        if '://' not in self.storage:
+            return f'journal file {self.storage}'
+        return f'database {redact_url(self.storage)}'
+
+
+def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional[str] = None,
+              say: Optional[Callable[[str], None]] = None, check: bool = True) -> Plan:
+    """Parse and check a `lazylab sweep` command line (see the module docstring); writes nothing. `say`: where the
+    progress lines of checking many points go (stderr by default); `check=False`: the first point only (for
+    `--resume`, to find the sweep directory first).
+
+    Raises:
+        UsageError, ConfigError, DataError: the first mistake, in one line.
+    """
+    a = parser().parse_intermixed_args(argv)
+    if not a.settings or '=' in a.settings[0]:
+        raise UsageError('usage: lazylab sweep NAME [key=value | key=SWEEP …] [--workers N] … (lazylab sweep -h)')
+    name, tokens = a.settings[0], a.settings[1:]
+    from lazylab.experiments.runner import load_experiment
+    defaults = load_experiment(name).Configs()
+    fixed, dims = _settings(defaults, tokens)
+    metric, direction = _metric(a)
+    if a.workers < 1:
+        raise UsageError(f'--workers must be ≥ 1, got {a.workers}')
+    if a.seed < 0:
+        raise UsageError(f'--seed must be ≥ 0, got {a.seed}')
+    study = study or a.study
+    if study is not None and not re.fullmatch(r'[A-Za-z0-9][A-Za-z0-9._-]*', study):
+        raise UsageError(f'--study {study!r}: use letters, digits, ".", "_" and "-" (it names the sweep folder)')
+    storage = _storage(storage or a.storage, a.storage)
+    config_args = ['--config', a.config] if a.config else []
+    from lazylab.sweeps.points import PointChecker
+    checker = PointChecker(name, fixed + config_args, [d.key for d in dims])
+    conf = type_space(name, fixed + config_args, dims, checker)
+    space = Space(dims, [[full_key(defaults, k.strip()) for k in z.split(',') if k.strip()] for z in a.zip])
+    sampler, points, trials = _points(a, space)
+    launcher = _launcher(a.launcher)
+    if check:
+        check_points(name, fixed + config_args, space, grid=sampler == 'grid', checker=checker, say=say)
+    default_threads = defaults.threads if not any(t.startswith('threads=') for t in fixed) else -1
+    return Plan(name=name, argv=list(argv), fixed=fixed, config_file=a.config, space=space, sampler=sampler,
+                trials=trials, metric=metric, direction=direction, prune=a.prune, storage=storage,
+                study=study or time.strftime('%Y%m%d-%H%M%S') + '-' + os.urandom(2).hex(), seed=a.seed,
+                workers=a.workers, launcher=launcher, runs_dir=Path(conf.runs_dir), default_threads=default_threads,
+                points=points, study_named=study is not None)
+
+
+def _settings(defaults: Any, tokens: list[str]) -> tuple[list[str], list]:
+    """(fixed key=value tokens, swept dimensions) of the command's settings; each swept key named in full."""
+    fixed, dims, seen = [], [], set()
+    for token in tokens:
+        key, eq, text = token.partition('=')
+        key = key.strip()
+        if not eq or not key:
+            raise UsageError(f'expected key=value or key=SWEEP, got {token!r}')
+        value = parse_value(key, text)
+        full = full_key(defaults, key)  # a key's unique end stands for it, as on `lazylab train`
+        if full in seen:
+            raise UsageError(f'{full} is given twice')
+        seen.add(full)
+        if isinstance(value, Fixed):
+            fixed.append(f'{key}={value.text}')  # (the trial's `lazylab train` reads it as this one does)
+            continue
+        if full in ('runs_dir', 'preset'):
+            raise UsageError(f'{full} cannot be swept (run one sweep per {full})')
+        value.key = full  # what the study, the trials' records and `lazylab compare` name
+        dims.append(value)
+    for d in dims:
+        if d.log and d.kind == 'choice' and d.int_step not in (None, 1):
+            raise UsageError(f'{d.key}={d.written}: tag(log, range()) needs step 1')
+    return fixed, dims
+
+
+def _metric(a: argparse.Namespace) -> tuple[str, str]:
+    if a.metric not in METRICS:
+        import difflib
+        close = difflib.get_close_matches(a.metric, METRICS, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ''
+        raise UsageError(f'unknown --metric {a.metric!r}{hint}; metrics: {", ".join(METRICS)}')
+    return a.metric, a.direction or ('maximize' if a.metric.startswith(('accuracy', 'tokens')) else 'minimize')
+
+
+def _storage(storage: Optional[str], given: Optional[str]) -> Optional[str]:
+    """A journal file's absolute path (its folder must exist), or the database URL as given."""
+    if storage is None or '://' in storage:
+        return storage
+    path = Path(storage).resolve()
+    if not path.parent.is_dir():
+        raise UsageError(f'--storage {given}: folder {path.parent} does not exist')
+    return str(path)
+
+
+def _points(a: argparse.Namespace, space: Space) -> tuple[str, list[dict[str, Any]], int]:
+    """(sampler, the grid's points or one {} per trial, trials)."""
+    sampler = a.sampler or ('grid' if space.discrete else 'tpe')
+    if sampler == 'grid':
+        if not space.discrete:
+            key = next(d.key for d in space.dims if not d.discrete)
+            raise UsageError(f'{key} is an interval: the grid needs lists or ranges (or use --sampler random|tpe '
+                             f'--trials N)')
+        if a.trials is not None:
+            each = 'its one point' if space.size() == 1 else f'each of its {space.size()} points'
+            raise UsageError(f'--trials is for --sampler random|tpe; the grid runs {each} once')
+        points = space.grid()
+        return sampler, points, len(points)
+    if a.trials is None or a.trials < 1:
+        raise UsageError(f'--sampler {sampler} draws --trials N points: give --trials (N ≥ 1)')
+    if space.zips:
+        raise UsageError('--zip is for the grid sampler')
+    return sampler, [{}] * a.trials, a.trials
+
+
+def _launcher(text: Optional[str]) -> list[str]:
+    try:
+        launcher = shlex.split(text) if text is not None else [sys.executable]
+    except ValueError as e:  # an unclosed quote
+        raise UsageError(f'--launcher {text!r}: {e}') from None
+    if not launcher:
+        raise UsageError('--launcher is empty')
+    import shutil
+    if shutil.which(launcher[0]) is None:
+        raise UsageError(f'--launcher {text!r}: no program {launcher[0]!r} (not on PATH, or not executable)')
+    return launcher
+
+
+def cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
+
+
+def workers_line(plan: Plan, workers: int) -> Optional[str]:
+    """The warning when more trials would run at once than there are cores (None otherwise)."""
+    n = cores()
+    if workers <= n:
+        return None
+    asked = f' (--workers {plan.workers}, at most one per trial left)' if workers != plan.workers else ''
+    return (f'lazylab: warning: {plural(workers, "worker")}{asked} on {plural(n, "CPU core")}: the trials share '
+            f'them and each runs slower')

@@ -1,0 +1,117 @@
+"""lazylab.redaction: a storage URL's password and secret query parameters never reach a message or a file.
+
+Hand-worked cases (the ones the old masking got wrong among them), then properties over passwords of any
+characters: the redacted URL is exactly the URL with `***` in the password's place, whatever the password holds.
+"""
+import shlex
+import subprocess
+import sys
+import urllib.parse
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from lazylab.redaction import MASK, redact, redact_url, secrets
+
+
+@pytest.mark.parametrize('url, expected', [
+    ('postgresql://qa:PW@127.0.0.1:5432/db', 'postgresql://qa:***@127.0.0.1:5432/db'),
+    ('postgresql://qa:p@ss@h/db', 'postgresql://qa:***@h/db'),           # an @ in the password: the last one ends it
+    ('postgresql://qa:S3c/ret@h/db', 'postgresql://qa:***@h/db'),        # a / in the password
+    ('postgresql://qa:a:b%40c@h:1/db', 'postgresql://qa:***@h:1/db'),    # a : and a percent-encoded @
+    ('postgresql://qa@h/db?password=PW', 'postgresql://qa@h/db?password=***'),
+    ('mysql://u:x@h/db?sslmode=require&SSLPassword=x&api_key=k1;Token=t',
+     'mysql://u:***@h/db?sslmode=require&SSLPassword=***&api_key=***;Token=***'),
+    ('postgresql://h/db?passwd=a@b&pwd=c&secret=d#frag', 'postgresql://h/db?passwd=***&pwd=***&secret=***#frag'),
+    ('postgresql://qa@127.0.0.1/db', 'postgresql://qa@127.0.0.1/db'),     # a user name alone is no secret
+    ('sqlite:///tmp/study.db', 'sqlite:///tmp/study.db'),
+    ('/shared/glu.journal', '/shared/glu.journal'),                      # a file path: nothing to hide
+    ('postgresql://qa:@h/db', 'postgresql://qa:***@h/db'),
+], ids=['password', 'password with @', 'password with /', 'password with : and %40', 'query password',
+        'query secrets of any case', 'query secrets without userinfo', 'user only', 'sqlite', 'journal path',
+        'empty password'])
+def test_redact_url_hides_the_password_and_secret_parameters(url, expected):
+    assert redact_url(url) == expected
+    assert redact_url(expected) == expected  # idempotent
+
+
+_USER = st.text(st.sampled_from('abcdefghijklmnopqrstuvwxyz0123456789_.-'), min_size=1, max_size=12)
+_HOST = st.sampled_from(['127.0.0.1', 'localhost', '[::1]', 'db.local'])
+_DB = st.text(st.sampled_from('abcdefghij_'), max_size=8)
+
+
+@given(user=_USER, password=st.text(max_size=40), host=_HOST, port=st.integers(1, 65535), db=_DB)
+def test_a_password_of_any_characters_is_replaced_whole(user, password, host, port, db):
+    url = f'postgresql://{user}:{password}@{host}:{port}/{db}'
+    assert redact_url(url) == f'postgresql://{user}:{MASK}@{host}:{port}/{db}'
+
+
+@given(user=_USER, password=st.text(max_size=40), host=_HOST, db=_DB)
+def test_a_percent_encoded_password_is_replaced_whole_and_hidden_decoded_in_a_message(user, password, host, db):
+    quoted = urllib.parse.quote(password, safe='')
+    url = f'postgresql://{user}:{quoted}@{host}/{db}'
+    assert redact_url(url) == f'postgresql://{user}:{MASK}@{host}/{db}'
+    message = f'cannot open the study storage {url}: authentication failed with password "{password}"'
+    skeleton = message.replace(url, redact_url(url)).replace(f'"{password}"', '')
+    assume(password not in skeleton and quoted not in skeleton)  # (else that other text is hidden too)
+    out = redact(message, [url])
+    assert url not in out and f'postgresql://{user}:{MASK}@{host}/{db}' in out
+    if len(password) >= 4:
+        assert password not in out and quoted not in out
+
+
+@given(password=st.text(max_size=30), value=st.text(st.characters(blacklist_characters='&;#'), max_size=30),
+       name=st.sampled_from(['password', 'PASSWORD', 'passwd', 'pwd', 'secret', 'token', 'sslpassword',
+                             'api_key', 'Api-Key', 'client_secret', 'access_token']))
+def test_secret_query_parameters_of_any_characters_are_replaced(password, value, name):
+    url = f'postgresql://qa:{password}@127.0.0.1:5432/db?sslmode=require&{name}={value}&application_name=x'
+    if any(c in password for c in '?&;'):  # a password that reads as a query: hidden further (never less)
+        out = redact_url(url)
+        assert out.startswith('postgresql://qa:') and MASK in out
+        assert (password not in out or len(password) < 4) and (value not in out or len(value) < 4)
+    else:
+        assert redact_url(url) == f'postgresql://qa:{MASK}@127.0.0.1:5432/db?sslmode=require&{name}={MASK}' \
+                                  f'&application_name=x'
+
+
+@given(password=st.text(min_size=1, max_size=30))
+def test_a_command_line_redacted_argument_by_argument_holds_no_secret(password):
+    url = f'postgresql://qa:{password}@127.0.0.1:5432/db'
+    argv = ['transformer', 'd_model=16,32', '--storage', url, '--study', 'glu']
+    redacted = [redact(a, [url]) for a in argv]
+    assert redacted == ['transformer', 'd_model=16,32', '--storage', 'postgresql://qa:***@127.0.0.1:5432/db',
+                        '--study', 'glu']
+    command = 'lazylab sweep ' + shlex.join(redacted)
+    assert shlex.split(command)[2:] == redacted
+
+
+def test_secrets_lists_both_forms_longest_first():
+    assert secrets('postgresql://qa:a%2Fbcd@h/db?token=t%20u') == ['a%2Fbcd', 'a/bcd', 't%20u', 't u']
+    assert secrets('/a/file.journal') == [] and secrets('postgresql://qa@h/db') == []
+
+
+def test_a_short_secret_is_hidden_in_its_url_but_not_elsewhere():
+    url = 'postgresql://qa:ab@h/db'
+    assert redact(f'storage {url}: bad password for user qa (ab)', [url]) == \
+        'storage postgresql://qa:***@h/db: bad password for user qa (ab)'
+
+
+def test_urls_not_named_are_redacted_too():
+    assert redact('tried postgresql://u:pw@h/db and mysql://v:xx@h2/db?token=zz (no luck)') == \
+        'tried postgresql://u:***@h/db and mysql://v:***@h2/db?token=*** (no luck)'
+
+
+def test_the_module_imports_nothing_of_lazylab_nor_torch():
+    code = ('import sys; import lazylab.redaction; '
+            'print(sorted(m for m in sys.modules if m.startswith(("lazylab.", "torch"))))')
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['lazylab.redaction']"
+
+
+def test_punctuation_after_a_url_in_a_message_stays():
+    url = 'postgresql://qa:pw@h/db?password=xyzw'
+    message = f'cannot open the study storage {redact_url(url)}: connection refused (see {url}).'
+    assert redact(message) == redact(message, [url]) == ('cannot open the study storage postgresql://qa:***@h/db?'
+                                                         'password=***: connection refused (see postgresql://qa:'
+                                                         '***@h/db?password=***).')
