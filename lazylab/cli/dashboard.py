@@ -1,5 +1,6 @@
-"""`lazylab dashboard [--port 5005] [--store DIR] [--host H] [--assets DIR] [--max-body-mb N] [--token T]`: serve
-the labml dashboard (the optional `dashboard` extra; lazylab.dashboard.server)."""
+"""`lazylab dashboard [--port 5005] [--store DIR] [--host H] [--runs-dir runs] [--studies-port N] [--assets DIR]
+[--max-body-mb N] [--token T]`: serve the labml dashboard, and the sweeps' studies with optuna-dashboard (the
+optional `dashboard` extra; lazylab.dashboard.server)."""
 import os
 
 from lazylab.cli.parser import Parser
@@ -9,13 +10,19 @@ from lazylab.dashboard_client import TOKEN_ENV, TOKEN_HEADER
 
 
 def parser() -> Parser:
-    p = Parser('dashboard', description="Serve labml's dashboard app over a local file store.")
+    p = Parser('dashboard', description="Serve labml's dashboard app over a local file store, and the studies of the "
+                                        "sweeps under --runs-dir with optuna-dashboard on the next port.")
     p.add_argument('--port', type=int, default=server.DEFAULT_PORT, help=f'TCP port (default {server.DEFAULT_PORT})')
     p.add_argument('--host', default=server.DEFAULT_HOST,
                    help=f'address to bind (default {server.DEFAULT_HOST}: this machine only; any other address '
                         'prints a warning: without --token the dashboard has no authentication)')
     p.add_argument('--store', default=server.DEFAULT_STORE,
                    help=f'folder holding the dashboard\'s data (default {server.DEFAULT_STORE})')
+    p.add_argument('--runs-dir', default=server.DEFAULT_RUNS_DIR, metavar='DIR',
+                   help=f'serve the studies of the sweeps under DIR (sweep.yaml and study.journal, at any depth; '
+                        f'sweeps started later appear too) with optuna-dashboard (default {server.DEFAULT_RUNS_DIR})')
+    p.add_argument('--studies-port', type=int, default=None, metavar='PORT',
+                   help='TCP port of the studies (default: --port + 1); http://HOST:PORT/api/studies lists them')
     p.add_argument('--assets', default=None,
                    help='folder with the web page\'s CDN files (d3.v6.min.js, bootstrap.min.css, '
                         'fontawesome/css/all.css + fontawesome/webfonts/), for machines without internet')
@@ -36,4 +43,5 @@ def _header_name() -> str:
 
 def run(argv: list[str]) -> None:
     a = parser().parse(argv)
-    server.run(a.store, a.host, a.port, a.assets, max_body_mb=a.max_body_mb, token=a.token)
+    server.run(a.store, a.host, a.port, a.assets, max_body_mb=a.max_body_mb, token=a.token, runs_dir=a.runs_dir,
+               studies_port=a.studies_port)

@@ -5,7 +5,10 @@ The server runs the real labml app (PyPI ``labml-app``) unchanged except for its
 with ``labml-db``'s file drivers (models pickled, one folder per model class; indexes as YAML files). So no MongoDB
 is needed and the whole dashboard state is one folder (``--store``, default ``runs/.dashboard``).
 
-    lazylab dashboard [--port 5005] [--store DIR] [--host 127.0.0.1] [--assets DIR]
+    lazylab dashboard [--port 5005] [--store DIR] [--host 127.0.0.1] [--assets DIR] [--runs-dir runs]
+
+Beside it, on ``--studies-port`` (default the next port), optuna-dashboard serves the studies of the sweeps under
+``--runs-dir`` (:mod:`lazylab.dashboard.studies`).
 
 The command line is read by :mod:`lazylab.cli.dashboard`, which calls :func:`run`.
 """
@@ -26,6 +29,7 @@ from lazylab.errors import DashboardError
 
 DEFAULT_HOST = '127.0.0.1'
 DEFAULT_STORE = os.path.join('runs', '.dashboard')
+DEFAULT_RUNS_DIR = 'runs'  # the sweeps whose studies are served
 INSTALL_HINT = "pip install 'lazylab[dashboard]'"
 # A token travels in a header, a cookie and a URL: these characters need no quoting in any of them.
 _TOKEN_RE = re.compile(r'[A-Za-z0-9._~-]{16,}')
@@ -44,14 +48,17 @@ def require_app() -> None:
     """Import check for the optional ``dashboard`` extra.
 
     Raises:
-        DashboardError: labml-app, labml-db or uvicorn is not installed (the message says what to install).
+        DashboardError: labml-app, labml-db, uvicorn or optuna-dashboard is not installed (the message says what
+            to install).
     """
     try:
         import labml_app  # noqa: F401
         import labml_db  # noqa: F401
+        import optuna_dashboard  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as e:
-        raise DashboardError(f"the dashboard needs labml's app ({e.name} is missing): {INSTALL_HINT}") from None
+        raise DashboardError(f"the dashboard needs labml's app and optuna-dashboard ({e.name} is missing): "
+                             f"{INSTALL_HINT}") from None
 
 
 def install_file_store(store: Path) -> None:
@@ -122,9 +129,14 @@ def create_app(store: Path, host: str, port: int, assets: Optional[Path] = None,
 
 
 def serve(store: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, assets: Optional[Path] = None, *,
-          max_body_bytes: int = DEFAULT_MAX_BODY_MB << 20, token: Optional[str] = None) -> None:
-    """Serve the labml app until SIGINT/SIGTERM (uvicorn handles both and shuts down cleanly)."""
+          max_body_bytes: int = DEFAULT_MAX_BODY_MB << 20, token: Optional[str] = None,
+          runs_dir: Optional[Path] = None, studies_port: Optional[int] = None) -> None:
+    """Serve the labml app until SIGINT/SIGTERM (uvicorn handles both and shuts down cleanly), and with `runs_dir`
+    the studies of the sweeps under it with optuna-dashboard on `studies_port` (:mod:`lazylab.dashboard.studies`;
+    the same host, token and body limit)."""
     import uvicorn
+
+    from lazylab.dashboard.studies import StudiesServer, find_sweeps  # imports optuna: only when serving
     app = create_app(store, host, port, assets, max_body_bytes=max_body_bytes, token=token)
     config = uvicorn.Config(app, host=host, port=port, workers=1, log_level='warning', access_log=False,
                             lifespan='off')
@@ -133,14 +145,28 @@ def serve(store: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, asset
     # make that KeyboardInterrupt for both, so `run` ends normally either way.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     shown_host = f'[{host}]' if ':' in host else host
-    print(f'labml dashboard: http://{shown_host}:{port}  (store: {Path(store).resolve()})', flush=True)
+    url = f'http://{shown_host}:{port}'
+    studies = None
+    if runs_dir is not None:
+        studies = StudiesServer(runs_dir, host, studies_port or port + 1, labml_url=url,
+                                max_body_bytes=max_body_bytes, token=token)
+    print(f'labml dashboard: {url}  (store: {Path(store).resolve()})', flush=True)
+    if studies is not None:
+        found = len(find_sweeps(runs_dir))
+        print(f'studies: {studies.url}  (optuna-dashboard: {found} sweep{"" if found == 1 else "s"} under '
+              f'{runs_dir}; sweeps started later appear too)', flush=True)
     if token is None:
-        print(f'  train with: lazylab train NAME ... dashboard=http://{shown_host}:{port}   (Ctrl-C stops)',
-              flush=True)
+        print(f'  train with: lazylab train NAME ... dashboard={url}   (Ctrl-C stops)', flush=True)
     else:
-        print(f'  open once: http://{shown_host}:{port}/?token=…  (the --token; it sets a cookie); train with '
-              f'{TOKEN_ENV} set and dashboard=http://{shown_host}:{port}   (Ctrl-C stops)', flush=True)
-    server.run()
+        print(f'  open once: {url}/?token=…  (the --token; it sets a cookie); train with {TOKEN_ENV} set and '
+              f'dashboard={url}   (Ctrl-C stops)', flush=True)
+    if studies is not None:
+        studies.start()
+    try:
+        server.run()
+    finally:
+        if studies is not None:
+            studies.stop()
 
 
 def is_loopback(host: str) -> bool:
@@ -165,23 +191,35 @@ def host_warning(host: str, token: Optional[str]) -> Optional[str]:
             f'token can be read on the way by anyone on the network')
 
 
-def check(store: str, host: str, port: int, assets: Optional[str], max_body_mb: int, token: Optional[str]) -> None:
-    """The checks `lazylab dashboard` makes before anything is written or bound.
+def check(store: str, host: str, port: int, assets: Optional[str], max_body_mb: int, token: Optional[str],
+          runs_dir: Optional[str] = None, studies_port: Optional[int] = None) -> None:
+    """The checks `lazylab dashboard` makes before anything is written or bound (`studies_port` and `runs_dir`:
+    those of the studies, when served).
 
     Raises:
-        DashboardError: the ``dashboard`` extra is missing, the port is out of range or in use, `store` is empty or
-            inside a file, `assets` lacks files, `max_body_mb` is below 1, or the token is too short or has other
-            characters; one line each, naming the value (never the token).
+        DashboardError: the ``dashboard`` extra is missing, a port is out of range or in use (or both are the
+            same), `store` is empty or inside a file, `runs_dir` is inside a file, `assets` lacks files,
+            `max_body_mb` is below 1, or the token is too short or has other characters; one line each, naming
+            the value (never the token).
     """
     require_app()
-    if not 0 < port < 65536:
-        raise DashboardError(f'--port must be in 1..65535, got {port}')
+    for flag, value in (('--port', port), ('--studies-port', studies_port)):
+        if value is not None and not 0 < value < 65536:
+            raise DashboardError(f'{flag} must be in 1..65535, got {value}')
+    if studies_port == port:
+        raise DashboardError(f'--studies-port {studies_port} is the labml dashboard\'s --port; choose another')
     existing = next(p for p in (Path(store), *Path(store).parents) if p.exists())  # '.' or '/' at the latest
     if not store or not existing.is_dir():
         raise DashboardError(f'--store {store!r}: ' + (f'{existing} is a file, not a folder' if store
                                                        else 'give a folder'))
-    if not _port_is_free(host, port):
-        raise DashboardError(f'{host}:{port} is already in use; choose another --port')
+    if runs_dir is not None:
+        existing = next(p for p in (Path(runs_dir), *Path(runs_dir).parents) if p.exists())
+        if not runs_dir or not existing.is_dir():
+            raise DashboardError(f'--runs-dir {runs_dir!r}: ' + (f'{existing} is a file, not a folder' if runs_dir
+                                                                 else 'give a folder'))
+    for flag, value in (('--port', port), ('--studies-port', studies_port)):
+        if value is not None and not _port_is_free(host, value):
+            raise DashboardError(f'{host}:{value} is already in use; choose another {flag}')
     if assets is not None and missing_assets(Path(assets)):
         raise DashboardError(f'--assets {assets} lacks {", ".join(missing_assets(Path(assets)))}')
     if max_body_mb < 1:
@@ -193,21 +231,25 @@ def check(store: str, host: str, port: int, assets: Optional[str], max_body_mb: 
 
 
 def run(store: str = DEFAULT_STORE, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-        assets: Optional[str] = None, *, max_body_mb: int = DEFAULT_MAX_BODY_MB, token: Optional[str] = None) -> None:
-    """`lazylab dashboard`: check everything (:func:`check`), then serve until Ctrl-C or SIGTERM.
+        assets: Optional[str] = None, *, max_body_mb: int = DEFAULT_MAX_BODY_MB, token: Optional[str] = None,
+        runs_dir: Optional[str] = DEFAULT_RUNS_DIR, studies_port: Optional[int] = None) -> None:
+    """`lazylab dashboard`: check everything (:func:`check`), then serve until Ctrl-C or SIGTERM: labml's app on
+    `port`, and the studies of the sweeps under `runs_dir` (None: no studies) on `studies_port` (default port + 1).
 
     A `host` that is not a loopback address prints one warning on stderr (:func:`host_warning`).
 
     Raises:
         DashboardError: what :func:`check` raises (one line, naming the value).
     """
-    check(store, host, port, assets, max_body_mb, token)
+    if runs_dir is not None and studies_port is None:
+        studies_port = port + 1
+    check(store, host, port, assets, max_body_mb, token, runs_dir, studies_port)
     warning = host_warning(host, token)
     if warning is not None:
         print(warning, file=sys.stderr, flush=True)
     try:
         serve(Path(store), host, port, None if assets is None else Path(assets), max_body_bytes=max_body_mb << 20,
-              token=token)
+              token=token, runs_dir=None if runs_dir is None else Path(runs_dir), studies_port=studies_port)
     except KeyboardInterrupt:
         pass
     print('labml dashboard stopped', flush=True)

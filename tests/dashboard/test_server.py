@@ -48,7 +48,12 @@ def test_port_out_of_range_is_a_dashboard_error(flags, message):
     (['--store', '{tmp}/notes.txt'], "--store '{tmp}/notes.txt': {tmp}/notes.txt is a file, not a folder"),
     (['--store', '{tmp}/notes.txt/store'], "--store '{tmp}/notes.txt/store': {tmp}/notes.txt is a file, not a folder"),
     (['--store', ''], "--store '': give a folder"),
-], ids=['port-not-a-number', 'store-a-file', 'store-in-a-file', 'store-empty'])
+    (['--runs-dir', '{tmp}/notes.txt'], "--runs-dir '{tmp}/notes.txt': {tmp}/notes.txt is a file, not a folder"),
+    (['--runs-dir', '{tmp}/notes.txt/runs'], "--runs-dir '{tmp}/notes.txt/runs': {tmp}/notes.txt is a file, not a "
+                                             "folder"),
+    (['--studies-port', '70000'], '--studies-port must be in 1..65535, got 70000'),
+], ids=['port-not-a-number', 'store-a-file', 'store-in-a-file', 'store-empty', 'runs-dir-a-file', 'runs-dir-in-a-file',
+        'studies-port-out-of-range'])
 def test_bad_flags_are_one_line_and_write_nothing(tmp_path, capsys, flags, message, ports):
     (tmp_path / 'notes.txt').write_text('not a folder\n')
     flags = [f.format(tmp=tmp_path) for f in flags]
@@ -57,11 +62,26 @@ def test_bad_flags_are_one_line_and_write_nothing(tmp_path, capsys, flags, messa
     assert [p.name for p in tmp_path.iterdir()] == ['notes.txt']
 
 
+def test_the_studies_port_is_checked_like_the_port(capsys, ports):
+    port = ports.free()
+    assert lazylab_dashboard(['--port', str(port), '--studies-port', str(port)]) == 2
+    assert capsys.readouterr().err == (f"lazylab: error: --studies-port {port} is the labml dashboard's --port; "
+                                       f"choose another\n")
+    with socket.socket() as busy:
+        busy.bind(('127.0.0.1', 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        assert lazylab_dashboard(['--port', str(port), '--studies-port', str(taken)]) == 2
+    assert capsys.readouterr().err == (f'lazylab: error: 127.0.0.1:{taken} is already in use; choose another '
+                                       f'--studies-port\n')
+
+
 def test_assets_folder_missing_files_is_a_dashboard_error(tmp_path, ports):
     (tmp_path / 'd3.v6.min.js').write_text('')
     store = tmp_path / 'store'
     with pytest.raises(DashboardError) as e:
-        command.run(['--port', str(ports.free()), '--assets', str(tmp_path), '--store', str(store)])
+        command.run(['--port', str(ports.free()), '--studies-port', str(ports.free()), '--assets', str(tmp_path),
+                     '--store', str(store)])
     assert str(e.value) == (f'--assets {tmp_path} lacks bootstrap.min.css, fontawesome/css/all.css, '
                             'fontawesome/webfonts')
     assert not store.exists()  # nothing written

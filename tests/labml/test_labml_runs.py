@@ -381,7 +381,8 @@ def test_engine_switch_is_one_library_call(tmp_path):
 def test_run_appears_in_dashboard_with_its_configs(tmp_path, ports):
     port = ports.free()
     server = subprocess.Popen([sys.executable, '-m', 'lazylab.cli', 'dashboard', '--port', str(port),
-                               '--store', str(tmp_path / 'store')], cwd=tmp_path, env=_env(),
+                               '--studies-port', str(ports.free()), '--store', str(tmp_path / 'store')],
+                              cwd=tmp_path, env=_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         ports.wait(port, server, 'the dashboard')
