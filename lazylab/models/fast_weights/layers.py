@@ -123,19 +123,34 @@ class FastWeightsAttention(nn.Module):
             self.interpolation_weight = None
 
     def set_kernel(self, kernel: str, chunk_size: Optional[int] = None):
-        """Switch how the update rule is computed (the result is the same up to float rounding)."""
+        """Switch how the update rule is computed (the result is the same up to float rounding).
+
+        Args:
+            kernel: 'chunked' (training), 'loop' (the token-by-token reference) or 'step' (generation).
+            chunk_size: tokens per chunk of the chunked kernel (None: keep the current one).
+
+        Raises:
+            ValueError: an unknown kernel, or a chunk size below 1.
+        """
         chunk_size = self.chunk_size if chunk_size is None else chunk_size
         check_kernel(kernel, chunk_size)
         self.kernel, self.chunk_size = kernel, chunk_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [seq_len, batch_size, d_model] → [seq_len, batch_size, d_model], starting from zero fast weights."""
+        """The attention's output, starting from zero fast weights.
+
+        Args:
+            x: [seq_len, batch_size, d_model] → [seq_len, batch_size, d_model].
+        """
         return self.forward_with_state(x)[0]
 
     def forward_with_state(self, x: torch.Tensor, state: Optional[torch.Tensor] = None
                            ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Continue from fast weights `state` ([batch_size, heads, d_k, d_dot], or d_k + 1 rows with attention
-        normalisation; None = zeros).
+        """Continue from fast weights `state`.
+
+        Args:
+            x: [seq_len, batch_size, d_model].
+            state: [batch_size, heads, d_k, d_dot] (d_k + 1 rows with attention normalisation); None = zeros.
 
         Returns the output [seq_len, batch_size, d_model] and the fast weights after the last token (float32
         under autocast).
@@ -203,12 +218,22 @@ class FastWeightsAttentionTransformerLayer(PreNormLayer):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer's output from zero fast weights.
+
+        Args:
+            x: [seq_len, batch_size, d_model] → [seq_len, batch_size, d_model].
+        """
         return self._add_attention_and_ffn(x, self.attn(x))
 
     def forward_with_state(self, x: torch.Tensor, state: Optional[torch.Tensor] = None
                            ) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` continuing from the fast weights `state`; returns (output, new state). Calls the attention's
-        `forward_with_state` directly, so forward hooks of `attn` itself do not run here."""
+        `forward_with_state` directly, so forward hooks of `attn` itself do not run here.
+
+        Args:
+            x: [seq_len, batch_size, d_model].
+            state: the attention's fast weights (see `FastWeightsAttention.forward_with_state`); None = zeros.
+        """
         if one_token_inference(x):
             step = self.step_function()
             if step is not None:
@@ -257,11 +282,24 @@ class FastWeightsAttentionTransformer(nn.Module):
         self.norm = nn.LayerNorm([layer.size])
 
     def set_kernel(self, kernel: str, chunk_size: Optional[int] = None):
-        """Use `kernel` ('chunked', 'loop' or 'step') in every layer's attention."""
+        """Use `kernel` in every layer's attention.
+
+        Args:
+            kernel: 'chunked', 'loop' or 'step' (see `FastWeightsAttention.set_kernel`).
+            chunk_size: tokens per chunk (None: keep each layer's).
+
+        Raises:
+            ValueError: an unknown kernel, or a chunk size below 1.
+        """
         for layer in self.layers:
             layer.attn.set_kernel(kernel, chunk_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The layers, then the final LayerNorm, from zero fast weights.
+
+        Args:
+            x: [seq_len, batch_size, d_model] → [seq_len, batch_size, d_model].
+        """
         for layer in self.layers:
             x = layer(x)
         return self.norm(x)
@@ -269,6 +307,10 @@ class FastWeightsAttentionTransformer(nn.Module):
     def forward_with_state(self, x: torch.Tensor, state: Optional[list[torch.Tensor]] = None
                            ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Continue from the per-layer fast weights `state`; returns (output, new per-layer fast weights).
+
+        Args:
+            x: [seq_len, batch_size, d_model].
+            state: one fast-weight tensor per layer (see `FastWeightsAttention.forward_with_state`); None = zeros.
 
         Calling this on consecutive chunks of a sequence, carrying the state, gives the outputs of one call on
         the whole sequence (the incremental-state protocol of `lazylab.models.autoregressive`). When training on
