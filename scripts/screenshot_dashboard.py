@@ -96,8 +96,9 @@ def main() -> int:
             raise SystemExit(f'screenshot_dashboard: {assets} lacks {", ".join(missing_assets(assets))}')
         port = free_port()
         url = f'http://127.0.0.1:{port}'
-        server = subprocess.Popen([sys.executable, '-m', 'lazylab.dashboard', '--port', str(port),
-                                   '--store', str(tmp / 'store'), '--assets', str(assets)], cwd=REPO)
+        server = subprocess.Popen([sys.executable, '-m', 'lazylab', 'dashboard', '--port', str(port),
+                                   '--studies-port', str(free_port()), '--store', str(tmp / 'store'),
+                                   '--assets', str(assets)], cwd=REPO)
         try:
             wait_for_port(port, server)
             # A small model on Tiny Shakespeare: a real loss curve in a minute or two on a laptop CPU.

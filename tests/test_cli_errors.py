@@ -234,6 +234,10 @@ def test_resume_and_generate_of_a_labml_run_say_what_it_is(tmp_path, cli_error):
               f'generate take runs of lazylab train'
     assert cli_error(['resume', str(run)]) == message
     assert cli_error(['generate', str(run), '--prompt', 'a', '--tokens', '3']) == message
+    # as `lazylab labml` writes run.json now: `experiment` and `source` of kind labml
+    (run / 'run.json').write_text('{"experiment": "experiment", "source": {"kind": "labml", "module": '
+                                  '"labml_nn.transformers.feedback.experiment"}, "steps": 2}')
+    assert cli_error(['resume', str(run)]) == message
 
 
 def test_nan_loss_stops_with_exit_2_naming_the_step(tmp_path, cli_error):

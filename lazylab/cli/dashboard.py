@@ -1,11 +1,47 @@
-"""`lazylab dashboard [--port 5005] [--store DIR] [--host H]`: serve the labml dashboard (the optional extra)."""
+"""`lazylab dashboard [--port 5005] [--store DIR] [--host H] [--runs-dir runs] [--studies-port N] [--assets DIR]
+[--max-body-mb N] [--token T]`: serve the labml dashboard, and the sweeps' studies with optuna-dashboard (the
+optional `dashboard` extra; lazylab.dashboard.server)."""
+import os
+
+from lazylab.cli.parser import Parser
+from lazylab.dashboard import server
+from lazylab.dashboard.guard import DEFAULT_MAX_BODY_MB, TOKEN_COOKIE
+from lazylab.dashboard_client import TOKEN_ENV, TOKEN_HEADER
 
 
-def parser():
-    from lazylab.dashboard.server import _parser
-    return _parser()
+def parser() -> Parser:
+    p = Parser('dashboard', description="Serve labml's dashboard app over a local file store, and the studies of the "
+                                        "sweeps under --runs-dir with optuna-dashboard on the next port.")
+    p.add_argument('--port', type=int, default=server.DEFAULT_PORT, help=f'TCP port (default {server.DEFAULT_PORT})')
+    p.add_argument('--host', default=server.DEFAULT_HOST,
+                   help=f'address to bind (default {server.DEFAULT_HOST}: this machine only; any other address '
+                        'prints a warning: without --token the dashboard has no authentication)')
+    p.add_argument('--store', default=server.DEFAULT_STORE,
+                   help=f'folder holding the dashboard\'s data (default {server.DEFAULT_STORE})')
+    p.add_argument('--runs-dir', default=server.DEFAULT_RUNS_DIR, metavar='DIR',
+                   help=f'serve the studies of the sweeps under DIR (sweep.yaml and study.journal, at any depth; '
+                        f'sweeps started later appear too) with optuna-dashboard (default {server.DEFAULT_RUNS_DIR})')
+    p.add_argument('--studies-port', type=int, default=None, metavar='PORT',
+                   help='TCP port of the studies (default: --port + 1); http://HOST:PORT/api/studies lists them')
+    p.add_argument('--assets', default=None,
+                   help='folder with the web page\'s CDN files (d3.v6.min.js, bootstrap.min.css, '
+                        'fontawesome/css/all.css + fontawesome/webfonts/), for machines without internet')
+    p.add_argument('--max-body-mb', type=int, default=DEFAULT_MAX_BODY_MB, metavar='MB',
+                   help=f'largest request body accepted, in MB of 2^20 bytes (default {DEFAULT_MAX_BODY_MB}); '
+                        'a larger one is answered 413 and never held in memory')
+    p.add_argument('--token', default=os.environ.get(TOKEN_ENV) or None,
+                   help=f'a secret every request must carry (default: ${TOKEN_ENV}; none: no check): '
+                        f'at least 16 letters, digits or - _ . ~. A browser opens the page once as '
+                        f'http://HOST:PORT/?token=TOKEN, which sets a cookie ({TOKEN_COOKIE}); other clients '
+                        f'send the header {_header_name()}: TOKEN; `lazylab train` sends ${TOKEN_ENV}')
+    return p
+
+
+def _header_name() -> str:
+    return '-'.join(part.capitalize() for part in TOKEN_HEADER.split('-'))  # x-lazylab-token → X-Lazylab-Token
 
 
 def run(argv: list[str]) -> None:
-    from lazylab.dashboard import run as serve  # its own optional dependencies, loaded only when asked
-    serve(argv)
+    a = parser().parse(argv)
+    server.run(a.store, a.host, a.port, a.assets, max_body_mb=a.max_body_mb, token=a.token, runs_dir=a.runs_dir,
+               studies_port=a.studies_port)

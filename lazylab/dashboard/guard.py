@@ -23,9 +23,9 @@ from http.cookies import CookieError, SimpleCookie
 from typing import Optional
 from urllib.parse import parse_qsl, urlencode
 
+from lazylab.dashboard_client import TOKEN_HEADER
+
 DEFAULT_MAX_BODY_MB = 16
-TOKEN_ENV = 'LAZYLAB_DASHBOARD_TOKEN'  # the server's default --token, and what `lazylab train` sends
-TOKEN_HEADER = 'x-lazylab-token'
 TOKEN_COOKIE = 'lazylab_token'
 TOKEN_QUERY = 'token'
 
@@ -63,6 +63,40 @@ def _is_json_syntax_error(e: BaseException) -> bool:
     return False
 
 
+#: token_answer's answers
+OK, REDIRECT, REFUSE = 'ok', 'redirect', 'refuse'
+NEEDS_TOKEN = 'this dashboard needs its token: open it once as /?token=TOKEN, or send the header X-Lazylab-Token'
+
+
+def token_answer(token: bytes, header: Optional[bytes], cookie_header: str, query: list[tuple[str, str]]) -> str:
+    """Whether a request carries `token`: in the header (``X-Lazylab-Token``'s value), in the cookie header's
+    ``lazylab_token``, or in the address (``token=``) — OK, REDIRECT (only in the address: a GET is answered by a
+    redirect that sets the cookie, :func:`redirect_with_cookie`) or REFUSE. Compared in constant time."""
+    def matches(given: Optional[bytes]) -> bool:
+        return given is not None and hmac.compare_digest(given, token)
+
+    if matches(header):
+        return OK
+    cookie = SimpleCookie()
+    try:
+        cookie.load(cookie_header)
+    except CookieError:  # a cookie header that is not one: as if there were none
+        cookie = SimpleCookie()
+    if TOKEN_COOKIE in cookie and matches(cookie[TOKEN_COOKIE].value.encode('utf-8')):
+        return OK
+    given = [v for k, v in query if k == TOKEN_QUERY]
+    return REDIRECT if given and matches(given[0].encode('utf-8')) else REFUSE
+
+
+def redirect_with_cookie(token: bytes, raw_path: str, query: list[tuple[str, str]]) -> tuple[str, str]:
+    """(Location, Set-Cookie) of the 303 to the same page without ``token=`` in its address (nor in the browser's
+    history), setting the cookie that later requests carry."""
+    # One leading slash: '//host/…' (or '/\\host/…', to some browsers) would send the browser to another host.
+    rest = [(k, v) for k, v in query if k != TOKEN_QUERY]
+    location = '/' + raw_path.lstrip('/\\') + ('?' + urlencode(rest) if rest else '')
+    return location, f'{TOKEN_COOKIE}={token.decode()}; Path=/; HttpOnly; SameSite=Strict'
+
+
 class RequestGuard:
     """ASGI middleware: token, body limit and error answers for labml's app (see the module docstring).
 
@@ -96,41 +130,21 @@ class RequestGuard:
     async def _authorized(self, scope, send) -> bool:
         """True when the request carries the token; else answers it (401, or the cookie-setting redirect)."""
         headers = dict(scope['headers'])  # names are lower-case bytes in ASGI
-        if self._matches(headers.get(TOKEN_HEADER.encode())):
-            return True
-        cookie = SimpleCookie()
-        try:
-            cookie.load(headers.get(b'cookie', b'').decode('latin-1'))
-        except CookieError:  # a cookie header that is not one: as if there were none
-            cookie = SimpleCookie()
-        if TOKEN_COOKIE in cookie and self._matches(cookie[TOKEN_COOKIE].value.encode('utf-8')):
-            return True
         query = parse_qsl(scope.get('query_string', b'').decode('latin-1'), keep_blank_values=True)
-        given = [v for k, v in query if k == TOKEN_QUERY]
-        if given and self._matches(given[0].encode('utf-8')):
-            if scope['type'] != 'http' or scope['method'] != 'GET':
-                return True  # nothing to redirect: the token in the address is enough for this request
-            await self._redirect_with_cookie(scope, send, [(k, v) for k, v in query if k != TOKEN_QUERY])
-            return False
-        if scope['type'] == 'websocket':
+        answer = token_answer(self.token, headers.get(TOKEN_HEADER.encode()),
+                              headers.get(b'cookie', b'').decode('latin-1'), query)
+        if answer == OK or (answer == REDIRECT and (scope['type'] != 'http' or scope['method'] != 'GET')):
+            return True  # (a token in the address of a request there is no redirecting: enough for this request)
+        if answer == REDIRECT:
+            path = scope.get('raw_path', scope['path'].encode()).decode('latin-1')
+            location, cookie = redirect_with_cookie(self.token, path, query)
+            await _send_answer(send, 303, [(b'location', location.encode('latin-1')),
+                                           (b'set-cookie', cookie.encode('latin-1')), (b'content-length', b'0')], b'')
+        elif scope['type'] == 'websocket':
             await send({'type': 'websocket.close', 'code': 1008})
         else:
-            await _send_answer(send, *_json_error(401, 'this dashboard needs its token: open it once as '
-                                                       '/?token=TOKEN, or send the header X-Lazylab-Token'))
+            await _send_answer(send, *_json_error(401, NEEDS_TOKEN))
         return False
-
-    def _matches(self, given: Optional[bytes]) -> bool:
-        return given is not None and hmac.compare_digest(given, self.token)
-
-    async def _redirect_with_cookie(self, scope, send, rest: list) -> None:
-        """303 to the same page without ``token=`` in its address (nor in the browser's history), setting the
-        cookie that later requests carry."""
-        # One leading slash: '//host/…' (or '/\\host/…', to some browsers) would send the browser to another host.
-        path = '/' + scope.get('raw_path', scope['path'].encode()).decode('latin-1').lstrip('/\\')
-        location = path + ('?' + urlencode(rest) if rest else '')
-        cookie = f'{TOKEN_COOKIE}={self.token.decode()}; Path=/; HttpOnly; SameSite=Strict'
-        await _send_answer(send, 303, [(b'location', location.encode('latin-1')),
-                                       (b'set-cookie', cookie.encode('latin-1')), (b'content-length', b'0')], b'')
 
     async def _guarded(self, scope, receive, send):
         length = dict(scope['headers']).get(b'content-length')
@@ -188,3 +202,44 @@ class RequestGuard:
             text += ''.join(traceback.format_exception(type(e), e, e.__traceback__, chain=False))
         out.write(text)
         out.flush()
+
+
+class WsgiGuard:
+    """:class:`RequestGuard`'s token and body limit for a WSGI app (optuna-dashboard's server: the studies).
+
+    Args:
+        app: the WSGI app to guard.
+        max_body_bytes: the largest request body accepted (by its Content-Length), in bytes.
+        token: the secret every request must carry (as for RequestGuard); None: no check.
+    """
+
+    def __init__(self, app, max_body_bytes: int = DEFAULT_MAX_BODY_MB << 20, token: Optional[str] = None):
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.token = None if token is None else token.encode('utf-8')
+
+    def __call__(self, environ, start_response):
+        if self.token is not None:
+            query = parse_qsl(environ.get('QUERY_STRING', ''), keep_blank_values=True)
+            header = environ.get('HTTP_' + TOKEN_HEADER.upper().replace('-', '_'))
+            answer = token_answer(self.token, None if header is None else header.encode('latin-1'),
+                                  environ.get('HTTP_COOKIE', ''), query)
+            if answer == REDIRECT and environ.get('REQUEST_METHOD') == 'GET':
+                location, cookie = redirect_with_cookie(self.token, environ.get('PATH_INFO', ''), query)
+                start_response('303 See Other', [('Location', location), ('Set-Cookie', cookie),
+                                                 ('Content-Length', '0')])
+                return [b'']
+            if answer == REFUSE:
+                return self._answer(start_response, 401, 'Unauthorized', NEEDS_TOKEN)
+        length = environ.get('CONTENT_LENGTH') or '0'
+        if length.isdigit() and int(length) > self.max_body_bytes:
+            return self._answer(start_response, 413, 'Content Too Large',
+                                f'request body over the limit of {self.max_body_bytes:,} bytes '
+                                f'(lazylab dashboard --max-body-mb)')
+        return self.app(environ, start_response)
+
+    @staticmethod
+    def _answer(start_response, status: int, reason: str, message: str) -> list[bytes]:
+        _, headers, body = _json_error(status, message)
+        start_response(f'{status} {reason}', [(k.decode(), v.decode()) for k, v in headers])
+        return [body]

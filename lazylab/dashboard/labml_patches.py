@@ -1,16 +1,15 @@
-"""Every change lazylab makes to labml's and labml_app's internals, in one place.
+"""Every change lazylab makes to labml_app's internals, in one place: the dashboard's one place for labml_app.
 
-The dashboard runs labml's own app and labml's own client; five things of theirs are replaced, each by one
-function below. They rely on internals of **labml-app 0.5.14** (pinned by the ``dashboard`` extra) and **labml
-0.5.3** (the version the tests run); ``tests/dashboard/test_labml_patches.py`` checks that each target still has
-the shape relied on, so an upgrade that moves one fails there with the target's name.
+The dashboard runs labml's own app; three things of it are replaced, each by one function below. They rely on
+internals of **labml-app 0.5.14** (pinned by the ``dashboard`` extra); ``tests/dashboard/test_labml_patches.py``
+checks that each target still has the shape relied on, so an upgrade that moves one fails there with the target's
+name. The changes to labml's own (client) internals — daemon upload threads, no web browser — are in
+:mod:`lazylab.labml_internals`, the one module of lazylab that reaches into labml's private API.
 
     patch_app_database(store)          labml_app.db.init_mongo_db                   → labml-db file drivers
     patch_app_static_route(app, ...)   labml_app.flask_app's route GET /{file_path:path} → no file outside the web
                                        folder; STATIC_PATH → a folder of our making (--assets)
     patch_app_guard(app, ...)          labml_app.flask_app's error_handling_middleware → guard.RequestGuard
-    patch_client_upload_thread(sink)   labml.internal.app.AppTracker                → daemon upload threads
-    patch_client_browser()             labml.internal.app.experiment.AppUrlResponseHandler → never opens a browser
 """
 import os
 from collections.abc import Sequence
@@ -139,44 +138,3 @@ def patch_app_guard(app, **guard_options) -> None:
         raise RuntimeError('labml_app has no error_handling_middleware to replace; is labml-app 0.5.14?')
     app.user_middleware.remove(found[0])
     app.add_middleware(RequestGuard, **guard_options)  # the outermost of the app's middlewares
-
-
-def patch_client_upload_thread(sink: list) -> None:
-    """Make labml's upload threads daemons, and append each one to `sink` when it starts.
-
-    labml retries a failed upload forever (sleeping 10 s, 20 s, …) on a non-daemon thread, so a dashboard that goes
-    away mid-run would keep a finished training process alive; as daemons they cannot, and the caller waits for the
-    threads in `sink` at exit for a bounded time instead.
-
-    Relies on labml 0.5.3: an experiment with the ``app`` writer looks ``AppTracker`` up in
-    ``labml.internal.app`` when the run starts, constructs it with ``(app_track_url, params, *, timeout_seconds,
-    daemon)``, and ``AppTracker._check()`` creates its ``_AppTrackThread`` in ``self.thread`` on first use.
-    """
-    import labml.internal.app as labml_client
-
-    class DaemonAppTracker(labml_client.AppTracker):
-        def __init__(self, app_track_url, params, *, timeout_seconds=15, daemon=True):
-            super().__init__(app_track_url, params, timeout_seconds=timeout_seconds, daemon=True)
-
-        def _check(self) -> bool:
-            ok = super()._check()
-            if self.thread is not None and self.thread not in sink:
-                sink.append(self.thread)
-            return ok
-
-    labml_client.AppTracker = DaemonAppTracker
-
-
-def patch_client_browser() -> None:
-    """Stop labml from opening a web browser on the run's page; it still prints the page's URL.
-
-    Relies on labml 0.5.3: ``labml.internal.app.experiment`` imports ``AppUrlResponseHandler`` into its own
-    namespace and constructs it there as ``AppUrlResponseHandler(open_browser, label)`` when a run starts.
-    """
-    import labml.internal.app.experiment as labml_client_experiment
-
-    class PrintOnlyUrlHandler(labml_client_experiment.AppUrlResponseHandler):
-        def __init__(self, open_browser: bool, label: str):
-            super().__init__(False, label)
-
-    labml_client_experiment.AppUrlResponseHandler = PrintOnlyUrlHandler

@@ -5,9 +5,13 @@ The server runs the real labml app (PyPI ``labml-app``) unchanged except for its
 with ``labml-db``'s file drivers (models pickled, one folder per model class; indexes as YAML files). So no MongoDB
 is needed and the whole dashboard state is one folder (``--store``, default ``runs/.dashboard``).
 
-    lazylab dashboard [--port 5005] [--store DIR] [--host 127.0.0.1] [--assets DIR]
+    lazylab dashboard [--port 5005] [--store DIR] [--host 127.0.0.1] [--assets DIR] [--runs-dir runs]
+
+Beside it, on ``--studies-port`` (default the next port), optuna-dashboard serves the studies of the sweeps under
+``--runs-dir`` (:mod:`lazylab.dashboard.studies`).
+
+The command line is read by :mod:`lazylab.cli.dashboard`, which calls :func:`run`.
 """
-import argparse
 import ipaddress
 import os
 import re
@@ -19,12 +23,13 @@ from pathlib import Path
 from typing import Optional
 
 from lazylab.dashboard import labml_patches
-from lazylab.dashboard.guard import DEFAULT_MAX_BODY_MB, TOKEN_COOKIE, TOKEN_ENV, TOKEN_HEADER
+from lazylab.dashboard.guard import DEFAULT_MAX_BODY_MB
+from lazylab.dashboard_client import DEFAULT_PORT, TOKEN_ENV
 from lazylab.errors import DashboardError
 
-DEFAULT_PORT = 5005
 DEFAULT_HOST = '127.0.0.1'
 DEFAULT_STORE = os.path.join('runs', '.dashboard')
+DEFAULT_RUNS_DIR = 'runs'  # the sweeps whose studies are served
 INSTALL_HINT = "pip install 'lazylab[dashboard]'"
 # A token travels in a header, a cookie and a URL: these characters need no quoting in any of them.
 _TOKEN_RE = re.compile(r'[A-Za-z0-9._~-]{16,}')
@@ -43,14 +48,17 @@ def require_app() -> None:
     """Import check for the optional ``dashboard`` extra.
 
     Raises:
-        DashboardError: labml-app, labml-db or uvicorn is not installed (the message says what to install).
+        DashboardError: labml-app, labml-db, uvicorn or optuna-dashboard is not installed (the message says what
+            to install).
     """
     try:
         import labml_app  # noqa: F401
         import labml_db  # noqa: F401
+        import optuna_dashboard  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as e:
-        raise DashboardError(f"the dashboard needs labml's app ({e.name} is missing): {INSTALL_HINT}") from None
+        raise DashboardError(f"the dashboard needs labml's app and optuna-dashboard ({e.name} is missing): "
+                             f"{INSTALL_HINT}") from None
 
 
 def install_file_store(store: Path) -> None:
@@ -121,9 +129,14 @@ def create_app(store: Path, host: str, port: int, assets: Optional[Path] = None,
 
 
 def serve(store: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, assets: Optional[Path] = None, *,
-          max_body_bytes: int = DEFAULT_MAX_BODY_MB << 20, token: Optional[str] = None) -> None:
-    """Serve the labml app until SIGINT/SIGTERM (uvicorn handles both and shuts down cleanly)."""
+          max_body_bytes: int = DEFAULT_MAX_BODY_MB << 20, token: Optional[str] = None,
+          runs_dir: Optional[Path] = None, studies_port: Optional[int] = None) -> None:
+    """Serve the labml app until SIGINT/SIGTERM (uvicorn handles both and shuts down cleanly), and with `runs_dir`
+    the studies of the sweeps under it with optuna-dashboard on `studies_port` (:mod:`lazylab.dashboard.studies`;
+    the same host, token and body limit)."""
     import uvicorn
+
+    from lazylab.dashboard.studies import StudiesServer, find_sweeps  # imports optuna: only when serving
     app = create_app(store, host, port, assets, max_body_bytes=max_body_bytes, token=token)
     config = uvicorn.Config(app, host=host, port=port, workers=1, log_level='warning', access_log=False,
                             lifespan='off')
@@ -132,14 +145,28 @@ def serve(store: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, asset
     # make that KeyboardInterrupt for both, so `run` ends normally either way.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     shown_host = f'[{host}]' if ':' in host else host
-    print(f'labml dashboard: http://{shown_host}:{port}  (store: {Path(store).resolve()})', flush=True)
+    url = f'http://{shown_host}:{port}'
+    studies = None
+    if runs_dir is not None:
+        studies = StudiesServer(runs_dir, host, studies_port or port + 1, labml_url=url,
+                                max_body_bytes=max_body_bytes, token=token)
+    print(f'labml dashboard: {url}  (store: {Path(store).resolve()})', flush=True)
+    if studies is not None:
+        found = len(find_sweeps(runs_dir))
+        print(f'studies: {studies.url}  (optuna-dashboard: {found} sweep{"" if found == 1 else "s"} under '
+              f'{runs_dir}; sweeps started later appear too)', flush=True)
     if token is None:
-        print(f'  train with: lazylab train NAME ... dashboard=http://{shown_host}:{port}   (Ctrl-C stops)',
-              flush=True)
+        print(f'  train with: lazylab train NAME ... dashboard={url}   (Ctrl-C stops)', flush=True)
     else:
-        print(f'  open once: http://{shown_host}:{port}/?token=…  (the --token; it sets a cookie); train with '
-              f'{TOKEN_ENV} set and dashboard=http://{shown_host}:{port}   (Ctrl-C stops)', flush=True)
-    server.run()
+        print(f'  open once: {url}/?token=…  (the --token; it sets a cookie); train with {TOKEN_ENV} set and '
+              f'dashboard={url}   (Ctrl-C stops)', flush=True)
+    if studies is not None:
+        studies.start()
+    try:
+        server.run()
+    finally:
+        if studies is not None:
+            studies.stop()
 
 
 def is_loopback(host: str) -> bool:
@@ -164,86 +191,68 @@ def host_warning(host: str, token: Optional[str]) -> Optional[str]:
             f'token can be read on the way by anyone on the network')
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse whose mistakes are one-line DashboardErrors (the command line's `lazylab: error: …`)."""
-
-    def error(self, message):
-        raise DashboardError(f'{self.prog}: {message}')
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog='lazylab dashboard', description="Serve labml's dashboard app over a local file store.")
-    parser.add_argument('--port', type=int, default=DEFAULT_PORT, help=f'TCP port (default {DEFAULT_PORT})')
-    parser.add_argument('--host', default=DEFAULT_HOST,
-                        help=f'address to bind (default {DEFAULT_HOST}: this machine only; any other address '
-                             'prints a warning: without --token the dashboard has no authentication)')
-    parser.add_argument('--store', default=DEFAULT_STORE,
-                        help=f'folder holding the dashboard\'s data (default {DEFAULT_STORE})')
-    parser.add_argument('--assets', default=None,
-                        help='folder with the web page\'s CDN files (d3.v6.min.js, bootstrap.min.css, '
-                             'fontawesome/css/all.css + fontawesome/webfonts/), for machines without internet')
-    parser.add_argument('--max-body-mb', type=int, default=DEFAULT_MAX_BODY_MB, metavar='MB',
-                        help=f'largest request body accepted, in MB of 2^20 bytes (default {DEFAULT_MAX_BODY_MB}); '
-                             'a larger one is answered 413 and never held in memory')
-    parser.add_argument('--token', default=os.environ.get(TOKEN_ENV) or None,
-                        help=f'a secret every request must carry (default: ${TOKEN_ENV}; none: no check): '
-                             f'at least 16 letters, digits or - _ . ~. A browser opens the page once as '
-                             f'http://HOST:PORT/?token=TOKEN, which sets a cookie ({TOKEN_COOKIE}); other clients '
-                             f'send the header {_header_name()}: TOKEN; `lazylab train` sends ${TOKEN_ENV}')
-    return parser
-
-
-def _header_name() -> str:
-    return '-'.join(part.capitalize() for part in TOKEN_HEADER.split('-'))  # x-lazylab-token → X-Lazylab-Token
-
-
-def run(argv: Optional[list[str]] = None) -> None:
-    """`lazylab dashboard [--port 5005] [--store DIR] [--host 127.0.0.1] [--assets DIR] [--max-body-mb 16]
-    [--token TOKEN]`: serve until Ctrl-C.
-
-    Everything is checked before anything is written or bound; a `--host` that is not a loopback address prints
-    one warning on stderr (:func:`host_warning`).
+def check(store: str, host: str, port: int, assets: Optional[str], max_body_mb: int, token: Optional[str],
+          runs_dir: Optional[str] = None, studies_port: Optional[int] = None) -> None:
+    """The checks `lazylab dashboard` makes before anything is written or bound (`studies_port` and `runs_dir`:
+    those of the studies, when served).
 
     Raises:
-        DashboardError: a malformed flag, the ``dashboard`` extra is missing, the port is out of range or in use,
-            `--store` is inside a file, `--assets` lacks files, `--max-body-mb` is below 1, or the token is too
-            short or has other characters; one line each, naming the value.
+        DashboardError: the ``dashboard`` extra is missing, a port is out of range or in use (or both are the
+            same), `store` is empty or inside a file, `runs_dir` is inside a file, `assets` lacks files,
+            `max_body_mb` is below 1, or the token is too short or has other characters; one line each, naming
+            the value (never the token).
     """
-    args = _parser().parse_args(argv)
     require_app()
-    if not 0 < args.port < 65536:
-        raise DashboardError(f'--port must be in 1..65535, got {args.port}')
-    store = Path(args.store)
-    existing = next(p for p in (store, *store.parents) if p.exists())  # '.' or '/' at the latest
-    if not args.store or not existing.is_dir():
-        raise DashboardError(f'--store {args.store!r}: ' + (f'{existing} is a file, not a folder' if args.store
-                                                            else 'give a folder'))
-    if not _port_is_free(args.host, args.port):
-        raise DashboardError(f'{args.host}:{args.port} is already in use; choose another --port')
-    if args.assets is not None and missing_assets(Path(args.assets)):
-        raise DashboardError(f'--assets {args.assets} lacks {", ".join(missing_assets(Path(args.assets)))}')
-    if args.max_body_mb < 1:
-        raise DashboardError(f'--max-body-mb must be at least 1, got {args.max_body_mb}')
-    if args.token is not None and not _TOKEN_RE.fullmatch(args.token):
+    for flag, value in (('--port', port), ('--studies-port', studies_port)):
+        if value is not None and not 0 < value < 65536:
+            raise DashboardError(f'{flag} must be in 1..65535, got {value}')
+    if studies_port == port:
+        raise DashboardError(f'--studies-port {studies_port} is the labml dashboard\'s --port; choose another')
+    existing = next(p for p in (Path(store), *Path(store).parents) if p.exists())  # '.' or '/' at the latest
+    if not store or not existing.is_dir():
+        raise DashboardError(f'--store {store!r}: ' + (f'{existing} is a file, not a folder' if store
+                                                       else 'give a folder'))
+    if runs_dir is not None:
+        existing = next(p for p in (Path(runs_dir), *Path(runs_dir).parents) if p.exists())
+        if not runs_dir or not existing.is_dir():
+            raise DashboardError(f'--runs-dir {runs_dir!r}: ' + (f'{existing} is a file, not a folder' if runs_dir
+                                                                 else 'give a folder'))
+    for flag, value in (('--port', port), ('--studies-port', studies_port)):
+        if value is not None and not _port_is_free(host, value):
+            raise DashboardError(f'{host}:{value} is already in use; choose another {flag}')
+    if assets is not None and missing_assets(Path(assets)):
+        raise DashboardError(f'--assets {assets} lacks {", ".join(missing_assets(Path(assets)))}')
+    if max_body_mb < 1:
+        raise DashboardError(f'--max-body-mb must be at least 1, got {max_body_mb}')
+    if token is not None and not _TOKEN_RE.fullmatch(token):
         # the token itself is not shown: it is a secret
         raise DashboardError(f'--token (or ${TOKEN_ENV}): use at least 16 letters, digits or - _ . ~ '
                              f'(e.g. python -c "import secrets; print(secrets.token_urlsafe())")')
-    warning = host_warning(args.host, args.token)
+
+
+def run(store: str = DEFAULT_STORE, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+        assets: Optional[str] = None, *, max_body_mb: int = DEFAULT_MAX_BODY_MB, token: Optional[str] = None,
+        runs_dir: Optional[str] = DEFAULT_RUNS_DIR, studies_port: Optional[int] = None) -> None:
+    """`lazylab dashboard`: check everything (:func:`check`), then serve until Ctrl-C or SIGTERM: labml's app on
+    `port`, and the studies of the sweeps under `runs_dir` (None: no studies) on `studies_port` (default port + 1).
+
+    A `host` that is not a loopback address prints one warning on stderr (:func:`host_warning`).
+
+    Raises:
+        DashboardError: what :func:`check` raises (one line, naming the value).
+    """
+    if runs_dir is not None and studies_port is None:
+        studies_port = port + 1
+    check(store, host, port, assets, max_body_mb, token, runs_dir, studies_port)
+    warning = host_warning(host, token)
     if warning is not None:
         print(warning, file=sys.stderr, flush=True)
     try:
-        serve(Path(args.store), args.host, args.port, None if args.assets is None else Path(args.assets),
-              max_body_bytes=args.max_body_mb << 20, token=args.token)
+        serve(Path(store), host, port, None if assets is None else Path(assets), max_body_bytes=max_body_mb << 20,
+              token=token, runs_dir=None if runs_dir is None else Path(runs_dir), studies_port=studies_port)
     except KeyboardInterrupt:
         pass
     print('labml dashboard stopped', flush=True)
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """:func:`run`, returning the exit code: 0, or 2 after printing a DashboardError as `lazylab: error: …`
-    (through the CLI's one error path, `lazylab.errors.run_cli`)."""
-    from lazylab.errors import run_cli
-    return run_cli(run, argv)
 
 
 def _port_is_free(host: str, port: int) -> bool:

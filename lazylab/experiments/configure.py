@@ -23,6 +23,7 @@ import torch
 import yaml
 
 from lazylab.configs import apply_overrides, describe, inspect, label_given, load, parse_overrides, suggestion
+from lazylab.dashboard_client import track_url
 from lazylab.errors import UsageError
 from lazylab.experiments.discovery import BUILTIN, Experiment, find_experiment, load_experiment
 from lazylab.experiments.memory import check_memory
@@ -300,8 +301,6 @@ def check_values(conf) -> None:
         raise UsageError(f'{given} needs {missing} too: the warm-up starts at seq_len_start and reaches seq_len '
                          f'after seq_len_warmup steps')
     if conf.dashboard:
-        # the dashboard room owns its URL rules; imported only when a run asks for a dashboard (start-up time)
-        from lazylab.dashboard import track_url
         track_url(conf.dashboard)
 
 

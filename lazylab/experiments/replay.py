@@ -100,9 +100,11 @@ def reopen(run_dir: str, warn: Optional[Callable[[str], None]] = None) -> Reopen
     if not (path / RUN_JSON).is_file() or not (path / CONFIGS_YAML).is_file():
         raise UsageError(f'{run_dir} is not a lazylab run directory (no {RUN_JSON} and {CONFIGS_YAML})')
     record = read_record(path)
-    if 'experiment' not in record and isinstance(record.get('module'), str):
-        raise UsageError(f'{run_dir} is a run of lazylab labml {record["module"]}; lazylab resume and generate '
-                         f'take runs of lazylab train')
+    source = record.get('source') if isinstance(record.get('source'), dict) else {}
+    labml_module = source.get('module') if source.get('kind') == 'labml' else record.get('module')
+    if isinstance(labml_module, str) and (source.get('kind') == 'labml' or 'experiment' not in record):
+        raise UsageError(f'{run_dir} is a run of lazylab labml {labml_module}; lazylab resume and generate take '
+                         f'runs of lazylab train')
     name = record.get('experiment')
     if not isinstance(name, str):
         raise UsageError(f'{path / RUN_JSON} is damaged')

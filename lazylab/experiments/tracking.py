@@ -10,7 +10,7 @@ server is configured, live in the labml dashboard:
 labml's `screen` writer is not used: lazylab prints its own progress line, and both would redraw the same
 terminal line.
 
-Dashboard hook: `lazylab.dashboard.configure_app_writer(url)` decides whether the app writer is used (a quick
+Dashboard hook: `lazylab.dashboard_client.configure_app_writer(url)` decides whether the app writer is used (a quick
 socket check; an unreachable server costs one warning, never a hang or retries) and sets labml's app URL.
 """
 import contextlib
@@ -20,6 +20,9 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from lazylab import labml_internals
+from lazylab.dashboard_client import configure_app_writer
 
 
 class LabmlRun:
@@ -33,25 +36,22 @@ class LabmlRun:
     def __init__(self, run_dir: Path, name: str, uuid: str, configs: dict[str, Any], dashboard: str = '',
                  explicit: Iterable[str] = ()):
         from labml import experiment, lab
-        from labml.internal import lab as labml_lab
-
-        from lazylab.dashboard import configure_app_writer
 
         run_dir = Path(run_dir).resolve()
-        _tolerate_concurrent_runs()
+        labml_internals.tolerate_concurrent_runs()
         # A .labml.yaml in the run directory makes labml's own config search stop here (no warning that none was
         # found, no lookups next to the installed package); `lab.configure` then pins the paths and the app URL.
         (run_dir / '.labml.yaml').write_text('experiments_path: labml\n', encoding='utf-8')
-        labml_lab._internal = labml_lab.Lab(path=run_dir)
+        labml_internals.new_lab(run_dir)
         lab.configure({'path': str(run_dir), 'experiments_path': 'labml', 'data_path': 'labml/data'})
         use_app = configure_app_writer(dashboard or None, search_from=Path.cwd())
         if use_app:
-            # labml's app writer sends the console to the dashboard by patching sys.stdout.write when this module is
-            # first imported; import it now, before any stdout redirection below, so it patches the real stdout.
-            import labml.internal.app.logs  # noqa: F401
+            # before any stdout redirection below, so that labml patches the real stdout
+            labml_internals.send_console_to_app()
         writers = {'file', 'app'} if use_app else {'file'}
         _remove_stale_pid(run_dir / 'labml' / name / uuid / 'run.pid')
-        with _without_git_notices(), contextlib.redirect_stdout(io.StringIO()):  # labml prints blank lines here
+        # labml prints blank lines here
+        with labml_internals.quiet_labml_notices(), contextlib.redirect_stdout(io.StringIO()):
             experiment.create(uuid=uuid, name=name, writers=writers,
                               python_file=str(run_dir / 'configs.yaml'), disable_screen=True)
             # the keys the user set go in as overrides: labml (and its dashboard) marks those as specified
@@ -76,31 +76,6 @@ class LabmlRun:
         tracker.save(step, values)
 
 
-def _tolerate_concurrent_runs() -> None:
-    """labml keeps a list of projects in ~/.labml/projects/*.txt, and each run's start reads every file there and
-    removes those of folders gone; two runs starting at once (a sweep's workers) race on it, and the one that finds a
-    file just removed by the other fails with FileNotFoundError. Reading the list here skips such files instead."""
-    from labml.internal.computer import configs as computer_configs
-    if getattr(computer_configs.Computer.get_projects, '_lazylab', False):
-        return
-
-    def get_projects(self) -> set:
-        projects = set()
-        for p in list(self.projects_folder.iterdir()):
-            try:
-                project_path = p.read_text()
-            except OSError:  # removed by another run meanwhile
-                continue
-            if project_path in projects or not Path(project_path).exists():
-                p.unlink(missing_ok=True)
-            else:
-                projects.add(project_path)
-        return projects
-
-    get_projects._lazylab = True
-    computer_configs.Computer.get_projects = get_projects
-
-
 def _remove_stale_pid(path: Path) -> None:
     """labml refuses to start a run whose run.pid exists; after a killed run (resume) that file is stale."""
     try:
@@ -114,21 +89,3 @@ def _remove_stale_pid(path: Path) -> None:
         alive = False
     if not alive:
         path.unlink()
-
-
-@contextlib.contextmanager
-def _without_git_notices():
-    """labml warns when the run directory is not a git repository (it never is); drop only that notice."""
-    import labml.internal.experiment as labml_experiment
-    original = labml_experiment.labml_notice
-
-    def notice(message, **kwargs):
-        text = message if isinstance(message, str) else ''.join(m if isinstance(m, str) else m[0] for m in message)
-        if 'git' not in text.lower():
-            original(message, **kwargs)
-
-    labml_experiment.labml_notice = notice
-    try:
-        yield
-    finally:
-        labml_experiment.labml_notice = original

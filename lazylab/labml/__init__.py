@@ -14,7 +14,8 @@ In a notebook or script, one line before importing any labml-based code (labml_n
 From the command line, ``lazylab labml MODULE key=value …`` does the same for a module's ``main()`` and adds a
 lazylab run directory (:mod:`lazylab.labml.runner`, :mod:`lazylab.labml.session`).
 
-What :func:`install` does (all of it in :mod:`lazylab.labml.adapter`, the one module that knows labml's internals):
+What :func:`install` does (all of it in :mod:`lazylab.labml.adapter`, which asks :mod:`lazylab.labml_internals`,
+the one module of lazylab that reaches into labml's private API):
 
 - ``labml.experiment.configs(conf[, overrides])`` accepts lazylab configs; labml saves their ``_to_json()`` in its
   run folder and sends it to the labml dashboard, the items given in ``overrides`` marked as explicitly specified.
@@ -36,7 +37,8 @@ What :func:`install` does (all of it in :mod:`lazylab.labml.adapter`, the one mo
 """
 import sys
 
-from lazylab.labml.placeholders import MissingPackageError
+from lazylab.labml import adapter, configs
+from lazylab.labml.placeholders import MissingPackageError, install_placeholder, remove_placeholders
 
 __all__ = ['install', 'uninstall', 'is_installed', 'MissingPackageError']
 
@@ -51,8 +53,6 @@ def install(engine: bool = True) -> None:
     Prints one warning when labml_nn or labml_helpers modules were imported already: their config classes stay
     labml's.
     """
-    from lazylab.labml import adapter
-    from lazylab.labml.placeholders import install_placeholder
     adapter.patch_labml()
     install_placeholder('torchvision')
     if not engine:
@@ -68,13 +68,10 @@ def install(engine: bool = True) -> None:
 def uninstall() -> None:
     """Put labml's own functions and ``labml.configs`` back and take out the torchvision placeholder. Modules
     imported in between keep lazylab's classes."""
-    from lazylab.labml import adapter
-    from lazylab.labml.placeholders import remove_placeholders
     adapter.restore_labml()
     remove_placeholders()
 
 
 def is_installed() -> bool:
     """Whether ``labml.configs`` is currently served by lazylab's engine."""
-    from lazylab.labml import configs
     return sys.modules.get('labml.configs') is configs

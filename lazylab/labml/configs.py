@@ -8,20 +8,19 @@ The six names of labml.configs' ``__all__`` are lazylab's; ``BaseConfigs`` here 
 registration methods added (``Configs.calc(Configs.item)``, ``Configs.aggregate(...)``, which labml_nn's and
 labml_helpers' dataset modules use), each a call of lazylab's own function. Any other name a module asks of
 ``labml.configs`` (its ``ConfigsError``, say) comes from labml's own module, as does ``FloatDynamicHyperParam`` /
-``IntDynamicHyperParam`` (labml_nn imports them from here; labml 0.5.3 keeps them in
-``labml.internal.configs.dynamic_hyperparam``).
+``IntDynamicHyperParam`` (labml_nn imports them from here; labml 0.5.3 keeps them in its internals: see
+:func:`lazylab.labml_internals.dynamic_hyperparam`).
 """
-import importlib
 from typing import Any
 
 from lazylab import configs as _lazylab
+from lazylab import labml_internals
 from lazylab.configs import aggregate, calculate, hyperparams, meta_config, option
 
 __all__ = ['option', 'calculate', 'hyperparams', 'meta_config', 'aggregate', 'BaseConfigs']
 
 # Set by the switch to labml's own labml.configs module, so names lazylab does not serve still resolve.
 LABML_CONFIGS: Any = None
-
 
 
 class BaseConfigs(_lazylab.BaseConfigs):
@@ -54,7 +53,7 @@ _DYNAMIC = ('FloatDynamicHyperParam', 'IntDynamicHyperParam')
 
 def __getattr__(name: str) -> Any:
     if name in _DYNAMIC:
-        return getattr(importlib.import_module('labml.internal.configs.dynamic_hyperparam'), name)
+        return labml_internals.dynamic_hyperparam(name)
     if LABML_CONFIGS is not None and not name.startswith('__'):
         try:
             return getattr(LABML_CONFIGS, name)

@@ -1,10 +1,10 @@
-"""``lazylab labml MODULE [key=value …] [--config FILE] [--options] [--steps N] [--runs-dir DIR] [--dashboard URL]``.
+"""``lazylab labml MODULE …``: import a labml experiment module on lazylab's engine and run its ``main()``.
 
 Imports a labml experiment module (a dotted name such as ``labml_nn.transformers.feedback.experiment``, or a
 ``.py`` file) with ``labml.configs`` served by lazylab's engine, and runs its ``main()``; see
 :mod:`lazylab.labml.session` for what happens at each of the script's labml calls. A mistake (unknown module or
 key, bad value, a package the module needs that is missing) is one line ``lazylab: error: …``, exit 2, with
-nothing written.
+nothing written. The command line is read by :mod:`lazylab.cli.labml`.
 """
 import difflib
 import importlib
@@ -13,75 +13,16 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
+from lazylab.configs import describe, format_description, inspect, parse_overrides
 from lazylab.errors import UsageError
-
-USAGE = ('usage: lazylab labml MODULE [key=value …] [--config FILE] [--options] [--steps N] [--runs-dir DIR] '
-         '[--dashboard URL]')
-
-HELP = """Runs a labml experiment module's main() with labml.configs served by lazylab's engine.
-
-  MODULE           a dotted module name (labml_nn.transformers.feedback.experiment) or a .py file
-  key=value        set on top of the script's experiment.configs(conf, {...}); typed and checked first
-  --config FILE    a YAML mapping of settings, or a run's configs.yaml (replays it)
-  --options        list the keys of the script's config class, and what its dict sets
-  --steps N        end training after N optimizer updates
-  --runs-dir DIR   the run directory is DIR/MODULE/RUN_ID (default runs/labml); labml's data is in DIR/data
-  --dashboard URL  stream the run to a labml dashboard (lazylab dashboard)
-"""
+from lazylab.experiments.configure import read_config_file
+from lazylab.labml import adapter, install
+from lazylab.labml.session import OptionsRequested, Session
 
 # Import names whose pip package is named differently, for the hint of a missing-package error.
 _PIP_NAMES = {'PIL': 'pillow', 'sklearn': 'scikit-learn', 'cv2': 'opencv-python', 'yaml': 'PyYAML'}
-
-
-def parse_args(argv: Sequence[str]) -> dict[str, Any]:
-    """The command line as ``{module, tokens, config, options, steps, runs_dir, dashboard}``.
-
-    Raises:
-        UsageError: no MODULE, an unknown flag, a flag without its value, ``--steps`` not a positive integer,
-            ``--runs-dir`` empty or inside a file.
-    """
-    args: dict[str, Any] = {'module': None, 'tokens': [], 'config': None, 'options': False, 'steps': None,
-                            'runs_dir': 'runs/labml', 'dashboard': '', 'help': False}
-    flags = {'--config': 'config', '--steps': 'steps', '--runs-dir': 'runs_dir', '--dashboard': 'dashboard'}
-    argv, i = list(argv), 0
-    while i < len(argv):
-        a = argv[i]
-        name, eq, value = a.partition('=')
-        if a in ('-h', '--help'):
-            args['help'] = True
-        elif a == '--options':
-            args['options'] = True
-        elif name in flags:
-            if not eq:
-                if i + 1 >= len(argv):
-                    raise UsageError(f'{name} needs a value ({USAGE})')
-                value, i = argv[i + 1], i + 1
-            args[flags[name]] = value
-        elif a.startswith('-'):
-            close = difflib.get_close_matches(name, [*flags, '--options'], n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ''
-            raise UsageError(f'unknown flag {name!r}{hint} ({USAGE})')
-        elif eq:
-            args['tokens'].append(a)
-        elif args['module'] is None:
-            args['module'] = a
-        else:
-            raise UsageError(f'expected key=value, got {a!r} ({USAGE})')
-        i += 1
-    runs_dir = Path(args['runs_dir'])
-    if not args['runs_dir']:
-        raise UsageError('--runs-dir needs a folder')
-    existing = next(p for p in (runs_dir, *runs_dir.parents) if p.exists())  # '.' or '/' at the latest
-    if not existing.is_dir():
-        raise UsageError(f'--runs-dir {args["runs_dir"]}: {existing} is a file, not a folder')
-    if args['steps'] is not None:
-        text = args['steps']
-        args['steps'] = int(text) if text.strip().isdigit() else 0
-        if args['steps'] < 1:
-            raise UsageError(f'--steps must be a positive integer, got {text!r}')
-    return args
 
 
 def import_experiment(spec: str):
@@ -136,12 +77,10 @@ def _nearest_module(missing: str) -> str:
 def options_text(module: str, conf: Any, script_values: dict[str, Any]) -> str:
     """``--options``: every key of the script's config class, as ``lazylab options`` lists them, then what the
     script's ``experiment.configs`` dict sets (which key=value overrides)."""
-    from lazylab.configs import describe, format_description
-    from lazylab.configs.engine.declarations import spec_of
     rows = describe(type(conf))
     # sub-configs given as class defaults (labml_nn's `device: torch.device = DeviceConfigs()`), listed under key.
-    for key, default in spec_of(type(conf)).defaults.items():
-        if getattr(type(default), '_lazylab_is_configs', False):
+    for key, default in inspect.class_defaults(type(conf)).items():
+        if inspect.is_configs(default):
             for row in describe(type(default)):
                 rows.append(dict(row, name=f'{key}.{row["name"]}'))
     text = f'{module}: {type(conf).__name__} (lazylab engine)\n' + format_description(rows)
@@ -151,43 +90,33 @@ def options_text(module: str, conf: Any, script_values: dict[str, Any]) -> str:
     return text
 
 
-def labml_main(argv: Sequence[str]) -> None:
-    """The ``lazylab labml`` command (see the module docstring)."""
-    from lazylab.experiments.configure import read_config_file
-    from lazylab.labml import adapter, install
-    from lazylab.labml.session import OptionsRequested, Session
-    args = parse_args(argv)
-    if args['help'] or args['module'] is None:
-        if args['module'] is None and not args['help']:
-            raise UsageError(USAGE)
-        print(USAGE + '\n\n' + HELP)
-        return
-    from lazylab.configs import parse_overrides
-    overrides = parse_overrides(args['tokens'])  # syntax only; typed against the script's class later
-    file_values = read_config_file(args['config']) if args['config'] else {}
+def run_labml(module: str, settings: Sequence[str] = (), *, config: Optional[str] = None, options: bool = False,
+              steps: Optional[int] = None, runs_dir: str = 'runs/labml', dashboard: str = '',
+              argv: Sequence[str] = ()) -> None:
+    """Run labml experiment MODULE's ``main()`` with ``settings`` (``key=value``) over the script's own dict and
+    ``config`` (a YAML file of settings, or a run's configs.yaml); ``options``: list the keys instead; ``steps``:
+    end training after that many optimizer updates; the run directory goes under ``runs_dir``; ``dashboard``: a
+    labml dashboard URL to stream to; ``argv``: the command line, for run.json.
+
+    Raises:
+        UsageError: the module, a key, a value, the config file or a package the module needs (one line).
+    """
+    overrides = parse_overrides(list(settings))  # syntax only; typed against the script's class later
+    file_values = read_config_file(config) if config else {}
     if isinstance(file_values.get('values'), dict):  # a configs.yaml dump: its replayable values
         file_values = file_values['values']
-    name = Path(args['module']).stem if args['module'].endswith('.py') else args['module']
-    session = Session(name, overrides, file_values, steps=args['steps'], runs_dir=args['runs_dir'],
-                      dashboard=args['dashboard'], argv=tuple(argv), options_only=args['options'])
+    is_file = module.endswith('.py')
+    name = Path(module).stem if is_file else module
+    session = Session(name, overrides, file_values, steps=steps, runs_dir=runs_dir, dashboard=dashboard,
+                      argv=tuple(argv), options_only=options, path=Path(module) if is_file else None)
     install()
     session.configure_lab()
+    session.console.install()
     adapter.SESSION = session
     try:
-        module = import_experiment(args['module'])
-        main = getattr(module, 'main', None)
-        if not callable(main):
-            raise UsageError(f'{args["module"]} has no main() to run')
-        try:
-            main()
-        except adapter.StepLimitReached:  # the script did not use `with experiment.start():`
-            session.status = 'completed'
-            session.finish()
-            adapter.finish_experiment('completed')
-        except ModuleNotFoundError as e:  # imported inside main() or an option: a package to install, one line
-            raise _missing_package(args['module'], e) from None
+        _run_main(module, session)
     except OptionsRequested as o:
-        print(options_text(name, o.conf, o.values))
+        session.console.line(options_text(name, o.conf, o.values))
         return
     except BaseException as e:
         session.abort()
@@ -197,6 +126,24 @@ def labml_main(argv: Sequence[str]) -> None:
     finally:
         session.finish()
         adapter.SESSION = None
+        session.console.uninstall()
     session.record_end()
-    if not args['options']:
+    if not options:
         print(session.summary(), flush=True)
+
+
+def _run_main(module: str, session: Session) -> None:
+    """Import MODULE and call its ``main()``; a step limit reached outside ``with experiment.start():`` completes
+    the run."""
+    found = import_experiment(module)
+    main = getattr(found, 'main', None)
+    if not callable(main):
+        raise UsageError(f'{module} has no main() to run')
+    try:
+        main()
+    except adapter.StepLimitReached:  # the script did not use `with experiment.start():`
+        session.status = 'completed'
+        session.finish()
+        adapter.finish_experiment('completed')
+    except ModuleNotFoundError as e:  # imported inside main() or an option: a package to install, one line
+        raise _missing_package(module, e) from None

@@ -1,24 +1,27 @@
 """What ``lazylab labml`` adds to a labml run: command-line overrides, checked before anything is written; a lazylab
-run directory; the offline Tiny Shakespeare; a step limit.
+run directory; the offline Tiny Shakespeare; a step limit; a console that reads well in a log file.
 
 A :class:`Session` is driven by the labml functions :mod:`lazylab.labml.adapter` wraps, in the order a labml
 script calls them::
 
-    experiment.create(name=…)         before_create: labml's folders go under RUN_DIR/labml/, data under RUNS/data/
+    experiment.create(name=…)         before_create: labml's data goes under RUNS_DIR/data/, its writers are chosen
     experiment.configs(conf, {...})   apply_configs: the script's dict, then --config FILE, then key=value (typed
                                       and checked first: an unknown key or bad value is a one-line error, exit 2)
     experiment.start()                before_start: the sub-configs a dotted key names are built (so their keys are
-                                      checked too), then RUN_DIR is created with run.json and configs.yaml;
-                                      after_start: metrics.jsonl / samples.txt writer, the --steps limit
+                                      checked too), then RUN_DIR is made (lazylab.runs.make_run_dir: a new id when
+                                      another run took one), labml's run moved under RUN_DIR/labml/, run.json and
+                                      configs.yaml written; after_start: metrics.jsonl / samples.txt, --steps limit
     (training)                        the step limit ends training after N optimizer updates, as 'completed'
     end of the `with` block           on_exit: configs.yaml rewritten with everything computed, files closed
     main() returns or raises          record_end: run.json's status (running since the start): completed,
                                       interrupted, or failed with the one-line error
 
-RUN_DIR is ``RUNS_DIR/MODULE/RUN_ID``; RUN_ID is the start time and four random hex digits, so runs sort by time.
-Nothing is written before ``experiment.start()`` except the bundled Tiny Shakespeare copied into ``RUNS_DIR/data``
-(labml's data path) once the overrides are known to be good; :meth:`Session.abort` removes that copy again when a
-mistake ends the run before it started.
+RUN_DIR is ``RUNS_DIR/MODULE/RUN_ID`` (MODULE: the dotted module name, or a file's stem); its run.json is a
+:class:`lazylab.runs.RunRecord` whose ``source`` is ``{'kind': 'labml', 'module': …}`` (a file's also has its
+``path``), which ``lazylab resume`` and ``generate`` refuse: the script owns its training loop. Nothing is written
+before ``experiment.start()`` except the bundled Tiny Shakespeare copied into ``RUNS_DIR/data`` (labml's data path)
+once the overrides are known to be good; :meth:`Session.abort` removes that copy again when a mistake ends the run
+before it started.
 """
 import json
 import os
@@ -29,12 +32,15 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from lazylab.configs import apply_overrides, dump, load, parse_overrides
+from lazylab import labml_internals, runs
+from lazylab.configs import apply_overrides, dump, inspect, load, parse_overrides
+from lazylab.dashboard_client import configure_app_writer
 from lazylab.errors import UsageError, user_error_message
 from lazylab.labml import adapter
-from lazylab.runs import write_record as write_run_json
+from lazylab.labml.console import Console
 
 TINY_SHAKESPEARE = 'tiny_shakespeare.txt'  # the name labml_nn's `tiny_shakespeare` option looks for
+SOURCE_KIND = 'labml'  # run.json's source.kind of a `lazylab labml` run
 
 
 class OptionsRequested(BaseException):
@@ -72,7 +78,8 @@ class Session:
     """One ``lazylab labml`` run; see the module docstring.
 
     Args:
-        module: the module name (or script stem) that names ``RUNS_DIR/MODULE``.
+        module: the name of the runs' folder ``RUNS_DIR/MODULE`` (the dotted module name, or a file's stem); run.json's
+            ``experiment``.
         overrides: ``key=value`` text, typed by the engine against the script's config class.
         file_values: ``--config FILE`` values (a flat mapping, or a configs.yaml dump's ``values``).
         steps: end training after this many optimizer updates (None: the script's own length).
@@ -80,11 +87,14 @@ class Session:
         dashboard: a labml dashboard URL (``lazylab dashboard``); '' uses labml's ``app_url`` setting, if any.
         argv: the command line, recorded in run.json.
         options_only: stop at ``experiment.configs`` (``--options``) with :class:`OptionsRequested`.
+        path: the script's file (None for a dotted module), recorded in run.json's ``source``.
+        console: where labml's console goes (default: stdout, plain when it is not a terminal).
     """
 
     def __init__(self, module: str, overrides: dict[str, str], file_values: dict[str, Any], *,
                  steps: Optional[int] = None, runs_dir: str = 'runs/labml', dashboard: str = '',
-                 argv: tuple[str, ...] = (), options_only: bool = False):
+                 argv: tuple[str, ...] = (), options_only: bool = False, path: Optional[Path] = None,
+                 console: Optional[Console] = None):
         self.module = module
         self.overrides = overrides
         self.file_values = file_values
@@ -93,22 +103,37 @@ class Session:
         self.dashboard = dashboard
         self.argv = list(argv)
         self.options_only = options_only
-        run_id = time.strftime('%Y%m%d-%H%M%S') + '-' + os.urandom(2).hex()
-        self.run_dir = self.runs_dir / module / run_id
+        self.source: dict[str, Any] = {'kind': SOURCE_KIND, 'module': module}
+        if path is not None:
+            self.source['path'] = str(Path(path).resolve())
+        self.run_dir: Optional[Path] = None  # made at experiment.start()
         self.data_dir = self.runs_dir / 'data'
         self.conf: Any = None
         self.started = False
         self.finished = False
         self.status = ''
         self._placed: list[Path] = []  # what the data placement created, to undo on a mistake before start
-        self._writer: Any = None
+        self._writer: Optional[adapter.MetricsWriter] = None
         self._limit: Optional[StepLimit] = None
         self._sigint: Any = None
+        self._started_at = 0.0
+        self.console = console or Console(sys.stdout, plain=not sys.stdout.isatty(),
+                                          times=self.times if steps is not None else None)
+
+    def times(self) -> Optional[tuple[float, float]]:
+        """(seconds since the start, seconds left to the --steps limit at the rate so far), or None before the
+        first step."""
+        if self._limit is None or self._limit.count == 0:
+            return None
+        spent = time.monotonic() - self._started_at
+        return spent, spent / self._limit.count * max(0, self._limit.steps - self._limit.count)
 
     def configure_lab(self, fresh: bool = True) -> None:
-        """labml's lab: run folders under RUN_DIR/labml, data in RUNS_DIR/data (before the module is imported, in
-        case it asks labml for its data path at import)."""
-        adapter.configure_lab(self.run_dir.resolve() / 'labml', self.data_dir.resolve(), fresh=fresh)
+        """labml's lab: data in RUNS_DIR/data, run folders under RUNS_DIR/MODULE/labml until the start moves the run
+        into RUN_DIR/labml (set before the module is imported, in case it asks labml for its data path at import;
+        labml writes nothing in its run folders before the start)."""
+        labml_dir = (self.run_dir or self.runs_dir / self.module).resolve() / runs.LABML_DIR
+        adapter.configure_lab(labml_dir, self.data_dir.resolve(), fresh=fresh)
 
     # experiment.create
     def before_create(self, writers: Optional[set[str]]) -> set[str]:
@@ -119,9 +144,8 @@ class Session:
         script_wants_app = 'app' in wanted
         wanted = (wanted - {'app'}) | {'file'}
         if not self.options_only and (self.dashboard or script_wants_app):
-            from lazylab.dashboard import configure_app_writer
             if configure_app_writer(self.dashboard or None, search_from=Path.cwd()):
-                import labml.internal.app.logs  # noqa: F401  (labml sends the console to the app once imported)
+                labml_internals.send_console_to_app()
                 wanted.add('app')
         return wanted
 
@@ -152,7 +176,7 @@ class Session:
     def _place_data(self) -> None:
         """Copy the bundled Tiny Shakespeare to labml's data path, where labml_nn's TextFileDataset looks for it
         (so it is not downloaded)."""
-        from lazylab.data import bundled_text_path
+        from lazylab.data import bundled_text_path  # imports torch: only when a run places its data (CLI start-up)
         target = self.data_dir / TINY_SHAKESPEARE
         if target.exists():
             return
@@ -167,25 +191,30 @@ class Session:
             raise UsageError(f'{self.module} reached experiment.start() without calling experiment.configs(conf, …); '
                              f'there are no configs to list')
         if self.conf is not None:
-            build_addressed_subconfigs(self.conf)
-        self.run_dir.mkdir(parents=True, exist_ok=False)
+            inspect.build_addressed(self.conf)  # a misspelt key of a sub-config is an error now, not mid-training
+        self.run_dir = runs.make_run_dir(self.runs_dir / self.module)
+        labml_internals.move_run(self.run_dir.resolve() / runs.LABML_DIR)
         self.started = True
         if self.conf is not None:
-            dump(self.conf, self.run_dir / 'configs.yaml')
-        run = adapter.experiment_run()
-        info = {'module': self.module, 'run_id': self.run_dir.name, 'uuid': run.uuid, 'name': run.name,
-                'labml_run': os.path.relpath(run.run_path, self.run_dir), 'steps': self.steps, 'argv': self.argv,
-                'created': time.strftime('%Y-%m-%dT%H:%M:%S'), 'status': 'running'}
-        write_run_json(self.run_dir, info)
+            dump(self.conf, self.run_dir / runs.CONFIGS_YAML)
+        runs.write_record(self.run_dir, self.record())
+
+    def record(self) -> runs.RunRecord:
+        """run.json at the start (see the module docstring); `record_end` adds how it ended."""
+        run = labml_internals.run_info()
+        return runs.RunRecord(experiment=self.module, source=dict(self.source), run_id=self.run_dir.name,
+                              uuid=run.uuid, labml_run=os.path.relpath(run.run_path, self.run_dir),
+                              steps=self.steps, argv=self.argv, created=runs.timestamp(), status='running',
+                              **runs.environment())
 
     def after_start(self) -> None:
-        self._writer = adapter.metrics_writer(self.run_dir / 'metrics.jsonl', self.run_dir / 'samples.txt')
-        adapter.add_writer(self._writer)
+        self._writer = adapter.metrics_writer(self.run_dir / runs.METRICS_JSONL, self.run_dir / runs.SAMPLES_TXT)
         self._sigint = signal.getsignal(signal.SIGINT)  # labml's training loops replace it and restore it at the end
         if self.steps is not None:
             self._limit = StepLimit(self.steps)
-        print(f'lazylab labml: {self.module} → {self.run_dir}' +
-              (f' (stops after {self.steps} optimizer steps)' if self.steps is not None else ''), flush=True)
+        self._started_at = time.monotonic()
+        self.console.line(f'lazylab labml: {self.module} → {self.run_dir}' +
+                          (f' (stops after {self.steps} optimizer steps)' if self.steps is not None else ''))
 
     def on_exit(self, exc_type: Optional[type]) -> None:
         """The script's ``with experiment.start():`` block ended (or the step limit ended it)."""
@@ -206,7 +235,7 @@ class Session:
             signal.signal(signal.SIGINT, self._sigint)
         if self.conf is not None:
             adapter.save_configs()
-            dump(self.conf, self.run_dir / 'configs.yaml')
+            dump(self.conf, self.run_dir / runs.CONFIGS_YAML)
         if self._writer is not None:
             self._writer.close()
 
@@ -217,7 +246,7 @@ class Session:
         line), and `finished`. Nothing before ``experiment.start()`` (there is no run directory)."""
         if not self.started:
             return
-        values: dict[str, Any] = {'status': 'completed', 'finished': time.strftime('%Y-%m-%dT%H:%M:%S')}
+        values: dict[str, Any] = {'status': 'completed', 'finished': runs.timestamp()}
         if isinstance(error, KeyboardInterrupt):
             values['status'] = 'interrupted'
         elif error is not None:
@@ -226,10 +255,9 @@ class Session:
         elif self.status not in ('', 'completed'):  # the script went on after its `with experiment.start()` failed
             values['status'] = 'failed' if self.status == 'crashed' else self.status
         try:
-            info = json.loads((self.run_dir / 'run.json').read_text(encoding='utf-8'))
-            write_run_json(self.run_dir, {**info, **values})
-        except (OSError, ValueError) as e:  # a full disk, a removed folder: say so, and keep the run's own error
-            print(f'lazylab: warning: cannot record the end of the run in {self.run_dir / "run.json"}: '
+            runs.update_record(self.run_dir, **values)
+        except (OSError, UsageError) as e:  # a full disk, a removed folder: say so, and keep the run's own error
+            print(f'lazylab: warning: cannot record the end of the run in {self.run_dir / runs.RUN_JSON}: '
                   f'{getattr(e, "strerror", None) or e}', file=sys.stderr, flush=True)
         self.status = values['status']
 
@@ -249,7 +277,7 @@ class Session:
         if not self.started:
             return f'lazylab labml: {self.module} ended without experiment.start(); nothing was recorded'
         losses = []
-        metrics = self.run_dir / 'metrics.jsonl'
+        metrics = self.run_dir / runs.METRICS_JSONL
         if metrics.exists():
             for line in metrics.read_text(encoding='utf-8').splitlines():
                 record = json.loads(line)
@@ -264,22 +292,9 @@ def without_class_defaults(conf: Any, values: dict[str, Any]) -> dict[str, Any]:
     """``values`` less the top-level entries equal to the item's class default: the class gives those anyway. A
     configs.yaml dump lists them, and labml classes give some defaults their declared type does not admit
     (labml_nn's ``TrainValidConfigs.loop_step = None`` for an ``int`` item), which an override may not set."""
-    from lazylab.configs.engine.declarations import spec_of
-    defaults = spec_of(type(conf)).defaults
+    defaults = inspect.class_defaults(type(conf))
 
     def same(default: Any, value: Any) -> bool:
         return (default is None and value is None) or (type(default) is type(value) and default == value)
 
     return {k: v for k, v in values.items() if not ('.' not in k and k in defaults and same(defaults[k], v))}
-
-
-def build_addressed_subconfigs(conf: Any) -> None:
-    """Build every sub-config that a dotted key (``optimizer.learning_rate``) waits for, so a misspelt key there is
-    an error now rather than mid-training; recurses into sub-configs."""
-    from lazylab.configs.engine.state import state_of
-    st = state_of(conf)
-    for key in list(st.pending):
-        getattr(conf, key)
-    for child in list(st.children.values()):
-        build_addressed_subconfigs(child)
-

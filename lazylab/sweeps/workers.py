@@ -306,6 +306,9 @@ class Sweep:
         record.update({'number': job.number, 'params': job.params, 'overrides': job.overrides, 'state': 'running',
                        'metric': plan.metric, 'attempts': attempts, 'sweep': str(self.dir), 'study': plan.study})
         _write_json(trial_dir / TRIAL, record)
+        # the study's trial names its run directory and status (optuna-dashboard shows them: lazylab dashboard)
+        self.study.set_user_attr(job.number, 'run_dir', str(trial_dir.resolve()))
+        self.study.set_user_attr(job.number, 'status', 'running')
         settings = list(plan.fixed)
         if plan.config_file:
             settings += ['--config', str(self.dir / CONFIG_COPY)]
@@ -343,6 +346,7 @@ class Sweep:
             error = self.plan.redact(error)
         if stopped and rc != 0:
             state, value, error, steps = 'interrupted', None, None, None
+        self.study.set_user_attr(job.number, 'status', state)  # before `tell`: a finished trial takes no attrs
         if state != 'interrupted':
             if error:
                 self.study.set_user_attr(job.number, 'error', error)

@@ -82,7 +82,7 @@ def _start_dashboard(ports, tmp_path: Path, store: Path, *flags: str):
     (`ports`: the fixture of tests/conftest.py)."""
     port = ports.free()
     proc = subprocess.Popen([sys.executable, '-m', 'lazylab.cli', 'dashboard', '--port', str(port),
-                             '--store', str(store), *flags],
+                             '--studies-port', str(ports.free()), '--store', str(store), *flags],
                             cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ports.wait(port, proc, 'the dashboard')
     return f'http://127.0.0.1:{port}', proc, port

@@ -85,7 +85,8 @@ class Dashboard:
         self._out = open(self.log, 'w')
         self.proc = subprocess.Popen(
             [sys.executable, '-m', 'lazylab.cli', 'dashboard', '--port', str(self.port), '--store', str(store),
-             *flags], cwd=cwd, env=env or _env(), stdout=self._out, stderr=subprocess.STDOUT, text=True)
+             '--studies-port', str(ports.free()), *flags],
+            cwd=cwd, env=env or _env(), stdout=self._out, stderr=subprocess.STDOUT, text=True)
         try:
             ports.wait(self.port, self.proc, 'the dashboard')
         except AssertionError as e:

@@ -1,9 +1,8 @@
-"""The labml / labml_app internals that lazylab.dashboard.labml_patches replaces still have the shape it relies on
-(labml 0.5.3, labml-app 0.5.14), and each client patch does what its docstring says. The app-side patches are
-exercised end to end in test_end_to_end.py (the file store, `--assets`); the checks here name the moved target when
-an upgrade breaks one."""
+"""The labml_app internals that lazylab.dashboard.labml_patches replaces still have the shape it relies on
+(labml-app 0.5.14). The patches are exercised end to end in test_end_to_end.py (the file store, `--assets`) and
+test_guard.py; the checks here name the moved target when an upgrade breaks one. (labml's own client internals, the
+daemon upload threads and the browser, are pinned in tests/labml/test_labml_internals.py.)"""
 import importlib.util
-import inspect
 from pathlib import Path
 
 import pytest
@@ -20,9 +19,6 @@ TARGETS = [
     ('labml_app.db.user', 'get_or_create_user'),
     ('labml_app.settings', 'FLOAT_PROJECT_TOKEN'),
     ('labml_app.settings', 'SAMPLES_PROJECT_TOKEN'),
-    ('labml.internal.app', 'AppTracker'),
-    ('labml.internal.app', '_AppTrackThread'),
-    ('labml.internal.app.experiment', 'AppUrlResponseHandler'),
 ]
 
 
@@ -39,44 +35,6 @@ def test_app_sets_up_its_database_and_static_folder_as_relied_on():
     source = Path(importlib.util.find_spec('labml_app.flask_app').origin).read_text(encoding='utf-8')
     assert 'db.init_mongo_db()' in source  # called once at import: patch_app_database must run before
     assert 'STATIC_PATH = ' in source and source.count('str(STATIC_PATH)') >= 2  # read per request
-
-
-def test_app_tracker_and_url_handler_signatures():
-    import labml.internal.app as labml_client
-    import labml.internal.app.experiment as labml_client_experiment
-    tracker = inspect.signature(labml_client.AppTracker.__init__).parameters
-    assert list(tracker)[:3] == ['self', 'app_track_url', 'params']
-    assert {'timeout_seconds', 'daemon'} <= set(tracker)
-    assert list(inspect.signature(labml_client_experiment.AppUrlResponseHandler.__init__).parameters) == \
-        ['self', 'open_browser', 'label']
-    # the experiment constructs the handler through its own module's name, so replacing that name is enough
-    assert 'AppUrlResponseHandler(' in inspect.getsource(labml_client_experiment.AppExperiment)
-
-
-def test_upload_threads_become_daemons_and_are_collected(monkeypatch):
-    import labml.internal.app as labml_client
-    monkeypatch.setattr(labml_client, 'AppTracker', labml_client.AppTracker)  # restored after the test
-    sink = []
-    labml_patches.patch_client_upload_thread(sink)
-    tracker = labml_client.AppTracker('http://127.0.0.1:9/api/v1/default/track?', {}, daemon=False)
-    assert tracker._check() is True
-    assert tracker.thread.daemon is True and not tracker.thread.is_alive()  # made, not started
-    tracker._check()
-    assert sink == [tracker.thread]  # once, however often labml checks
-
-
-def test_url_handler_never_opens_a_browser(monkeypatch):
-    import webbrowser
-
-    import labml.internal.app.experiment as labml_client_experiment
-    monkeypatch.setattr(labml_client_experiment, 'AppUrlResponseHandler',
-                        labml_client_experiment.AppUrlResponseHandler)  # restored after the test
-    opened = []
-    monkeypatch.setattr(webbrowser, 'open', opened.append)
-    labml_patches.patch_client_browser()
-    handler = labml_client_experiment.AppUrlResponseHandler(True, 'Monitor experiment at ')
-    handler.handle({'url': 'http://127.0.0.1:5005/run/x'})
-    assert handler.notified and opened == []
 
 
 def test_labml_app_is_the_version_the_app_patches_were_written_for():

@@ -1,25 +1,20 @@
-"""Pins each assumption lazylab/labml/adapter.py makes about labml's internals (A1–A8 in its docstring) and each
-labml 0.5.3 gap it fills, in this process: labml's singletons are saved and put back around every test, and
-`lazylab.labml.uninstall()` undoes the patches.
-
-If one of these fails after a labml upgrade, the adapter's matching assumption no longer holds.
+"""lazylab/labml/adapter.py in this process: labml's experiment API taking lazylab configs, and each labml 0.5.3 gap
+it fills. labml's singletons are saved and put back around every test, and `lazylab.labml.uninstall()` undoes the
+patches (the `labml_state` fixture of tests/labml/conftest.py). What the adapter assumes of labml's internals is
+pinned in test_labml_internals.py.
 """
 import importlib.util
-import inspect
 import json
 import sys
-import types
 
 import labml
 import labml.experiment
 import labml.internal.experiment as labml_experiment
-import labml.internal.lab as labml_lab
 import labml.internal.tracker as labml_tracker
 import labml.tracker
 import pytest
 import torch
 from labml.internal.configs.processor import ConfigProcessor, ConfigsSaver
-from labml.internal.experiment.watcher import ExperimentWatcher
 from labml.utils.pytorch import get_modules
 
 import lazylab.labml
@@ -39,20 +34,7 @@ def _linear(c: Tiny):
     return torch.nn.Linear(c.width, 1)
 
 
-@pytest.fixture(autouse=True)
-def labml_state(tmp_path, monkeypatch):
-    """labml's experiment, lab and tracker singletons as they were; labml's functions unpatched afterwards."""
-    monkeypatch.chdir(tmp_path)
-    saved = (labml_experiment._internal, labml_experiment._global_params, labml_lab._internal, labml_tracker._internal)
-    # a fresh lab and tracker: labml's Tracker() consumes the lab's indicator settings (it deletes their
-    # 'class_name'), so a second tracker over a lab an earlier test used would fail
-    adapter.configure_lab(tmp_path / 'logs', tmp_path / 'data')
-    labml_tracker._internal = None
-    yield
-    lazylab.labml.uninstall()
-    adapter.SESSION = None
-    adapter.MODELS.clear()
-    labml_experiment._internal, labml_experiment._global_params, labml_lab._internal, labml_tracker._internal = saved
+pytestmark = pytest.mark.usefixtures('labml_state')
 
 
 def _evaluate_experiment(tmp_path):
@@ -77,7 +59,7 @@ def test_labml_alone_refuses_lazylab_configs():
 
 
 def test_configs_builds_labml_processor_over_lazylab_config(tmp_path):
-    """A1, A2: the processor labml keeps is a ConfigProcessor whose savers get lazylab's _to_json; computing an
+    """The processor labml keeps is a ConfigProcessor whose savers get lazylab's _to_json; computing an
     item sends the configs again (the update callback); labml's own methods work on it."""
     lazylab.labml.install(engine=False)
     exp = _evaluate_experiment(tmp_path)
@@ -118,7 +100,7 @@ def test_unknown_key_is_a_lazylab_error_and_nothing_is_applied(tmp_path):
 
 
 def test_global_params_override_the_scripts_dict(tmp_path):
-    """A3: labml's own command-line overrides are merged over the script's dict."""
+    """labml's own command-line overrides are merged over the script's dict."""
     lazylab.labml.install(engine=False)
     _evaluate_experiment(tmp_path)
     labml_experiment.global_params_singleton().configs = {'b': 9}
@@ -128,23 +110,12 @@ def test_global_params_override_the_scripts_dict(tmp_path):
     assert conf._to_json()['b']['is_explicitly_specified'] is True
 
 
-def test_lab_settings_survive_set_path_and_absolute_paths_are_kept(tmp_path):
-    """A4."""
-    adapter.configure_lab(tmp_path / 'runs' / 'labml', tmp_path / 'data')
-    labml_lab.lab_singleton().set_path(__file__)  # what experiment.create does with the script's file
-    lab = labml_lab.lab_singleton()
-    assert lab.experiments == (tmp_path / 'runs' / 'labml').resolve()
-    assert lab.data_path == (tmp_path / 'data').resolve()
-    assert lab.path == tmp_path.resolve()
-
-
 def test_metrics_writer_gets_every_save_and_start_resets_writers(tmp_path):
-    """A5: a Writer subclass gets each tracker.save() (means of the numeric indicators, text kept apart);
-    Experiment.start() drops writers added before it."""
+    """The metrics writer gets each tracker.save() (means of the numeric indicators, text kept apart);
+    Experiment.start() drops writers added before it (so the session adds it after)."""
     lazylab.labml.install(engine=False)
     tracker = labml_tracker.tracker_singleton()
     writer = adapter.metrics_writer(tmp_path / 'metrics.jsonl', tmp_path / 'samples.txt')
-    tracker.add_writer(writer)
     labml.tracker.add('loss.train', torch.tensor(2.0))
     labml.tracker.add('loss.train', 4.0)
     labml.tracker.add('sampled', 'It is')  # a text value: labml 0.5.3 alone raises `Unknown type`
@@ -154,19 +125,16 @@ def test_metrics_writer_gets_every_save_and_start_resets_writers(tmp_path):
     assert [json.loads(line) for line in (tmp_path / 'metrics.jsonl').read_text().splitlines()] == \
         [{'step': 7, 'loss.train': 3.0}]
     assert (tmp_path / 'samples.txt').read_text() == '--- step 7 sampled\nIt is\n'
-    tracker.add_writer(writer)
     exp = _evaluate_experiment(tmp_path)
     exp.start()
-    assert writer not in tracker._Tracker__writers
+    assert writer.labml not in tracker._Tracker__writers
 
 
 def test_queue_keeps_a_moving_mean_and_images_are_dropped(tmp_path, capsys):
     """labml 0.4's set_queue / set_image, which labml_nn's MNIST, RL, GAN and diffusion experiments call."""
     assert not hasattr(labml.tracker, 'set_queue') and not hasattr(labml.tracker, 'set_image')  # labml 0.5.3
     lazylab.labml.install(engine=False)
-    tracker = labml_tracker.tracker_singleton()
     writer = adapter.metrics_writer(tmp_path / 'metrics.jsonl', tmp_path / 'samples.txt')
-    tracker.add_writer(writer)
     labml.tracker.set_queue('reward', 3, True)
     labml.tracker.set_image('generated', True)
     for step, reward in enumerate([1.0, 2.0, 3.0, 10.0], 1):
@@ -187,7 +155,7 @@ def test_text_values_fail_on_plain_labml():
 
 
 def test_create_names_the_calling_script(tmp_path):
-    """A6: with the adapter's file in ignore_callers, labml records the file that called experiment.create."""
+    """With the adapter's file in ignore_callers, labml records the file that called experiment.create."""
     lazylab.labml.install(engine=False)
     adapter.configure_lab(tmp_path / 'logs', tmp_path / 'data')
     labml.experiment.create(name='pinned', writers=set())
@@ -195,34 +163,6 @@ def test_create_names_the_calling_script(tmp_path):
     assert run.python_file == __file__
     assert run.name == 'pinned'
     assert not (tmp_path / 'logs').exists()  # create writes nothing; start does
-
-
-def test_watcher_statuses_and_step_limit_completes():
-    """A7: labml's watcher finishes with completed / interrupted / crashed; the adapter's watcher turns the step
-    limit into 'completed' and swallows it."""
-    finished = []
-    exp = types.SimpleNamespace(finish=lambda status, details=None: finished.append(status))
-    for exc in (None, KeyboardInterrupt, ValueError):
-        ExperimentWatcher(exp).__exit__(exc, exc() if exc else None, None)
-    assert finished == ['completed', 'interrupted', 'crashed']
-    seen = []
-    watcher = adapter._Watcher(ExperimentWatcher(exp), seen.append)
-    assert watcher.__exit__(adapter.StepLimitReached, adapter.StepLimitReached(3), None) is True
-    assert finished[-1] == 'completed' and seen == [adapter.StepLimitReached]
-    assert not watcher.__exit__(ValueError, ValueError('x'), None)
-    assert finished[-1] == 'crashed'
-
-
-def test_quiet_notices_drop_only_labml_yaml_and_git(capsys):
-    """A8: the notices go through these module globals."""
-    assert 'labml_notice' in inspect.getsource(labml_lab.Lab)
-    assert 'labml_notice' in inspect.getsource(labml_experiment.Experiment.__init__)
-    with adapter.quiet_labml_notices():
-        labml_lab.labml_notice(['.labml.yaml', ' config file could not be found'])
-        labml_experiment.labml_notice(['Not a valid git repository: ', ('/x', None)])
-        labml_lab.labml_notice('something else')
-    out = capsys.readouterr().out
-    assert 'something else' in out and '.labml.yaml' not in out and 'git' not in out
 
 
 def test_gaps_are_filled_only_where_missing(monkeypatch):

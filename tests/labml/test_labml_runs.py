@@ -111,7 +111,9 @@ def test_labml_nn_experiment_trains_30_steps_and_loss_falls(trained, module):
     assert last < first - 0.3, (first, last)
     assert all(0 <= r['accuracy.train'] <= 1 for r in train)
     info = json.loads((run_dir / 'run.json').read_text())
-    assert (info['module'], info['steps'], info['status']) == (module, STEPS, 'completed')
+    assert (info['experiment'], info['source'], info['steps'], info['status']) == \
+        (module, {'kind': 'labml', 'module': module}, STEPS, 'completed')
+    assert 'module' not in info and info['run_id'] == run_dir.name and info['python'] and 'torch' in info
     labml_run = run_dir / info['labml_run']
     assert labml_run.name == info['uuid'] and (labml_run / 'configs.yaml').is_file()
     assert json.loads((labml_run / 'run_log.jsonl').read_text().splitlines()[-1])['status'] == 'completed'
@@ -135,6 +137,27 @@ def test_helpers_style_script_trains_and_skips_module_indicators(trained):
     assert res.stderr.count('lazylab: notice:') == 1 and "tracker.add('model', <CharGRU>)" in res.stderr
     dumped = yaml.safe_load((run_dir / 'configs.yaml').read_text())['values']
     assert dumped['d_model'] == 24 and dumped['optimizer.optimizer'] == 'Adam' and dumped['epochs'] == 4
+
+
+LOOP_TIME = re.compile(r'(\d+):(\d\d)m/ *(\d+):(\d\d)m')
+
+
+@pytest.mark.parametrize('module', [*NN_MODULES, str(HELPERS_SCRIPT)])
+def test_console_through_a_pipe_is_plain_short_and_ends_with_the_summary_on_its_own_line(trained, module):
+    """Issue 25 item 12: off a terminal, labml's redrawn progress line is not written at every step (it was 18 to
+    39 KB for these 30 steps, with ANSI codes and 100-space padding), the time left is the --steps limit's, and
+    lazylab's summary is a line of its own."""
+    _, res = trained[module]
+    out = res.stdout
+    assert len(out.encode()) < 4096, len(out.encode())
+    assert '\x1b[' not in out and '\r' not in out and ' ' * 20 not in out
+    lines = out.splitlines()
+    assert lines[-1].startswith(f'lazylab labml: completed after {STEPS} optimizer steps; loss.train ')
+    assert out.endswith('\n') and sum(line.startswith('lazylab labml: ') for line in lines) == 2
+    times = [LOOP_TIME.search(line) for line in lines if LOOP_TIME.search(line)]
+    if module in NN_MODULES:  # labml_nn's trainer draws a loop line; its last one is at step 30 of 30
+        assert times and times[-1].group(3, 4) == ('0', '00')  # labml's own estimate said 16 to 27 minutes
+        assert lines[-2] == next(line for line in reversed(lines[:-1]) if LOOP_TIME.search(line))
 
 
 # Items whose `type` labml reports from the base class's annotation although the script's class re-annotates
@@ -298,7 +321,7 @@ def test_help_and_usage(capsys):
     assert main(['labml', '--help']) == 0
     out = capsys.readouterr().out
     assert out.startswith('usage: lazylab labml MODULE [key=value …] [--config FILE] [--options] [--steps N]')
-    assert '--steps N        end training after N optimizer updates' in out
+    assert re.search(r'^  --steps N +end training after N optimizer updates$', out, re.M)
     assert main(['labml']) == 2
     assert capsys.readouterr().err.startswith('lazylab: error: usage: lazylab labml MODULE')
 
@@ -358,7 +381,8 @@ def test_engine_switch_is_one_library_call(tmp_path):
 def test_run_appears_in_dashboard_with_its_configs(tmp_path, ports):
     port = ports.free()
     server = subprocess.Popen([sys.executable, '-m', 'lazylab.cli', 'dashboard', '--port', str(port),
-                               '--store', str(tmp_path / 'store')], cwd=tmp_path, env=_env(),
+                               '--studies-port', str(ports.free()), '--store', str(tmp_path / 'store')],
+                              cwd=tmp_path, env=_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         ports.wait(port, server, 'the dashboard')

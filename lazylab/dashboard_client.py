@@ -1,4 +1,8 @@
-"""The trainer's side of the dashboard: point labml's ``app`` writer at a running `lazylab dashboard`.
+"""The trainer's side of the dashboard: point labml's ``app`` writer at a running `lazylab dashboard` (torch-free).
+
+Below the experiments, the labml layer and the dashboard, which all use it (``lazylab train``'s and ``lazylab
+labml``'s runs stream to a dashboard; ``lazylab.dashboard`` re-exports it); it reaches labml's internals only through
+:mod:`lazylab.labml_internals`.
 
 :func:`configure_app_writer` (or :func:`app_writer`, which only returns labml's `app_url`) points labml's ``app``
 writer at a dashboard URL (``http://HOST:PORT``) after a quick socket check, so an unreachable server costs one
@@ -25,10 +29,15 @@ from pathlib import Path
 from typing import Optional
 from urllib.parse import urlsplit
 
-from lazylab.dashboard import labml_patches
-from lazylab.dashboard.guard import TOKEN_ENV, TOKEN_HEADER
-from lazylab.dashboard.server import DEFAULT_PORT
+from lazylab import labml_internals
 from lazylab.errors import DashboardError
+
+#: the port `lazylab dashboard` serves on by default
+DEFAULT_PORT = 5005
+#: the environment variable holding a dashboard's token: the server's default --token, and what a run sends
+TOKEN_ENV = 'LAZYLAB_DASHBOARD_TOKEN'
+#: the request header that carries the token
+TOKEN_HEADER = 'x-lazylab-token'
 
 # The path segment labml's app wants before /track; the app ignores it (it reads a token from the query string only).
 LABML_TOKEN = 'default'
@@ -170,7 +179,7 @@ def app_writer_settings(url: Optional[str] = None, *, search_from: Optional[Path
 
     Returns:
         ``{'app_url': ..., 'app_open_browser': False, 'app_track_frequency': 0}`` for
-        ``labml.internal.lab.lab_singleton().set_configurations`` (or ``experiment.record(lab_conf=...)``).
+        :func:`lazylab.labml_internals.set_lab` (labml's lab settings).
     Raises:
         DashboardError (a ValueError): `url` is not an http(s) URL.
     """
@@ -224,12 +233,11 @@ def configure_app_writer(url: Optional[str] = None, *, search_from: Optional[Pat
     When no dashboard is configured or it is unreachable (one warning), sets labml's `app_url` to nothing and
     returns False: leave ``'app'`` out of the writers.
     """
-    from labml.internal.lab import lab_singleton
     settings = app_writer_settings(url, search_from=search_from, timeout=timeout)
     if settings is None:
-        lab_singleton().set_configurations({'app_url': ''})  # also silences a .labml.yaml app_url
+        labml_internals.set_lab({'app_url': ''})  # also silences a .labml.yaml app_url
         return False
-    lab_singleton().set_configurations(settings)
+    labml_internals.set_lab(settings)
     _adjust_labml_client()
     return True
 
@@ -241,18 +249,18 @@ _UPLOADS = []  # labml upload threads of the runs this process streamed to a das
 def _adjust_labml_client() -> None:
     """Make labml's app client safe to run from a training command (idempotent, this process only).
 
-    - labml's upload threads become daemons (:func:`labml_patches.patch_client_upload_thread`), and at exit we
+    - labml's upload threads become daemons (:func:`labml_internals.patch_client_upload_thread`), and at exit we
       wait at most ``FLUSH_TIMEOUT_S`` for them (:func:`wait_for_app_upload`): a dashboard that goes away mid-run
       cannot keep the finished process alive.
     - labml opens a web browser on the run's page by default; a training command prints the URL instead
-      (:func:`labml_patches.patch_client_browser`).
+      (:func:`labml_internals.patch_client_browser`).
     """
     global _ADJUSTED
     if _ADJUSTED:
         return
     _ADJUSTED = True
-    labml_patches.patch_client_upload_thread(_UPLOADS)
-    labml_patches.patch_client_browser()
+    labml_internals.patch_client_upload_thread(_UPLOADS)
+    labml_internals.patch_client_browser()
     atexit.register(wait_for_app_upload, FLUSH_TIMEOUT_S)
 
 

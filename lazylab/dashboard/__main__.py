@@ -1,6 +1,0 @@
-"""`python -m lazylab.dashboard` ≡ `lazylab dashboard`."""
-import sys
-
-from lazylab.dashboard.server import main
-
-sys.exit(main())
