@@ -116,12 +116,14 @@ def new_run_id() -> str:
     return time.strftime('%Y%m%d-%H%M%S') + '-' + os.urandom(2).hex()
 
 
-def make_run_dir(parent: Path, made: Optional[list[Path]] = None, *, prefix: str = '', attempts: int = 20) -> Path:
+def make_run_dir(parent: Path, made: Optional[list[Path]] = None, *, prefix: str = '', attempts: int = 20,
+                 where: Optional[str] = None) -> Path:
     """Create PARENT/PREFIX+RUN_ID (a new `new_run_id`), and PARENT's missing folders; returns it.
 
     The run's own folder is made with an exclusive mkdir: two processes that start in the same second never share
     one (the loser draws a new id and tries again). `made`: a list to which the folders this call made are added,
-    outermost first (see `remove_made`). Runs that start beside it at the same moment share its parents.
+    outermost first (see `remove_made`). Runs that start beside it at the same moment share its parents. `where`:
+    how the error names PARENT (e.g. "runs_dir='runs'", the setting it came from; default: PARENT).
 
     Raises:
         UsageError: a folder cannot be made (PARENT or one above it is a file, not writable, …); what this call
@@ -151,7 +153,7 @@ def make_run_dir(parent: Path, made: Optional[list[Path]] = None, *, prefix: str
     except (OSError, ValueError) as e:
         remove_made(made)
         why = getattr(e, 'strerror', None) or str(e)
-        raise UsageError(f'cannot create a run directory in {parent}: {why}') from None
+        raise UsageError(f'cannot create a run directory in {where or parent}: {why}') from None
 
 
 def remove_made(folders: list[Path], run_dir: Optional[Path] = None) -> None:
@@ -254,6 +256,16 @@ def git_commit(folder: Path) -> Optional[dict[str, Any]]:
     except (OSError, subprocess.SubprocessError):
         return None
     return {'commit': sha.stdout.strip(), 'dirty': bool(status.stdout.strip())}
+
+
+def training_pid(run_dir: Path) -> Optional[int]:
+    """The process id labml's run.pid records for the run (LABML_DIR/NAME/UUID/run.pid, written while it trains),
+    for the message of a refused training lock; None when there is none yet, or it is unreadable."""
+    try:
+        uuid = read_record(run_dir)['uuid']
+        return int(next((Path(run_dir) / LABML_DIR).glob(f'*/{uuid}/run.pid')).read_text().strip())
+    except (OSError, ValueError, KeyError, TypeError, StopIteration, UsageError):
+        return None
 
 
 class Locked(UsageError):

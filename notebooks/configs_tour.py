@@ -167,7 +167,7 @@ assert ffn_conf.bias1 is True and ffn_conf.bias2 is False  # the explicit value 
 
 # %%
 from lazylab.configs import parse_overrides
-from lazylab.experiments.runner import make_configs
+from lazylab.experiments.configure import make_configs
 
 OVERRIDES = [f'd_model={D_MODEL}', f'heads={HEADS}', f'n_layers={N_LAYERS}', f'd_ff={D_FF}',
              f'seq_len={SEQ_LEN}', 'device=cpu',
@@ -246,7 +246,7 @@ except ConfigError as e:
 import contextlib
 import io
 
-from lazylab.experiments.runner import run_cli
+from lazylab.errors import run_cli
 
 err = io.StringIO()
 with contextlib.redirect_stderr(err):
@@ -260,7 +260,7 @@ assert exit_code == 2
 
 # %%
 from lazylab.configs import describe, format_description
-from lazylab.experiments.runner import options_text
+from lazylab.experiments.listing import options_text
 
 rows = describe(type(conf))   # one row per key, sub-config keys by dotted path
 print(format_description([r for r in rows if r['name'].startswith('transformer.ffn.')]))

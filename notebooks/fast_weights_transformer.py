@@ -103,7 +103,8 @@ RUNS_DIR = ''                         # where runs go ('' → a new temporary fo
 import tempfile
 import time
 
-from lazylab.experiments.runner import make_configs, parameter_count, prepare, start_run
+from lazylab.experiments.configure import make_configs, prepare
+from lazylab.experiments.lifecycle import parameter_count, start_run
 
 EXPERIMENT = 'fast_weights'
 if not RUNS_DIR:
@@ -322,8 +323,10 @@ for kernel in ('loop', 'step'):
 from contextlib import nullcontext
 
 from lazylab.data import SequentialLoader
-from lazylab.experiments.runner import generate, open_run
-from lazylab.experiments.trainer import CHECKPOINT, evaluate, load_checkpoint
+from lazylab.experiments.generation import generate
+from lazylab.experiments.replay import open_run
+from lazylab.experiments.trainer import evaluate, load_checkpoint
+from lazylab.runs import CHECKPOINT_PT
 
 print(run_dir)
 for path in sorted(run_dir.iterdir()):
@@ -331,7 +334,7 @@ for path in sorted(run_dir.iterdir()):
         print(f'  {path.name:<14} {path.stat().st_size:>10,} bytes')
 
 name, conf2, _ = open_run(run_dir)        # a fresh config, replayed from configs.yaml
-checkpoint = load_checkpoint(run_dir / CHECKPOINT)
+checkpoint = load_checkpoint(run_dir / CHECKPOINT_PT)
 torch.manual_seed(123)                    # a different initialisation, overwritten just below
 model2 = conf2.model
 model2.load_state_dict(checkpoint['model'])

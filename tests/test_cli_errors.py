@@ -37,9 +37,9 @@ CASES = [
     (['train', 'transformer', 'model=transfomer'], r"unknown option 'transfomer' for model .*'transformer'"),
     (['train', 'transformer', 'transformer.encoder_attn=relativ'],
      r"unknown option 'relativ' for transformer.encoder_attn .*did you mean 'relative'"),
-    (['train', 'transformer', 'd_model'], r"expected key=value, got 'd_model'"),
+    (['train', 'transformer', 'd_model'], r"unexpected argument 'd_model': give settings as key=value"),
     (['train', 'transformr'],
-     r"unknown experiment 'transformr' \(did you mean 'transformer'\?\); experiments: feedback"),
+     r"unknown experiment 'transformr'; did you mean 'transformer'\? \(experiments: feedback"),
     (['train', 'transformer', 'text={tmp}/missing.txt'], r'text file not found: .*missing.txt'),
     (['train', 'transformer', 'text={tmp}/latin1.txt'],
      r'latin1.txt is not UTF-8 text: invalid byte 0xe9 at byte offset 35$'),  # 15 + 17 + len("caf")
@@ -64,7 +64,7 @@ CASES = [
     (['train', 'transformer', '--config', ''], r'^--config needs a YAML file$'),
     (['train', 'transformer', 'preset=gpu'], r"unknown preset 'gpu' for transformer; presets: labml_nn"),
     (['train', 'transformer', '--verbose'], r"unknown option '--verbose'"),
-    (['options', 'fast_weight'], r"unknown experiment 'fast_weight' \(did you mean 'fast_weights'"),
+    (['options', 'fast_weight'], r"unknown experiment 'fast_weight'; did you mean 'fast_weights'"),
     (['resume', '{tmp}'], r'is not a lazylab run directory'),
     (['generate', '{tmp}', '--prompt', 'a'], r'required: --tokens'),
     (['plot', '{tmp}', '-o', '{tmp}/x.png'], r'has no metrics.jsonl'),
@@ -234,6 +234,10 @@ def test_resume_and_generate_of_a_labml_run_say_what_it_is(tmp_path, cli_error):
               f'generate take runs of lazylab train'
     assert cli_error(['resume', str(run)]) == message
     assert cli_error(['generate', str(run), '--prompt', 'a', '--tokens', '3']) == message
+    # as `lazylab labml` writes run.json now: `experiment` and `source` of kind labml
+    (run / 'run.json').write_text('{"experiment": "experiment", "source": {"kind": "labml", "module": '
+                                  '"labml_nn.transformers.feedback.experiment"}, "steps": 2}')
+    assert cli_error(['resume', str(run)]) == message
 
 
 def test_nan_loss_stops_with_exit_2_naming_the_step(tmp_path, cli_error):
@@ -301,9 +305,9 @@ def test_user_errors_are_the_lazylab_errors_and_config_errors_wherever_they_are_
     from lazylab import errors
     from lazylab.configs import CalculatorError, ConfigError
     from lazylab.data import DataError
-    from lazylab.experiments import distributed, runner, trainer
+    from lazylab.experiments import configure, distributed, trainer
     assert DataError is errors.DataError and issubclass(DataError, ValueError)
-    assert runner.UsageError is errors.UsageError and distributed.DistributedError is errors.DistributedError
+    assert configure.UsageError is errors.UsageError and distributed.DistributedError is errors.DistributedError
     assert (trainer.TrainingError, trainer.CheckpointError, trainer.NonFiniteLossError) == \
         (errors.TrainingError, errors.CheckpointError, errors.NonFiniteLossError)
     assert issubclass(errors.CheckpointError, errors.TrainingError) and issubclass(errors.TrainingError, RuntimeError)

@@ -27,8 +27,9 @@ from hypothesis import strategies as st
 
 from lazylab import cli
 from lazylab.configs import describe
-from lazylab.experiments import EXPERIMENTS
-from lazylab.experiments.runner import load_experiment
+from lazylab.experiments.discovery import BUILTIN, load_experiment
+
+EXPERIMENTS = tuple(BUILTIN)
 
 SETTINGS = dict(derandomize=True, database=None, deadline=None, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -8,6 +8,7 @@ command in neither place fails `test_every_readme_command_is_run_by_a_test`, so 
 """
 import ast
 import glob
+import os
 import re
 import shlex
 from pathlib import Path
@@ -85,6 +86,7 @@ COVERED = {
 #: README sections whose every command a test of their own checks is run (by the test named)
 SECTIONS_COVERED = {
     'Sweeps and comparisons': 'tests/sweeps/test_sweep.py::test_every_readme_command_is_run_by_a_test',
+    'Your own experiment': 'tests/test_readme_commands.py::test_own_experiment_section_commands_run',
 }
 
 
@@ -181,12 +183,42 @@ def test_train_section_commands_run(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize('command', ['lazylab train transformer ffn.glu_variant=SwiGLU --config my.yaml'])
 def test_the_short_key_of_the_readme_reaches_the_nested_key(tmp_path, monkeypatch, command):
     from lazylab.configs import explain
-    from lazylab.experiments.runner import make_configs
+    from lazylab.experiments.configure import make_configs
     monkeypatch.chdir(tmp_path)
     (tmp_path / 'my.yaml').write_text('optimizer.learning_rate: 0.001\n', encoding='utf-8')
     assert command in train_section_commands()
-    argv = shlex.split(command)[3:]
-    conf = make_configs('transformer', argv)
+    a, settings = cli.command('train').parser().parse_with_settings(shlex.split(command)[2:])
+    conf = make_configs(a.experiment, settings, config=a.config)
     assert conf.transformer.ffn.glu_variant == 'SwiGLU' and conf.transformer.ffn.is_gated is True
     assert conf.optimizer.learning_rate == 0.001
     assert explain(conf)['transformer.ffn.glu_variant']['source'] == 'override'
+
+
+#: tiny sizes for the "Your own experiment" section's lstm.py (it has no heads or d_ff)
+OWN_TINY = ['d_model=16', 'seq_len=16', 'batch_size=4', 'max_steps=2', 'valid_interval=1', 'valid_batches=1',
+            'final_valid_batches=1', 'sample_tokens=5', 'device=cpu', 'threads=1']
+
+
+def test_own_experiment_section_commands_run(tmp_path, monkeypatch, capsys):
+    """The section's commands in order, in a scratch folder: `lazylab …` in this process (tiny sizes before a
+    train's own keys), `python lstm.py …` as the process it is; both runs land in runs/lstm."""
+    import subprocess
+    import sys
+    monkeypatch.chdir(tmp_path)
+    commands = [c for s, c in readme_commands() if s == 'Your own experiment']
+    assert commands[0] == 'lazylab new lstm' and any(c.startswith('python lstm.py') for c in commands)
+    for command in commands:
+        words = shlex.split(command)
+        if words[:2] == ['lazylab', 'train']:
+            words = words[:3] + OWN_TINY + words[3:]
+        elif words[0] == 'python':
+            words = words[:2] + OWN_TINY + words[2:]
+        if words[0] == 'python':
+            done = subprocess.run([sys.executable, *words[1:]], capture_output=True, text=True, timeout=300,
+                                  env={**os.environ, 'PYTHONPATH': str(ROOT)})
+            assert done.returncode == 0, (command, done.stderr[-2000:])
+            continue
+        argv = [w.replace('RUN_ID', sorted(Path('runs/lstm').iterdir())[0].name) if 'RUN_ID' in w else w
+                for w in words[1:]]
+        assert cli.main(argv) == 0, (command, capsys.readouterr().err[-2000:])
+    assert len(list(Path('runs/lstm').glob('*/run.json'))) == 2

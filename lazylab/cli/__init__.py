@@ -15,6 +15,7 @@
     lazylab diff RUN_A RUN_B                                  the keys whose values differ, and where each came from
     lazylab dashboard [--port 5005] [--store DIR] [--host H] [--token T] [--max-body-mb N]
                                                               serve the labml dashboard (optional extra)
+    lazylab new NAME [--task text|custom]                     write NAME.py, an experiment of your own
 
 EXPERIMENT: a built-in name (feedback, fast_weights, transformer, retrieval), an installed plugin's name, a .py
 file, or a dotted module (see lazylab.experiments.discovery). A mistake the user can fix prints one line
@@ -37,7 +38,7 @@ USAGE = __doc__.split('\n\n')[1]
 
 #: command → its module (imported when the command runs)
 COMMANDS = {name: f'lazylab.cli.{name}' for name in
-            ('train', 'options', 'resume', 'generate', 'plot', 'labml', 'sweep', 'compare', 'diff', 'dashboard')}
+            ('train', 'options', 'resume', 'generate', 'plot', 'labml', 'sweep', 'compare', 'diff', 'dashboard', 'new')}
 
 
 def command(name: str):
@@ -50,7 +51,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     Ctrl-C/SIGTERM)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ('-h', '--help', 'help'):  # asked for: stdout, exit 0; no command: stderr, exit 2
-        print('usage:\n' + USAGE, file=sys.stdout if argv else sys.stderr)
+        from lazylab.cli.train import experiments_text  # only for the help: other commands start without it
+        print('usage:\n' + USAGE + '\n\n' + experiments_text(), file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     if argv[0] in ('--version', '-V'):
         print(f'lazylab {__version__}')

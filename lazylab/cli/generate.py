@@ -18,7 +18,7 @@ def parser() -> Parser:
 
 def run(argv: list[str]) -> None:
     a = parser().parse(argv)
-    from lazylab.experiments.runner import generate  # torch: only when text is generated
+    from lazylab.experiments.generation import generate  # torch: only when text is generated
     out = Streamed(sys.stdout)
     try:
         generate(a.run_dir, a.prompt, a.tokens, a.temperature, a.top_k, a.seed, on_text=out.write)

@@ -1,16 +1,27 @@
 """`lazylab train EXPERIMENT [key=value …] [--config FILE.yaml] [--allow-changes]`: train an experiment."""
 from lazylab.cli.parser import Parser, asks_help
-from lazylab.errors import UsageError
+from lazylab.experiments.discovery import registered  # torch-free: names and entry points only
 
-USAGE = 'usage: lazylab train NAME [key=value …] [--config FILE.yaml]'
+
+def experiments_text() -> str:
+    """'experiments: feedback, fast_weights, transformer, retrieval (built-in); lstm (installed, mypkg)': the names
+    EXPERIMENT may be, besides a .py file and a dotted module (for `lazylab --help` and `lazylab train --help`)."""
+    named = registered()
+    text = 'experiments: ' + ', '.join(n for n, e in named.items() if e.kind == 'builtin') + ' (built-in)'
+    plugins = [f'{n} ({e.distribution or e.module_name})' for n, e in named.items() if e.kind == 'entry_point']
+    if plugins:
+        text += '; installed: ' + ', '.join(plugins)
+    return text + '; or a .py file, or a dotted module'
 
 
 def parser() -> Parser:
     p = Parser('train', description='Train an experiment: check every setting (down to one forward and backward '
-                                    'pass on the first batch), make RUNS_DIR/NAME/RUN_ID, train. `lazylab train '
-                                    'NAME --help` (or `lazylab options NAME`) lists its keys.')
-    p.add_argument('experiment', metavar='NAME', help='a built-in experiment, a .py file or a module')
-    p.add_argument('settings', nargs='*', metavar='key=value', help='settings, typed and checked')
+                                    'pass on the first batch), make RUNS_DIR/STEM/RUN_ID, train. `lazylab train '
+                                    'EXPERIMENT --help` (or `lazylab options EXPERIMENT`) lists its keys.',
+               epilog=experiments_text())
+    p.add_argument('experiment', metavar='EXPERIMENT',
+                   help='a built-in or installed experiment, a .py file (./char_lstm.py) or a dotted module')
+    p.add_argument('settings', nargs='*', default=[], metavar='key=value', help='settings, typed and checked')
     p.add_argument('--config', metavar='FILE.yaml', help='settings from a YAML file, or a run\'s configs.yaml')
     p.add_argument('--allow-changes', action='store_true',
                    help='replaying a dump: go on although a computed value now comes out differently')
@@ -18,12 +29,12 @@ def parser() -> Parser:
 
 
 def run(argv: list[str]) -> None:
-    from lazylab.experiments import EXPERIMENTS  # torch-free
-    from lazylab.experiments.runner import train_main  # torch: only when a run starts
-    if not argv or argv[0].startswith('-'):
-        if asks_help(argv):
-            print(f'{USAGE}\n\nTrain experiment NAME ({", ".join(EXPERIMENTS)}); `lazylab train NAME --help` '
-                  f'(or `lazylab options NAME`) lists its keys.')
-            return
-        raise UsageError(USAGE)
-    train_main(argv[0], argv[1:])
+    # torch: only once a run starts (or an experiment's keys are listed)
+    from lazylab.experiments.lifecycle import train_main
+    from lazylab.experiments.listing import options_text
+    if argv and not argv[0].startswith('-') and asks_help(argv):  # `lazylab train EXPERIMENT --help`: its keys
+        print(f'usage: lazylab train {argv[0]} [key=value …] [--config FILE.yaml] [--allow-changes]\n\n'
+              + options_text(argv[0]))
+        return
+    a, settings = parser().parse_with_settings(argv)
+    train_main(a.experiment, settings, config=a.config, allow_changes=a.allow_changes)

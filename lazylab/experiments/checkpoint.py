@@ -1,6 +1,6 @@
 """checkpoint.pt: what it takes to continue a run exactly where it stopped.
 
-    ckpt = Checkpointer(run_dir / CHECKPOINT, model, optimizer, scheduler, extras={'vocabulary': itos})
+    ckpt = Checkpointer(run_dir / CHECKPOINT_PT, model, optimizer, scheduler, extras={'vocabulary': itos})
     pos, sums = ckpt.restore()     # resume: states loaded into model, optimizer, scheduler, random generators
     ...
     ckpt.save(pos, metrics.state())  # at every validation (every process calls it; rank 0 writes)
@@ -30,7 +30,6 @@ import torch
 from lazylab.errors import CheckpointError
 from lazylab.experiments import distributed
 
-CHECKPOINT = 'checkpoint.pt'
 FORMAT = 'lazylab-checkpoint-1'
 
 

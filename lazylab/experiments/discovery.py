@@ -22,6 +22,7 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+import traceback
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -74,6 +75,23 @@ class Experiment:
     def presets(self) -> dict[str, dict[str, Any]]:
         return dict(getattr(self.load(), 'PRESETS', None) or {})
 
+    def raised_in_its_code(self, error: BaseException) -> bool:
+        """Whether `error` was raised in this experiment's own code: a frame of its traceback in a file of the
+        experiment module's folder (its file, or a module beside it it imports), not an installed package's. Never
+        for lazylab's own experiments, whose failures are lazylab's to word.
+
+        Args:
+            error: an exception (with its traceback).
+        """
+        if self.kind == 'builtin' or self.module is None or not getattr(self.module, '__file__', None):
+            return False
+        folder = Path(self.module.__file__).resolve().parent
+        for frame, _ in traceback.walk_tb(error.__traceback__):
+            file = Path(frame.f_code.co_filename)
+            if file.is_absolute() and 'site-packages' not in file.parts and folder in file.resolve().parents:
+                return True
+        return False
+
     def load(self) -> ModuleType:
         """The module, imported (once) and checked to be an experiment.
 
@@ -121,6 +139,18 @@ def find_experiment(written: str, *, cwd: Optional[Path] = None) -> Experiment:
     hint = f"; did you mean '{close[0]}'?" if close else ''
     raise UsageError(f"unknown experiment {written!r}{hint} (experiments: {', '.join(named)}; or a .py file, or a "
                      f"module importable from here)")
+
+
+def load_experiment(written: str):
+    """The module EXPERIMENT names (`find_experiment`), imported and checked (`Experiment.load`).
+
+    Args:
+        written: EXPERIMENT as the user wrote it (a built-in or plugin name, a .py file, a dotted module).
+
+    Raises:
+        UsageError: see `find_experiment` and `Experiment.load`.
+    """
+    return find_experiment(written).load()
 
 
 def registered() -> dict[str, Experiment]:

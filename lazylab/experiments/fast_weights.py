@@ -18,8 +18,8 @@ from torch import nn
 from lazylab.configs import option
 from lazylab.configs.fast_weights import FastWeightsConfigs
 from lazylab.configs.types import PositiveInt, Probability
+from lazylab.experiments import LABML_NN_PRESET, NLPAutoRegressionConfigs, device_of, main
 from lazylab.experiments.memory import Need, feature_size, language_model_needs, named, selected_option
-from lazylab.experiments.nlp_autoregression import LABML_NN_PRESET, NLPAutoRegressionConfigs, device_of
 
 
 class Configs(NLPAutoRegressionConfigs):
@@ -69,10 +69,5 @@ PRESETS = {
 }
 
 
-def main(argv=None) -> int:
-    from lazylab.experiments.runner import experiment_main
-    return experiment_main('fast_weights', argv)
-
-
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(main(Configs))

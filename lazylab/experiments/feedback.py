@@ -16,8 +16,8 @@ from lazylab.configs import option
 from lazylab.configs.feedback import FeedbackConfigs
 from lazylab.configs.types import PositiveInt, Probability, ThreadCount
 from lazylab.errors import UsageError, plural
+from lazylab.experiments import LABML_NN_PRESET, NLPAutoRegressionConfigs, device_of, main
 from lazylab.experiments.memory import FLOAT, Need, language_model_needs, named
-from lazylab.experiments.nlp_autoregression import LABML_NN_PRESET, NLPAutoRegressionConfigs, device_of
 
 
 class Configs(NLPAutoRegressionConfigs):
@@ -104,10 +104,5 @@ PRESETS = {
 }
 
 
-def main(argv=None) -> int:
-    from lazylab.experiments.runner import experiment_main
-    return experiment_main('feedback', argv)
-
-
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(main(Configs))

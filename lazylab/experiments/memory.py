@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
+from lazylab.configs import inspect
 from lazylab.errors import UsageError
 
 FLOAT = 4   # bytes of a float32
@@ -109,11 +110,8 @@ def named(c, key: str, path: str, value: int) -> tuple[str, int]:
 
 def selected_option(conf, key: str) -> Optional[str]:
     """The option name item `key` of `conf` will be computed with (given, default or first option), without
-    computing it; None when its value is not an option name (an object already, or none)."""
-    from lazylab.configs.engine.resolver import peek
-    from lazylab.configs.engine.state import state_of
-    value, has = peek(state_of(conf), key, set())
-    return value if has and isinstance(value, str) else None
+    computing it; None when its value is not an option name (`lazylab.configs.inspect.selected_option`)."""
+    return inspect.selected_option(conf, key)
 
 
 def feature_size(phi: Optional[str], d_key: int, nu: int, favor_features: int) -> Optional[int]:

@@ -26,9 +26,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lazylab.errors import TrainingError, point_at_devnull
-
-METRICS = 'metrics.jsonl'
-SAMPLES = 'samples.txt'
+from lazylab.runs import METRICS_JSONL, SAMPLES_TXT
 
 
 class RunningMetrics:
@@ -118,26 +116,44 @@ class Progress:
     """The live progress line: redrawn in place on a terminal; otherwise (a log file, a notebook, CI) one line per
     validation and, between validations, a line at a steady pace: the first record after each `every_s` seconds.
 
+    Under a time budget that fits the step count (`estimated`), the total is shown as the estimate it is: nothing
+    until the first steps are timed, then `step 120/≈640`, rounded to two significant digits and redrawn only when
+    the fitted count moves by more than ESTIMATE_TOLERANCE of the shown one (it is fitted again every few steps).
+
     Args:
         total_steps: the run's step count (shown; updated by RunLog).
         stream: where to write (default sys.stdout).
         every_s: seconds between lines when `stream` is not a terminal.
         clock: seconds (time.monotonic; a test gives a fake one).
+        estimated: the time budget fits `total_steps` as the run goes.
     """
 
-    def __init__(self, total_steps: int, stream=None, every_s: float = PROGRESS_EVERY_S, clock=time.monotonic):
-        self.total_steps = total_steps
+    def __init__(self, total_steps: int, stream=None, every_s: float = PROGRESS_EVERY_S, clock=time.monotonic,
+                 estimated: bool = False):
+        self.total_steps, self.estimated = total_steps, estimated
         self.stream = stream or sys.stdout
         self.tty = self.stream.isatty()
         self.every_s, self.clock = every_s, clock
         self.last_line = clock()
+        self.shown_total: Optional[int] = None  # the estimate on the line, while it stays close to the fitted one
+
+    def total(self, pos) -> str:
+        """'/1,200', or under a fitted time budget '/≈640' (see the class docstring), or ' (timing the steps)'."""
+        if not self.estimated:
+            return f'/{self.total_steps:,}'
+        if not pos.calibrated:
+            return ' (timing the steps for the time budget)'
+        shown = self.shown_total
+        if shown is None or abs(self.total_steps - shown) > ESTIMATE_TOLERANCE * shown:
+            self.shown_total = shown = readable_estimate(self.total_steps)
+        return f'/≈{shown:,}'
 
     def show(self, pos, record: dict[str, Any], eta: float, newline: bool) -> None:
         if not (self.tty or newline):
             if self.clock() - self.last_line < self.every_s:
                 return
         self.last_line = self.clock()
-        parts = [f'epoch {pos.epoch + (pos.batch > 0)} step {pos.step:,}/{self.total_steps:,}',
+        parts = [f'epoch {pos.epoch + (pos.batch > 0)} step {pos.step:,}{self.total(pos)}',
                  f'{record.get("tokens_per_s", 0):,.0f} tok/s', f'ETA {_minutes(eta)}']
         if 'loss.train' in record:
             parts.append(f'train loss {record["loss.train"]:.3f} acc {record["accuracy.train"]:.3f}')
@@ -155,6 +171,18 @@ class Progress:
         self.stream.flush()
 
 
+#: how far (a fraction of the shown estimate) the fitted step count may move before the progress line shows it
+ESTIMATE_TOLERANCE = 0.1
+
+
+def readable_estimate(steps: int) -> int:
+    """A step count rounded to two significant digits (636 → 640, 24,613 → 25,000; below 100 as it is)."""
+    if steps < 100:
+        return steps
+    scale = 10 ** (len(str(steps)) - 2)
+    return (steps + scale // 2) // scale * scale  # half up: 1,050 → 1,100
+
+
 def _minutes(seconds: float) -> str:
     seconds = max(0, int(seconds))
     return f'{seconds // 60}:{seconds % 60:02d}'
@@ -170,13 +198,14 @@ class RunLog:
         labml_run: anything with `log(step, values)` (a tracking.LabmlRun, a notebook's live plot) or None.
         resumed_at: the step of the checkpoint a resumed run starts from: the records after it are dropped.
         enabled: False on the processes other than rank 0.
+        estimated: the time budget fits the step count (the progress line shows it as an estimate).
     """
 
     def __init__(self, run_dir: Path, total_steps: int, labml_run=None, *, resumed_at: Optional[int] = None,
-                 enabled: bool = True):
+                 enabled: bool = True, estimated: bool = False):
         self.run_dir, self.labml_run, self.enabled = Path(run_dir), labml_run, enabled
-        self.metrics = MetricsLog(self.run_dir / METRICS)
-        self.progress = Progress(total_steps)
+        self.metrics = MetricsLog(self.run_dir / METRICS_JSONL)
+        self.progress = Progress(total_steps, estimated=estimated)
         if enabled and resumed_at is not None:
             self.metrics.drop_after(resumed_at)
 
@@ -196,7 +225,7 @@ class RunLog:
         """Print a sampled text on one line ('⏎' for newlines) and append it to samples.txt (None: nothing)."""
         if self.enabled and text is not None:
             self.progress.text('sample: ' + text.replace('\n', ' ⏎ '))
-            append_whole(self.run_dir / SAMPLES, f'--- step {pos.step}, {pos.tokens:,} tokens\n{text}\n')
+            append_whole(self.run_dir / SAMPLES_TXT, f'--- step {pos.step}, {pos.tokens:,} tokens\n{text}\n')
 
 
 def append_whole(path: Path, text: str) -> None:

@@ -8,7 +8,7 @@ on `device_of(c)`.
 """
 import sys
 from collections.abc import Iterator
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import torch
 from annotated_types import Ge, Le
@@ -20,9 +20,9 @@ from lazylab.data import TINY_SHAKESPEARE, SequentialLoader, ShuffledLoader, Tex
 from lazylab.errors import CheckpointError, DataError, plural
 from lazylab.experiments import distributed
 from lazylab.experiments.optimizers import OptimizerConfigs
-from lazylab.experiments.task import Batch, Task, evaluate
+from lazylab.experiments.task import Batch, BatchLoss, Task, evaluate, logits_of, next_token_loss
 from lazylab.experiments.trainer import TrainerConfigs, resolve_device
-from lazylab.models.sampling import MAX_NEW_TOKENS
+from lazylab.models.sampling import MAX_NEW_TOKENS, check_generate_arguments, sample_next
 
 #: labml_nn's published experiment settings (d_model 512, 8 heads, 6 layers, Noam lr 1.0, 128 epochs); each
 #: experiment's `preset=labml_nn` is this plus its own keys
@@ -57,7 +57,15 @@ class NLPAutoRegressionConfigs(TrainerConfigs):
 
 
 def device_of(c: TrainerConfigs) -> torch.device:
-    """The torch.device that `c.device` names ('auto' picks cuda, mps or cpu)."""
+    """The torch.device that `c.device` names ('auto' picks cuda, mps or cpu): where an experiment's option puts
+    its model (`.to(device_of(c))`).
+
+    Args:
+        c: the experiment's config.
+
+    Raises:
+        ValueError: the device is unknown or not available (a run checks it first, as one error line).
+    """
     return resolve_device(c.device)
 
 
@@ -78,8 +86,11 @@ class TextTask(Task):
     processes (`evaluate` takes this process's columns). Sample: `sample_tokens` characters after `prompt`.
 
     Args:
-        data: the text split; seq_len, batch_size: window length and windows per step (per process).
+        data: the text split.
+        seq_len, batch_size: window length and windows per step (per process).
         seed: the data order (ShuffledLoader) and the samples' generator (seed + step).
+        valid_batches, final_valid_batches: validation batches each time, and at the end (0: the whole split).
+        prompt, sample_tokens, sample_temperature: the samples at each validation.
         device: where batches go for validation and sampling (the model's device).
         rank, world_size: this process in a torchrun job (default: read from lazylab.experiments.distributed).
 
@@ -94,7 +105,7 @@ class TextTask(Task):
         rank = distributed.get_rank() if rank is None else rank
         world_size = distributed.get_world_size() if world_size is None else world_size
         data.check_seq_len(seq_len, processes=world_size)
-        self.data, self.device, self.seed = data, device, seed
+        self.data, self.device, self.seed, self.seq_len = data, device, seed, seq_len
         self.prompt_ids = prompt_ids(data, prompt)
         self.sample_tokens, self.sample_temperature = sample_tokens, sample_temperature
         self.train_loader = ShuffledLoader(data.train, seq_len=seq_len, batch_size=batch_size, seed=seed,
@@ -112,15 +123,35 @@ class TextTask(Task):
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         return self.train_loader.epoch(epoch, start=start)
 
+    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, reduction: str = 'mean') -> BatchLoss:
+        """Next-character cross-entropy and accuracy (`task.next_token_loss`), the logits checked to be
+        [seq_len, batch_size, n_tokens] of this text's vocabulary.
+
+        Args:
+            model: a text model (logits alone, or `(logits, state)`).
+            x, y: a batch of `batches`.
+            reduction: 'mean' (training) or 'sum' (evaluation).
+
+        Raises:
+            TrainingError: the logits have another shape (naming both).
+        """
+        return next_token_loss(model, x, y, reduction, n_tokens=self.data.n_tokens)
+
     def evaluate(self, model: nn.Module, final: bool) -> dict[str, float]:
         return evaluate(model, self.valid_full if final else self.valid_quick, self.device, loss=self.loss)
 
     def sample(self, model: nn.Module, step: int) -> str:
         """`prompt` and `sample_tokens` characters sampled at `sample_temperature`, from a generator seeded with
-        seed + step (training's random state is untouched)."""
+        seed + step (training's random state is untouched); a model without `generate` is re-run on the last
+        seq_len characters for each (`generate_ids`).
+
+        Args:
+            model: the text model.
+            step: the steps taken (seeds the sample).
+        """
         g = torch.Generator(device=self.device).manual_seed(self.seed + step)
-        ids = model.generate(self.prompt_ids.to(self.device), self.sample_tokens,
-                             temperature=self.sample_temperature, generator=g)
+        ids = generate_ids(model, self.prompt_ids.to(self.device), self.sample_tokens, context=self.seq_len,
+                           temperature=self.sample_temperature, generator=g)
         return self.data.tokenizer.decode(ids.cpu())
 
     def checkpoint_extras(self) -> dict[str, Any]:
@@ -135,6 +166,9 @@ class TextTask(Task):
         sha256 or size differ from the checkpoint's) is returned as one line, which `lazylab resume` refuses
         unless `--allow-changes`. A checkpoint of an older lazylab records no sha256: a note says the text is not
         compared, and the resume goes on.
+
+        Args:
+            checkpoint: the checkpoint, as `checkpoint.load_checkpoint` returns it.
 
         Raises:
             CheckpointError: saying what differs (sizes, characters added or removed, or their order).
@@ -154,6 +188,47 @@ class TextTask(Task):
             return []
         return [f'text {self.data.name} changed since the checkpoint: sha256 {sha256[:12]}… → '
                 f'{self.data.sha256[:12]}…, size {size:,} → {self.data.size:,} bytes']
+
+
+@torch.no_grad()
+def generate_ids(model: nn.Module, prompt_ids: torch.Tensor, tokens: int, *, context: int, temperature: float = 1.0,
+                 top_k: Optional[int] = None, generator: Optional[torch.Generator] = None,
+                 on_token: Optional[Callable[[torch.Tensor], None]] = None) -> torch.Tensor:
+    """The prompt followed by `tokens` sampled ids (`lazylab.models.sampling.sample_next`), in eval mode (the mode
+    is restored after).
+
+    A model with its own `generate` (`lazylab.models.autoregressive.LanguageModel`'s signature: prompt_ids,
+    max_new_tokens, temperature=, top_k=, generator=, on_token=; incremental where the model can) makes them; any
+    other text model is re-run for every new id on the last `context` ids (its `seq_len`: what it was trained on).
+
+    Args:
+        model: a text model (logits alone or `(logits, state)`); prompt_ids: LongTensor [prompt_len] (≥ 1).
+        tokens: ids to add; context: the most ids a re-run sees; temperature, top_k, generator: the sampling's.
+        on_token: called with each new id (LongTensor [1]) as soon as it is sampled.
+
+    Raises:
+        ValueError: an empty prompt, or tokens, temperature or top_k out of range (`check_generate_arguments`).
+        NonFiniteLogitsError: the logits have no next token (weights that are not finite).
+    """
+    own = getattr(model, 'generate', None)
+    if callable(own):
+        return own(prompt_ids, tokens, temperature=temperature, top_k=top_k, generator=generator, on_token=on_token)
+    if prompt_ids.dim() != 1 or prompt_ids.shape[0] == 0:
+        raise ValueError(f'prompt_ids must be [prompt_len] with prompt_len ≥ 1, got shape {tuple(prompt_ids.shape)}')
+    check_generate_arguments(tokens, temperature, top_k)
+    was_training = model.training
+    model.eval()
+    try:
+        out = [prompt_ids]
+        for _ in range(tokens):
+            window = torch.cat(out)[-context:]
+            logits = logits_of(model(window.unsqueeze(1)))  # [len, 1, n_tokens]
+            out.append(sample_next(logits[-1], temperature, top_k, generator))
+            if on_token is not None:
+                on_token(out[-1])
+    finally:
+        model.train(was_training)
+    return torch.cat(out)
 
 
 def prompt_ids(data: TextDataset, prompt: str) -> torch.Tensor:

@@ -1,11 +1,11 @@
 """`lazylab plot RUN_DIR [RUN_DIR …] -o FILE.png`: train and valid loss against tokens seen, one colour per run."""
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from lazylab.errors import UsageError
-from lazylab.experiments.metrics import METRICS, read_metrics
+from lazylab.experiments.metrics import read_metrics
+from lazylab.runs import METRICS_JSONL, RUN_JSON, read_json
 
 
 def check_output(path: str, flag: str, figure: bool = False) -> Path:
@@ -34,11 +34,8 @@ def check_output(path: str, flag: str, figure: bool = False) -> Path:
 
 def _status_note(run_dir: Path) -> str:
     """' (status failed: ERROR)' from the run's run.json, or '' when it has none."""
-    try:
-        info = json.loads((run_dir / 'run.json').read_text())
-    except (OSError, ValueError):
-        return ''
-    if not isinstance(info, dict) or 'status' not in info:
+    info = read_json(run_dir / RUN_JSON)
+    if info is None or 'status' not in info:
         return ''
     error = info.get('error')
     return f" (status {info['status']}{': ' + str(error) if error else ''})"
@@ -66,14 +63,14 @@ def plot_runs(run_dirs: Sequence[str], output: str) -> Path:
     out = check_output(output, '-o', figure=True)
     runs, kept, left_out = [], [], []
     for d in run_dirs:
-        path = Path(d) / METRICS
-        if not path.is_file() and not (Path(d) / 'run.json').is_file():
-            raise UsageError(f'{d} has no {METRICS} (is it a lazylab run directory?)')
+        path = Path(d) / METRICS_JSONL
+        if not path.is_file() and not (Path(d) / RUN_JSON).is_file():
+            raise UsageError(f'{d} has no {METRICS_JSONL} (is it a lazylab run directory?)')
         records = read_metrics(path) if path.is_file() else []
         if not any('loss.train' in r or 'loss.valid' in r for r in records):
             if len(run_dirs) == 1:
-                raise UsageError(f'{path} has no loss values yet' if path.is_file() else f'{d} has no {METRICS} yet'
-                                 f'{_status_note(Path(d))}')
+                raise UsageError(f'{path} has no loss values yet' if path.is_file() else
+                                 f'{d} has no {METRICS_JSONL} yet{_status_note(Path(d))}')
             left_out.append(f'lazylab: warning: {d} has no loss values yet{_status_note(Path(d))}; left out')
             continue
         runs.append((_label(Path(d)), records))
@@ -113,10 +110,7 @@ TEXT_LOSS_LABEL = 'cross-entropy (nats/char)'
 
 def loss_label(run_dir: Path) -> str:
     """What the run's loss is, with its unit: run.json's `loss_label` (its task's), else TEXT_LOSS_LABEL."""
-    try:
-        label = json.loads((run_dir / 'run.json').read_text(encoding='utf-8')).get('loss_label')
-    except (OSError, ValueError, AttributeError):
-        label = None
+    label = (read_json(run_dir / RUN_JSON) or {}).get('loss_label')
     return label if isinstance(label, str) and label else TEXT_LOSS_LABEL
 
 

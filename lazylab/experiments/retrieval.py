@@ -33,16 +33,13 @@ from typing import Literal, Optional
 import torch
 from torch import nn
 
-from lazylab.configs import option
+from lazylab.configs import inspect, option
 from lazylab.configs.fast_weights import check_rule_keys
 from lazylab.configs.types import NonNegativeFloat, NonNegativeInt, PositiveInt
 from lazylab.errors import UsageError
-from lazylab.experiments import distributed
+from lazylab.experiments import Batch, BatchLoss, Task, TrainerConfigs, device_of, distributed, evaluate, main
 from lazylab.experiments.memory import FLOAT, LONG, Need, feature_size, selected_option
-from lazylab.experiments.nlp_autoregression import device_of
 from lazylab.experiments.optimizers import OptimizerConfigs
-from lazylab.experiments.task import Batch, BatchLoss, Task, evaluate
-from lazylab.experiments.trainer import TrainerConfigs
 from lazylab.models import fast_weights
 from lazylab.models.fast_weights.retrieval import FastWeightsRetrieval, SoftmaxRetrieval
 
@@ -258,8 +255,7 @@ def check_softmax_keys(c: Configs) -> None:
     Raises:
         UsageError: naming the keys (and where each came from, when not the command line).
     """
-    from lazylab.configs.engine.state import state_of
-    given = {k: label for k, label in getattr(state_of(c), 'given', {}).items()
+    given = {k: label for k, label in inspect.given(c).items()
              if k in FAST_WEIGHT_KEYS and not str(label).startswith('preset ')}
     if given:
         keys = ', '.join(k if label == 'user' else f'{k} (from {label})' for k, label in given.items())
@@ -337,10 +333,5 @@ PRESETS = {
 }
 
 
-def main(argv=None) -> int:
-    from lazylab.experiments.runner import experiment_main
-    return experiment_main('retrieval', argv)
-
-
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(main(Configs))

@@ -24,6 +24,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
+from lazylab.errors import CheckpointError, TrainingError
 from lazylab.experiments import distributed
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -42,24 +43,71 @@ class BatchLoss(NamedTuple):
     count: int
 
 
-def next_token_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reduction: str = 'mean') -> BatchLoss:
-    """Cross-entropy (nats per token) and accuracy of predicting y from x; the model returns (logits, _).
+def logits_of(output: Any) -> torch.Tensor:
+    """The logits of a text model's output: the tensor itself, or the first element of labml_nn's
+    `(logits, state)` pair."""
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def check_logits(logits: Any, y: torch.Tensor, n_tokens: Optional[int] = None) -> None:
+    """That a text model's logits have the shape [seq_len, batch_size, n_tokens] of the targets `y`.
+
+    Raises:
+        TrainingError: naming the shape expected and the shape found (the first-batch check shows it before a
+            run starts).
+    """
+    expected = (*y.shape, n_tokens if n_tokens is not None else 'n_tokens')
+    shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else None
+    if shape is None or len(shape) != 3 or shape[:2] != tuple(y.shape) or \
+            (n_tokens is not None and shape[2] != n_tokens):
+        found = f'logits of shape [{", ".join(map(str, shape))}]' if shape is not None else \
+            f'a {type(logits).__name__}'
+        raise TrainingError(f'the model returns {found}; a text model must return logits [seq_len, batch_size, '
+                            f'n_tokens] = [{", ".join(map(str, expected))}] (alone, or as (logits, state))')
+
+
+def next_token_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reduction: str = 'mean',
+                    n_tokens: Optional[int] = None) -> BatchLoss:
+    """Cross-entropy (nats per token) and accuracy of predicting y from x.
+
+    Args:
+        model: returns logits, alone or as `(logits, state)` (labml_nn's models: `logits_of`).
+        x, y: the batch (inputs and next tokens); reduction: 'mean' or 'sum' of the per-token losses.
+        n_tokens: the vocabulary size the logits must have (None: not checked).
 
     Shapes:
-        x, y: LongTensor [seq_len, batch_size]; logits [seq_len, batch_size, n_vocab] (the loss is taken in float32)
+        x, y: LongTensor [seq_len, batch_size]; logits [seq_len, batch_size, n_tokens] (the loss is taken in float32)
+
+    Raises:
+        TrainingError: the logits have another shape (`check_logits`).
     """
-    logits, _ = model(x)
+    logits = logits_of(model(x))
+    check_logits(logits, y, n_tokens)
     loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction=reduction)
     correct = (logits.detach().argmax(-1) == y).sum().item()
     return BatchLoss(loss, correct, y.numel())
 
 
 class Task:
-    """The interface between an experiment and the training loop (see the module docstring).
+    """The interface between an experiment and the training loop (see the module docstring): a contract.
 
-    A subclass sets `batches_per_epoch` and defines `batches` and `evaluate`; `loss`, `final_valid_ratio`,
-    `sample` and `checkpoint_extras` have defaults. Under torchrun every process has its own task: `batches`
-    yields this process's share of each batch, and `evaluate` returns the result over all processes.
+    Required: `batches_per_epoch` (an attribute), `batches(epoch, start)` and `evaluate(model, final)`. Optional,
+    with defaults: `loss` (next-token cross-entropy), `sample` (none), `converged` (never), `checkpoint_extras`
+    (none), `check_checkpoint` (the extras compared), `shorten` with `shorter_sequences` (for the sequence-length
+    warm-up), `probe_batch`, `final_valid_ratio`, and the units `position_unit` / `loss_unit` / `loss_label`.
+
+    The rules each method's docstring states: batches are a pure function of (epoch, index), so a resumed run sees
+    what the uninterrupted one saw; `loss` returns a `BatchLoss` whose `loss` is a scalar tensor the trainer
+    backpropagates; nothing uses the global random state but the model's dropout. Under torchrun every process has
+    its own task: `batches` yields this process's share of each batch (`lazylab.experiments.distributed.get_rank`),
+    and `evaluate` returns the result over all processes (the `evaluate` helper all-reduces).
+
+    Attributes:
+        batches_per_epoch: training batches per epoch (of this process); `epochs`, `inner_iterations` count in them.
+        final_valid_ratio: the final validation's duration over an interleaved one's (for the time budget).
+        shorter_sequences: whether `shorten` gives batches of shorter sequences (the warm-up needs it).
+        position_unit, loss_unit, loss_label: what the run's first line, last line and plots call a batch
+            position ('characters'), the loss's unit ('nats/char') and the loss ('cross-entropy (nats/char)').
     """
     #: training batches per epoch (of this process); the trainer's `epoch` and `valid_interval` count in them
     batches_per_epoch: int
@@ -75,13 +123,26 @@ class Task:
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         """The training batches (x, y) of `epoch` from batch index `start` on (resuming mid-epoch), as a pure
-        function of (epoch, index): a resumed run must see the batches the uninterrupted one saw."""
+        function of (epoch, index): a resumed run must see the batches the uninterrupted one saw. Required.
+
+        Args:
+            epoch: the epoch (0, 1, …).
+            start: the first batch index to yield (0 … batches_per_epoch).
+
+        Raises:
+            NotImplementedError: the subclass does not define it.
+        """
         raise NotImplementedError
 
     def shorten(self, x: torch.Tensor, y: torch.Tensor, seq_len: int) -> Batch:
         """The batch (x, y) of `batches` cut to sequences of `seq_len` ≤ its own, for the sequence-length warm-up;
         the default keeps the first `seq_len` positions of both (sequence-first), right for a task whose every
-        position is a prediction (next-token tasks set `shorter_sequences = True` to use it)."""
+        position is a prediction (next-token tasks set `shorter_sequences = True` to use it).
+
+        Args:
+            x, y: a batch of `batches`.
+            seq_len: the length this step trains on.
+        """
         return x[:seq_len], y[:seq_len]
 
     def probe_batch(self) -> Batch:
@@ -90,27 +151,57 @@ class Task:
         return next(iter(self.batches(0)))
 
     def loss(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reduction: str = 'mean') -> BatchLoss:
-        """The loss of a batch (x, y already on the model's device); default: `next_token_loss`."""
+        """The loss of a batch (x, y already on the model's device, under the run's autocast); default:
+        `next_token_loss`. `reduction='mean'` is what training backpropagates, `'sum'` what evaluation adds up
+        (then `BatchLoss.loss / count` is the mean).
+
+        Args:
+            model: the model (wrapped in DDP under torchrun).
+            x, y: one batch of `batches`.
+            reduction: 'mean' or 'sum', as above.
+
+        Raises:
+            TrainingError: the model's output has another shape than the loss needs (the default's check).
+        """
         return next_token_loss(model, x, y, reduction)
 
     def evaluate(self, model: torch.nn.Module, final: bool) -> dict[str, float]:
         """{'loss', 'accuracy'} on the validation data: a quick estimate (final=False, at every validation) or
         the thorough one that ends the run (final=True). Called on every process; it leaves the model in the
-        mode it found it in."""
+        mode it found it in. Required; the `evaluate` helper of this module does it for a list of batches.
+
+        Args:
+            model: the model (not the DDP wrapper).
+            final: the thorough validation at the end of the run.
+
+        Raises:
+            NotImplementedError: the subclass does not define it.
+        """
         raise NotImplementedError
 
     def sample(self, model: torch.nn.Module, step: int) -> Optional[str]:
         """A text the model generates, shown and saved at each validation of step `step` (rank 0 only; use a
-        generator of its own, not the global random state); None: nothing to show."""
+        generator of its own, not the global random state); None: nothing to show (the default).
+
+        Args:
+            model: the model.
+            step: the steps taken.
+        """
         return None
 
     def checkpoint_extras(self) -> dict[str, Any]:
-        """Plain values saved in every checkpoint, for using the model without the data (e.g. its vocabulary)."""
+        """Plain values (str, numbers, lists, dicts of them) saved in every checkpoint, for using the model without
+        the data (e.g. its vocabulary, which `lazylab generate` reads); none by default."""
         return {}
 
     def converged(self, valid: dict[str, float]) -> bool:
         """Whether training may stop early after the validation that gave `valid` (the same on every process: the
-        validation is all-reduced). Default: never; the retrieval task stops at its target loss."""
+        validation is all-reduced). Default: never; the retrieval task stops at its target loss. The run's last line
+        then says the task's target stopped it.
+
+        Args:
+            valid: the validation's {'loss', 'accuracy'}.
+        """
         return False
     def check_checkpoint(self, checkpoint: dict[str, Any]) -> list[str]:
         """Before a resume: refuse a checkpoint made on other data, i.e. one whose `checkpoint_extras` differ
@@ -118,10 +209,12 @@ class Task:
         with `--allow-changes` (one line each; e.g. the text task's text changed but kept its characters), which
         the runner refuses without it; none by default.
 
+        Args:
+            checkpoint: the checkpoint, as `checkpoint.load_checkpoint` returns it.
+
         Raises:
             CheckpointError: naming the extra that differs (what no resume can accept).
         """
-        from lazylab.errors import CheckpointError
         for key, value in self.checkpoint_extras().items():
             if key in checkpoint and checkpoint[key] != value:
                 raise CheckpointError(f"the checkpoint's {key} differs from this run's; it was made on other data")
@@ -190,7 +283,9 @@ def evaluate(model: torch.nn.Module, batches: Iterable[Batch], device: torch.dev
     are added up, so the result is that of the whole batches.
 
     Args:
+        model: the model (put in eval mode for the pass, its mode restored after).
         batches: (x, y) pairs, sequence-first [seq_len, batch_size].
+        device: where the batches go (the model's device).
         autocast: a context-manager factory around the forward pass (e.g. bfloat16 autocast).
         loss: called as loss(model, x, y, reduction='sum').
     """

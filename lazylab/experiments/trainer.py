@@ -14,9 +14,9 @@ written. The parts with a state of their own are named and live beside this file
     checkpoint.py  Checkpointer, Position: checkpoint.pt (atomic writes, weights_only reads), resume
     metrics.py     RunningMetrics, RunLog: metrics.jsonl records, the progress line, samples.txt, labml
 
-What `train` reads from the resolved config `c` (an `NLPAutoRegressionConfigs`): `c.model` (on `c.device`),
-`c.optimizer.optimizer` / `c.optimizer.scheduler` (a torch optimizer, an optimizers.ScheduledLR), `c.task`,
-`c.total_steps` and the plain items of `TrainerConfigs` below.
+What `train` reads from the resolved config `c` (any `TrainerConfigs`; the contract is in its docstring): `c.model`
+(on `c.device`), `c.optimizer.optimizer` / `c.optimizer.scheduler` (a torch optimizer, an optimizers.ScheduledLR),
+`c.task`, `c.total_steps` and the plain items of `TrainerConfigs` below.
 
 Run directory (written by rank 0 only):
     configs.yaml     the replayable config dump (written before training starts, by the caller)
@@ -48,14 +48,16 @@ from typing import Annotated, Any, Callable, Literal, Optional
 import torch
 from annotated_types import Ge, Lt
 
-from lazylab.configs import BaseConfigs, ConfigError
+from lazylab.configs import BaseConfigs, ConfigError, explain, to_dict
 from lazylab.configs.types import NonEmptyStr, NonNegativeFloat, NonNegativeInt, PositiveInt, ThreadCount
 from lazylab.errors import CheckpointError, LazylabError, NonFiniteLossError, TrainingError
 from lazylab.experiments import distributed
 from lazylab.experiments.budget import CALIBRATION_STEPS, TimeBudget
-from lazylab.experiments.checkpoint import CHECKPOINT, Checkpointer, Position, load_checkpoint, save_checkpoint
-from lazylab.experiments.metrics import METRICS, SAMPLES, MetricsLog, Progress, RunLog, RunningMetrics, read_metrics
-from lazylab.experiments.task import SeqLenWarmup, Task, evaluate
+from lazylab.experiments.checkpoint import Checkpointer, Position, load_checkpoint, save_checkpoint
+from lazylab.experiments.metrics import MetricsLog, Progress, RunLog, RunningMetrics, read_metrics
+from lazylab.experiments.task import Batch, BatchLoss, SeqLenWarmup, Task, evaluate
+from lazylab.models.sampling import NonFiniteLogitsError
+from lazylab.runs import CHECKPOINT_PT
 
 #: the trainer's one hook: (step, validation record) -> a reason to stop now (truthy) or None to go on
 ValidationHook = Callable[[int, dict[str, Any]], Any]
@@ -63,13 +65,33 @@ ValidationHook = Callable[[int, dict[str, Any]], Any]
 # the loop and its configuration, and (re-exported) the names of its parts that callers used to find here
 __all__ = ['TrainerConfigs', 'resolve_device', 'autocast_for', 'train', 'check_trains', 'check_resume', 'validate',
            'check_finite', 'sample', 'SeqLenWarmup',
-           'TrainingError', 'CheckpointError', 'NonFiniteLossError', 'CALIBRATION_STEPS', 'TimeBudget', 'CHECKPOINT',
-           'Checkpointer', 'Position', 'load_checkpoint', 'save_checkpoint', 'METRICS', 'SAMPLES', 'MetricsLog',
+           'TrainingError', 'CheckpointError', 'NonFiniteLossError', 'CALIBRATION_STEPS', 'TimeBudget',
+           'Checkpointer', 'Position', 'load_checkpoint', 'save_checkpoint', 'MetricsLog',
            'Progress', 'RunLog', 'RunningMetrics', 'read_metrics', 'Task', 'evaluate', 'ValidationHook']
 
 
 class TrainerConfigs(BaseConfigs):
-    """How to train: length, batch shape, validation, device and precision (labml's TrainValidConfigs idea)."""
+    """How to train: length, batch shape, validation, device and precision (labml's TrainValidConfigs idea); the
+    base of every experiment's `Configs`.
+
+    The contract: besides the items declared here, the trainer reads four items an experiment's Configs declares
+    and makes, each by an `@option` (or a class default, or a value given):
+
+        model        an `nn.Module` on `device_of(c)`, whatever the task's `loss` calls
+        task         a `Task` (lazylab.experiments.task): batches, loss, evaluation, optional samples
+        optimizer    an `OptimizerConfigs` (lazylab.experiments.optimizers) with `parameters` the model's and
+                     `total_steps` the run's: it makes the torch optimizer and its learning-rate schedule
+        total_steps  the optimizer steps the run takes (e.g. `max_steps` if given, else `epochs` · batches per epoch)
+
+    `NLPAutoRegressionConfigs` provides task, optimizer and total_steps for text (the experiment adds the model);
+    a Task of your own subclasses `Task` and provides all four (lazylab.experiments.retrieval, or `lazylab new
+    NAME --task custom`). Its batches may have any shape its `loss` understands. A Configs that declares one of
+    the four without a way to make it is refused before a run starts, naming the item
+    (`configure.check_trainer_items`).
+
+    Attributes:
+        seed, device, threads, …: the items below, each with its meaning beside it (`lazylab options NAME`).
+    """
     seed: Annotated[int, Ge(0), Lt(2**32)] = 0         # seeds parameters, dropout and the data order
     device: NonEmptyStr = 'auto'                       # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
     threads: ThreadCount = 0                           # CPU threads for torch (0: torch's default)
@@ -127,13 +149,129 @@ def autocast_for(device: torch.device, dtype: str) -> Callable[[], Any]:
     return lambda: torch.autocast(device.type, dtype=torch_dtype, enabled=torch_dtype is not None)
 
 
+class Training:
+    """What lives across the steps of one `train` call: the parts it trains (model, optimizer, scheduler, task, on
+    their device), where training stands (`pos`, a checkpoint.Position), the running metrics and the run's log, the
+    time budget, the checkpointer, and why training ends (`stopped`: 'max_steps', 'epochs', 'time', 'target').
+
+    Args:
+        c: a resolved experiment config (see the module docstring); run_dir: the run's directory.
+        labml_run, resume, checkpoint: as `train`'s.
+
+    Raises:
+        CheckpointError: resume=True and the checkpoint is missing or damaged.
+    """
+
+    def __init__(self, c, run_dir: Path, *, labml_run=None, resume: bool = False,
+                 checkpoint: Optional[dict[str, Any]] = None):
+        self.c, self.device, self.world_size = c, resolve_device(c.device), distributed.get_world_size()
+        self.model, self.optimizer, self.scheduler, self.task = c.model, c.optimizer.optimizer, \
+            c.optimizer.scheduler, c.task
+        self.step_model = distributed.wrap(self.model, self.device)  # DDP averages the gradients over processes
+        self.step_model = torch.compile(self.step_model) if c.compile else self.step_model
+        self.autocast = autocast_for(self.device, c.dtype)
+        self.valid_every = c.valid_interval or max(1, self.task.batches_per_epoch // c.inner_iterations)
+        self.warmup = SeqLenWarmup(c.seq_len_start, c.seq_len_warmup, c.seq_len)  # each step's sequence length
+        self.ckpt = Checkpointer(Path(run_dir) / CHECKPOINT_PT, self.model, self.optimizer, self.scheduler,
+                                 self.task.checkpoint_extras())
+        self.pos, sums = Position(total_steps=c.total_steps), None
+        if resume:  # model, optimizer, scheduler and random states, and where training stands
+            self.pos, sums = self.ckpt.restore(checkpoint)
+        elif self.world_size > 1:
+            # parameters are already equal on every process (same seed, DDP broadcasts); dropout masks must not be
+            torch.manual_seed(c.seed * 1_000_003 + distributed.get_rank())
+        self.metrics = RunningMetrics(sums)
+        self.budget = TimeBudget(c.max_minutes, self.pos, fit_steps=c.max_steps == 0, max_total_steps=c.total_steps,
+                                 valid_every=self.valid_every, final_valid_ratio=self.task.final_valid_ratio,
+                                 now=time.time, work=self.warmup.work if self.warmup.active else None)
+        self.log = RunLog(run_dir, self.pos.total_steps, labml_run, resumed_at=self.pos.step if resume else None,
+                          enabled=distributed.is_main_process(), estimated=self.budget.fits)
+        self.last: dict[str, Any] = {}
+        self.stopped: Optional[str] = None
+
+    def batch(self, x: torch.Tensor, y: torch.Tensor) -> Batch:
+        """The batch on the device, cut to this step's length during a sequence-length warm-up."""
+        if self.warmup.active and self.warmup.length(self.pos.step) < self.c.seq_len:
+            x, y = self.task.shorten(x, y, self.warmup.length(self.pos.step))
+        return x.to(self.device), y.to(self.device)
+
+    def mean_loss(self, batch: BatchLoss, x: torch.Tensor) -> tuple[float, BatchLoss, int, bool]:
+        """One all-reduce (nothing in a single process) gives every process the mean loss, the accuracy counts, the
+        tokens and whether any of them ran out of time, so that all take the same decisions. Returns (mean loss,
+        the summed counts as a BatchLoss, tokens, late).
+
+        Raises:
+            NonFiniteLossError: the loss is not finite (before any update: the model's settings are the cause).
+        """
+        loss_sum, correct, count, tokens, late = distributed.all_reduce_sum(
+            batch.loss.item(), batch.correct, batch.count, x.numel(), float(self.budget.out_of_time()))
+        loss = loss_sum / self.world_size
+        if self.pos.step == 0 and not math.isfinite(loss):  # before any update: not the learning rate's doing
+            raise NonFiniteLossError(f'training loss is {loss} at step 1, before any update ({self.ckpt.kept()}), '
+                                     f'{not_finite_cause(self.c)}')
+        check_finite(loss, f'training loss is {loss} at step {self.pos.step + 1}', self.ckpt)
+        return loss, BatchLoss(batch.loss, int(correct), int(count)), int(tokens), late > 0
+
+    def step_done(self, loss: float, counts: BatchLoss, tokens: int, seconds: float, lr: float) -> None:
+        """After the optimizer step: where training stands, the running metrics, the clock."""
+        pos = self.pos
+        pos.step, pos.batch, pos.tokens = pos.step + 1, pos.batch + 1, pos.tokens + tokens
+        pos.train_seconds += seconds
+        self.metrics.add(loss, counts.correct, counts.count, tokens, seconds=seconds, lr=lr)
+        self.budget.step_done(pos)
+
+    def validation_due(self, done: bool) -> bool:
+        return self.pos.step % self.valid_every == 0 or done or self.budget.calibration_due(self.pos)
+
+    def validate(self, done: bool) -> bool:
+        """A validation (the final one when `done`), its record, a sample, the step count fitted to the time budget,
+        a checkpoint. Returns whether training ends here (`done`, or the task's target reached).
+
+        Raises:
+            NonFiniteLossError: the validation loss, or the sample's logits, are not finite.
+        """
+        pos, started = self.pos, time.time()
+        valid = validate(self.task, self.model, self.autocast, final=done, pos=pos, ckpt=self.ckpt)
+        if not done and self.task.converged(valid):  # the task's own stopping rule (e.g. a target loss):
+            done, pos.total_steps, self.stopped = True, pos.step, 'target'  # and a resume finds it finished
+        self.last = self.log.write(self.metrics.record(pos, self.task.batches_per_epoch, valid), pos,
+                                   self.budget.eta(pos))
+        self.log.sample(pos, sample(self.task, self.model, self.autocast, pos.step) if self.log.enabled else None)
+        if not done and self.budget.validated(pos, seconds=time.time() - started):
+            self.scheduler.set_total_steps(pos.total_steps)
+        pos.elapsed = self.budget.elapsed()
+        self.ckpt.save(pos, self.metrics.state())
+        return done
+
+    def log_train(self) -> None:
+        """A record of the training steps since the last one; the step count fitted again to the time budget."""
+        self.last = self.log.write(self.metrics.record(self.pos, self.task.batches_per_epoch), self.pos,
+                                   self.budget.eta(self.pos))
+        if self.budget.refit(self.pos):
+            self.scheduler.set_total_steps(self.pos.total_steps)
+
+    def end(self, late: bool) -> dict[str, Any]:
+        """The last record, with `tokens_per_s_avg` (the run's average over all its steps and resumes, validation
+        not counted) and `stopped`: why training ended."""
+        c, pos = self.c, self.pos
+        if self.stopped is None:
+            fitted = self.budget.fits and pos.total_steps < c.total_steps
+            self.stopped = 'time' if late or fitted else \
+                'max_steps' if c.max_steps > 0 and pos.total_steps >= c.max_steps else 'epochs'
+        out = dict(self.last, stopped=self.stopped) if self.last else {}
+        if out and pos.train_seconds > 0:
+            out['tokens_per_s_avg'] = pos.tokens / pos.train_seconds
+        return out
+
+
 def train(c, run_dir: Path, *, resume: bool = False, checkpoint: Optional[dict[str, Any]] = None,
           labml_run=None, on_validation: Optional[ValidationHook] = None) -> dict[str, Any]:
     """Train `c.model` on `c.task`; returns the last metrics record (with the final validation) plus
-    `tokens_per_s_avg` (the run's average), {} when a resumed run had already finished.
+    `tokens_per_s_avg` (the run's average) and `stopped` (why it ended: 'max_steps', 'epochs', 'time' for the time
+    budget, 'target' for the task's `converged`); {} when a resumed run had already finished.
 
     Args:
-        c: a resolved NLPAutoRegressionConfigs (see the module docstring for what is read).
+        c: a resolved experiment config (see the module docstring for what is read).
         run_dir: the run's directory (exists; configs.yaml already written).
         resume: continue from run_dir/checkpoint.pt (or from `checkpoint`, that file already loaded).
         labml_run: a started tracking.LabmlRun (or anything with `log(step, values)`) to mirror the metrics into.
@@ -145,47 +283,18 @@ def train(c, run_dir: Path, *, resume: bool = False, checkpoint: Optional[dict[s
         KeyboardInterrupt: Ctrl-C, or SIGTERM as `lazylab.errors.Interrupted`; it leaves with `step` (the steps
             taken) and `checkpoint_step` (the step of the checkpoint on disk, or None) set on the exception.
     """
-    device, world_size = resolve_device(c.device), distributed.get_world_size()
-    model, optimizer, scheduler, task = c.model, c.optimizer.optimizer, c.optimizer.scheduler, c.task
-    step_model = distributed.wrap(model, device)  # DDP averages the gradients over processes (if several)
-    step_model = torch.compile(step_model) if c.compile else step_model
-    autocast = autocast_for(device, c.dtype)
-    valid_every = c.valid_interval or max(1, task.batches_per_epoch // c.inner_iterations)
-    warmup = SeqLenWarmup(c.seq_len_start, c.seq_len_warmup, c.seq_len)  # the length of each step's sequences
-
-    ckpt = Checkpointer(Path(run_dir) / CHECKPOINT, model, optimizer, scheduler, task.checkpoint_extras())
-    pos, sums = Position(total_steps=c.total_steps), None
-    if resume:  # model, optimizer, scheduler and random states, and where training stands
-        pos, sums = ckpt.restore(checkpoint)
-    elif world_size > 1:
-        # parameters are already equal on every process (same seed, DDP broadcasts); dropout masks must not be
-        torch.manual_seed(c.seed * 1_000_003 + distributed.get_rank())
-    metrics = RunningMetrics(sums)
-    log = RunLog(run_dir, pos.total_steps, labml_run, resumed_at=pos.step if resume else None,
-                 enabled=distributed.is_main_process())
-    budget = TimeBudget(c.max_minutes, pos, fit_steps=c.max_steps == 0, max_total_steps=c.total_steps,
-                        valid_every=valid_every, final_valid_ratio=task.final_valid_ratio, now=time.time,
-                        work=warmup.work if warmup.active else None)
-    last: dict[str, Any] = {}
+    t = Training(c, run_dir, labml_run=labml_run, resume=resume, checkpoint=checkpoint)
+    model, optimizer, scheduler, task, pos = t.model, t.optimizer, t.scheduler, t.task, t.pos
+    late = False
     model.train()
     try:
         while pos.step < pos.total_steps:
             for x, y in task.batches(pos.epoch, start=pos.batch):
                 step_started = time.time()
-                if warmup.active and warmup.length(pos.step) < c.seq_len:
-                    x, y = task.shorten(x, y, warmup.length(pos.step))
-                x, y = x.to(device), y.to(device)
-                with autocast():
-                    batch = task.loss(step_model, x, y)
-                # one all-reduce (nothing in a single process) gives every process the mean loss, the accuracy counts
-                # and whether any of them ran out of time, so that all take the same decisions below
-                loss_sum, correct, count, tokens, late = distributed.all_reduce_sum(
-                    batch.loss.item(), batch.correct, batch.count, x.numel(), float(budget.out_of_time()))
-                loss = loss_sum / world_size
-                if pos.step == 0 and not math.isfinite(loss):  # before any update: not the learning rate's doing
-                    raise NonFiniteLossError(f'training loss is {loss} at step 1, before any update ({ckpt.kept()}), '
-                                             f'{not_finite_cause(c)}')
-                check_finite(loss, f'training loss is {loss} at step {pos.step + 1}', ckpt)
+                x, y = t.batch(x, y)
+                with t.autocast():
+                    batch = task.loss(t.step_model, x, y)
+                loss, counts, tokens, late = t.mean_loss(batch, x)  # over every process
                 optimizer.zero_grad(set_to_none=True)
                 batch.loss.backward()
                 if c.grad_norm_clip > 0:
@@ -193,51 +302,30 @@ def train(c, run_dir: Path, *, resume: bool = False, checkpoint: Optional[dict[s
                 lr = optimizer.param_groups[0]['lr']  # the rate this update uses (logged as `lr`)
                 optimizer.step()
                 scheduler.step()
+                t.step_done(loss, counts, tokens, seconds=time.time() - step_started, lr=lr)
 
-                seconds = time.time() - step_started
-                pos.step, pos.batch, pos.tokens = pos.step + 1, pos.batch + 1, pos.tokens + int(tokens)
-                pos.train_seconds += seconds
-                metrics.add(loss, correct, count, tokens, seconds=seconds, lr=lr)
-                budget.step_done(pos)
-                done = pos.step >= pos.total_steps or late > 0
-                if pos.step % valid_every == 0 or done or budget.calibration_due(pos):
-                    valid_started = time.time()
-                    valid = validate(task, model, autocast, final=done, pos=pos, ckpt=ckpt)
-                    if not done and task.converged(valid):  # the task's own stopping rule (e.g. a target loss):
-                        done, pos.total_steps = True, pos.step  # the run ends here, and a resume finds it finished
-                    last = log.write(metrics.record(pos, task.batches_per_epoch, valid), pos, budget.eta(pos))
-                    log.sample(pos, sample(task, model, autocast, pos.step) if log.enabled else None)
-                    if not done and budget.validated(pos, seconds=time.time() - valid_started):
-                        scheduler.set_total_steps(pos.total_steps)
-                    pos.elapsed = budget.elapsed()
-                    ckpt.save(pos, metrics.state())
-                    if on_validation is not None and not done and stop_asked(on_validation, pos.step, last):
-                        return last
+                done = pos.step >= pos.total_steps or late
+                if t.validation_due(done):
+                    done = t.validate(done)
+                    if on_validation is not None and not done and stop_asked(on_validation, pos.step, t.last):
+                        return t.last
                 elif pos.step % c.log_interval == 0:
-                    last = log.write(metrics.record(pos, task.batches_per_epoch), pos, budget.eta(pos))
-                    if budget.refit(pos):
-                        scheduler.set_total_steps(pos.total_steps)
+                    t.log_train()
                 if done:
-                    return _with_average(last, pos)
+                    return t.end(late)
             pos.epoch, pos.batch = pos.epoch + 1, 0
-        return _with_average(last, pos)
+        return t.end(late)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (errors.Interrupted): the runner records where it stopped
-        e.step, e.checkpoint_step = pos.step, ckpt.saved_step
+        e.step, e.checkpoint_step = pos.step, t.ckpt.saved_step
         raise
-
-
-def _with_average(last: dict[str, Any], pos: Position) -> dict[str, Any]:
-    """The last record and, as `tokens_per_s_avg`, the run's training tokens per second over all its steps (all
-    resumes; validation time not counted), for the summary line."""
-    if last and pos.train_seconds > 0:
-        return {**last, 'tokens_per_s_avg': pos.tokens / pos.train_seconds}
-    return last
 
 
 def stop_asked(hook: ValidationHook, step: int, record: dict[str, Any]) -> bool:
     """Rank 0 asks `hook(step, record)`; every process gets whether it said to stop."""
     answer = hook(step, record) if distributed.is_main_process() else None
     return bool(distributed.broadcast_object(answer))
+
+
 def check_resume(c, path: Path, checkpoint: dict[str, Any]) -> list[str]:
     """Before a resume writes anything: `checkpoint` (read from `path`) fits this run's model and processes
     (`Checkpointer.check`) and was made on this run's data (`Task.check_checkpoint`: for text, the vocabulary,
@@ -299,7 +387,6 @@ def not_finite_cause(c) -> str:
     """The end of the message for a loss or gradient that is not finite before any update: the learning rate is
     not the cause, and the settings given that the model is made from likely are (those given by the user or a
     --config file, or the preset's when there are none of those; in declaration order, as `key=value`)."""
-    from lazylab.configs import explain, to_dict
     rows, doc = explain(c), to_dict(c)
     needs, todo = set(), ['model']  # the items the model is computed from, transitively
     while todo:
@@ -346,7 +433,6 @@ def sample(task: Task, model: torch.nn.Module, autocast, step: int) -> Optional[
     Raises:
         NonFiniteLossError: the model's logits are NaN (the weights are not finite; nothing more is saved).
     """
-    from lazylab.models.sampling import NonFiniteLogitsError
     try:
         with autocast():
             return task.sample(model, step)

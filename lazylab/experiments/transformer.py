@@ -12,8 +12,8 @@ from torch import nn
 from lazylab.configs import option
 from lazylab.configs.transformer import TransformerConfigs
 from lazylab.configs.types import LayerCount, PositiveInt, Probability
+from lazylab.experiments import LABML_NN_PRESET, NLPAutoRegressionConfigs, device_of, main
 from lazylab.experiments.memory import Need, language_model_needs, named
-from lazylab.experiments.nlp_autoregression import LABML_NN_PRESET, NLPAutoRegressionConfigs, device_of
 from lazylab.models.autoregressive import AutoregressiveTransformer, TokenAndPositionEmbeddings
 
 
@@ -66,10 +66,5 @@ PRESETS = {
 }
 
 
-def main(argv=None) -> int:
-    from lazylab.experiments.runner import experiment_main
-    return experiment_main('transformer', argv)
-
-
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(main(Configs))

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from lazylab.configs import describe, format_description, inspect, parse_overrides
 from lazylab.errors import UsageError
-from lazylab.experiments.runner import read_config_file
+from lazylab.experiments.configure import read_config_file
 from lazylab.labml import adapter, install
 from lazylab.labml.session import OptionsRequested, Session
 

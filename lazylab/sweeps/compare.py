@@ -135,7 +135,7 @@ def _is_record(line: bytes) -> bool:
 
 def _being_trained(path: Path) -> bool:
     """Whether a process trains the run in `path` now (it holds the run directory's lock: see
-    lazylab.experiments.runner.training_lock)."""
+    lazylab.experiments.lifecycle.training_lock)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -174,7 +174,7 @@ def load_run(path: Path) -> Run:
     Raises:
         UsageError: a damaged configs.yaml.
     """
-    from lazylab.experiments.metrics import METRICS
+    from lazylab.runs import METRICS_JSONL as METRICS
     damage: list[str] = []
     trial = _read_json(path / 'trial.json', damage)
     number = trial.get('number')

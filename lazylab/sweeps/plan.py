@@ -116,7 +116,7 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
     if not a.settings or '=' in a.settings[0]:
         raise UsageError('usage: lazylab sweep NAME [key=value | key=SWEEP …] [--workers N] … (lazylab sweep -h)')
     name, tokens = a.settings[0], a.settings[1:]
-    from lazylab.experiments.runner import load_experiment
+    from lazylab.experiments.discovery import load_experiment
     defaults = load_experiment(name).Configs()
     fixed, dims = _settings(defaults, tokens)
     metric, direction = _metric(a)

@@ -1,7 +1,7 @@
 """Checking a sweep's points before anything is written, each as `lazylab train` checks a run, many of them fast.
 
 A point's check is the one `lazylab train` makes before it writes anything, on the CPU: a fresh configuration of
-the experiment with the fixed settings and the point's values, then `runner.check_values` and `runner.compute`
+the experiment with the fixed settings and the point's values, then `configure.check_values` and `configure.compute`
 (memory, data, model, step count, every plain item; not the optimizer, which the trials build, nor the pass on a
 first batch). Done for every point of a 5,000-point grid that is ten minutes of reading the same text and building
 the same model; `PointChecker` shares what does not depend on the point, from the configuration engine's record of
@@ -38,6 +38,17 @@ def _is_plain(value: Any) -> bool:
         return True
     return isinstance(value, (list, tuple)) and all(_is_plain(v) for v in value)
 
+
+
+def make_configs(name: str, tokens: list[str]) -> Any:
+    """`lazylab.experiments.configure.make_configs` of key=value `tokens`, `--config FILE` among them as the sweep's
+    plan appends it (TODO(sweeps): the sweep's parser passes the file on its own, as `config=`)."""
+    from lazylab.experiments import configure  # torch: only when points are checked (as the calls below)
+    tokens, config = list(tokens), None
+    if '--config' in tokens:
+        at = tokens.index('--config')
+        config, tokens = tokens[at + 1], tokens[:at] + tokens[at + 2:]
+    return configure.make_configs(name, tokens, config=config)
 
 class PointChecker:
     """Checks points of a sweep of experiment NAME (see the module docstring).
@@ -76,15 +87,15 @@ class PointChecker:
         import torch
 
         from lazylab.configs import apply_overrides
-        from lazylab.experiments import runner
+        from lazylab.experiments import configure
         threads = torch.get_num_threads()
         try:
-            conf = runner.make_configs(self.name, self.fixed + [f'{k}={t}' for k, t in point.items()])
+            conf = make_configs(self.name, self.fixed + [f'{k}={t}' for k, t in point.items()])
             given = self._give(conf, point, apply_overrides)
             with _Reads(conf) as top:  # what the checks read themselves (not the listing of the plain items)
-                runner.check_values(conf)
-                runner.compute(conf, optimizer=False, plain=False)
-            runner.compute_plain(conf)
+                configure.check_values(conf)
+                configure.compute(conf, optimizer=False, plain=False)
+            configure.compute_plain(conf)
         finally:
             torch.set_num_threads(threads)
         self._learn(conf, point, given, top.reads)

@@ -412,10 +412,10 @@ def type_space(name: str, fixed: list[str], dims: list[Dimension], checker: Any 
     """
     from lazylab.configs import ConfigError, parse_overrides
     from lazylab.configs.engine.errors import UnknownItemError
-    from lazylab.experiments import runner
-    from lazylab.sweeps.points import PointChecker
+    from lazylab.experiments import configure, discovery
+    from lazylab.sweeps.points import PointChecker, make_configs
     first = {d.key: d.texts[0] if d.discrete else d.low_text for d in dims}
-    conf = runner.make_configs(name, fixed)
+    conf = make_configs(name, fixed)
     for d in dims:  # what the declarations can tell before anything is computed, with the sweep named
         for text in (d.texts if d.discrete else (d.low_text, d.high_text)):
             try:
@@ -426,7 +426,7 @@ def type_space(name: str, fixed: list[str], dims: list[Dimension], checker: Any 
                 raise UsageError(f'{d.key}={d.written}: {str(e).splitlines()[0]}') from None
     # the device (and the dashboard) as the trials will see them, with the first point's values (so that a
     # warm-up's keys are checked together, swept or not); the points themselves are computed on the CPU
-    runner.check_values(runner.make_configs(name, fixed + [f'{k}={t}' for k, t in first.items()]))
+    configure.check_values(make_configs(name, fixed + [f'{k}={t}' for k, t in first.items()]))
     checker = checker or PointChecker(name, fixed, [d.key for d in dims])
     try:
         conf = checker.check(first)
@@ -434,7 +434,7 @@ def type_space(name: str, fixed: list[str], dims: list[Dimension], checker: Any 
         d = next((d for d in dims if d.key == e.path), None)
         if d is None:
             raise
-        raise UsageError(f'{d.key}={d.written}: {unknown_key(name, runner.load_experiment(name).Configs, d.key)}') \
+        raise UsageError(f'{d.key}={d.written}: {unknown_key(name, discovery.load_experiment(name).Configs, d.key)}') \
             from None
     for d in dims:
         _type_dimension(d, *_owner(conf, d.key, name))

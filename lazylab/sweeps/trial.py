@@ -108,20 +108,31 @@ def run_trial(argv: list[str]) -> None:
     try:
         report = os.environ.get(REPORT_ENV)
         hook = (OptunaReport(**json.loads(report)) if rank0 else _silent) if report else None
-        from lazylab.experiments import runner
+        from lazylab.experiments import lifecycle
         if resume and (run_dir / 'checkpoint.pt').is_file() and (run_dir / 'run.json').is_file():
             print(f'trial: resuming {run_dir} from its checkpoint', flush=True)
-            runner.resume_main(str(run_dir), on_validation=hook)
+            lifecycle.resume_main(str(run_dir), on_validation=hook)
             return
         if resume and rank0:
             print(f'trial: restarting {run_dir} (no checkpoint yet)', flush=True)
         if rank0:
             clear(run_dir)
-        runner.train_main(name, rest, run_dir=run_dir, on_validation=hook, labels={'sweep': swept},
-                          info={'sweep': info} if info else None)
+        settings, config = settings_and_config(rest)
+        lifecycle.train_main(name, settings, config=config, run_dir=run_dir, on_validation=hook,
+                             labels={'sweep': swept}, info={'sweep': info} if info else None)
     finally:
         if held is not None:
             held.close()
+
+
+def settings_and_config(tokens: list[str]) -> tuple[list[str], Optional[str]]:
+    """(key=value tokens, the `--config FILE` among them) of a trial's command line (TODO(sweeps): the trial's
+    parser reads the flag)."""
+    tokens, config = list(tokens), None
+    if '--config' in tokens:
+        at = tokens.index('--config')
+        config, tokens = tokens[at + 1], tokens[:at] + tokens[at + 2:]
+    return tokens, config
 
 
 def _silent(step: int, record: dict[str, Any]) -> None:

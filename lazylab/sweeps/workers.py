@@ -429,8 +429,8 @@ def outcome(trial_dir: Path, returncode: int, metric: str) -> tuple[str, Optiona
     state: 'completed' (value: the final record's metric), 'pruned' (value: the last validation's), 'failed'
     (error: the one-line message it printed) or 'interrupted' (killed by a signal or Ctrl-C: to be resumed).
     """
-    from lazylab.experiments.metrics import METRICS as METRICS_FILE
     from lazylab.experiments.metrics import read_metrics
+    from lazylab.runs import METRICS_JSONL as METRICS_FILE
     if returncode < 0 or returncode in (130, 143):
         return 'interrupted', None, None, None
     if returncode != 0:

@@ -78,3 +78,20 @@ def test_the_help_of_the_command_line_imports_no_torch():
 @pytest.mark.parametrize('name', sorted(cli.COMMANDS))
 def test_every_command_module_has_a_parser_named_after_it(name):
     assert cli.command(name).parser().prog == f'lazylab {name}'
+
+
+def test_the_public_experiment_api_imports_torch_only_when_a_name_is_used():
+    code = ('import sys, lazylab.experiments as e; before = "torch" in sys.modules; names = sorted(e.__all__); '
+            'c = e.TrainerConfigs; print(before, "torch" in sys.modules, c.__module__, names)')
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True).stdout.split(' ', 3)
+    assert out[:3] == ['False', 'True', 'lazylab.experiments.trainer']
+    assert out[3].strip() == str(sorted(['TrainerConfigs', 'NLPAutoRegressionConfigs', 'TextTask', 'device_of',
+                                         'LABML_NN_PRESET', 'Task', 'Batch', 'BatchLoss', 'evaluate', 'main']))
+
+
+def test_lazylab_help_lists_the_built_in_experiments(capsys):
+    assert cli.main(['--help']) == 0
+    out = capsys.readouterr().out
+    assert 'lazylab new NAME [--task text|custom]' in out
+    assert out.rstrip().splitlines()[-1] == ('experiments: feedback, fast_weights, transformer, retrieval (built-in); '
+                                             'or a .py file, or a dotted module')

@@ -119,7 +119,7 @@ def test_token_wise_option_takes_the_feature_map_and_rule():
 
 
 def test_experiment_keys_select_the_variants():
-    from lazylab.experiments.runner import make_configs
+    from lazylab.experiments.configure import make_configs
     conf = make_configs('fast_weights', ['fast_weights.phi=favor', 'fast_weights.favor_features=7',
                                          'fast_weights.update_rule=sum', 'd_model=16', 'heads=2'])
     conf.n_tokens = 11
@@ -202,7 +202,7 @@ def test_the_default_rule_builds_no_gate_and_its_state_dict_loads_into_the_gated
 
 
 def test_experiment_keys_select_the_successors():
-    from lazylab.experiments.runner import make_configs
+    from lazylab.experiments.configure import make_configs
     conf = make_configs('fast_weights', ['fast_weights.update_rule=delta_product', 'fast_weights.householder_steps=3',
                                          'fast_weights.gated=true', 'fast_weights.phi=l2', 'd_model=16', 'heads=2'])
     conf.n_tokens = 11

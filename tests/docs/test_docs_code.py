@@ -231,8 +231,21 @@ def _argv(command: str) -> list[str]:
             w = w.replace('RUN_ID', Path(found[0]).name)
         resolved += sorted(glob.glob(w)) if '*' in w else [w]
     if resolved[0] == 'train':
-        resolved = resolved[:2] + TINY + resolved[2:]
+        resolved = resolved[:2] + _tiny_for(resolved[1]) + resolved[2:]
     return resolved
+
+
+def _tiny_for(experiment: str) -> list[str]:
+    """The TINY sizes the experiment has keys for (an experiment of the reader's own, such as the tutorial's LSTM,
+    has no `heads`); all of them when it cannot be loaded (the command is then a mistake the page shows)."""
+    from lazylab.errors import LazylabError
+    from lazylab.experiments.configure import declared_keys
+    from lazylab.experiments.discovery import load_experiment
+    try:
+        keys = declared_keys(load_experiment(experiment).Configs)
+    except LazylabError:
+        return TINY
+    return [a for a in TINY if a.split('=')[0] in keys]
 
 
 def _matches(expected: str, lines: list[str]) -> bool:

@@ -14,16 +14,16 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from lazylab import cli
+from lazylab import runs as runs_module
 from lazylab.errors import CheckpointError, UsageError
 from lazylab.experiments import checkpoint as checkpoint_module
-from lazylab.experiments import runner
-from lazylab.experiments.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
+from lazylab.experiments.checkpoint import load_checkpoint, save_checkpoint
+from lazylab.runs import CHECKPOINT_PT as CHECKPOINT
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_size=4', 'sample_tokens=5',
@@ -245,13 +245,13 @@ def test_a_failure_that_run_json_cannot_record_is_still_one_error_line(tmp_path,
     """The disk is still full when the failure is recorded: a warning says run.json could not take it, then the
     error line; no traceback, exit 2, and run.json is the one written at the start (status running)."""
     monkeypatch.setattr(checkpoint_module, 'open', full_disk_after(0), raising=False)
-    real = runner.write_run_json
+    real = runs_module.write_record
 
     def full(run_dir, info):
         if info.get('status') == 'failed':
             raise OSError(errno.ENOSPC, ENOSPC)
         real(run_dir, info)
-    monkeypatch.setattr(runner, 'write_run_json', full)
+    monkeypatch.setattr(runs_module, 'write_record', full)
     assert cli.main(['train', 'transformer', *TINY, f'runs_dir={tmp_path}']) == 2
     run = _only_run(tmp_path)
     assert capsys.readouterr().err.splitlines() == [
@@ -261,7 +261,7 @@ def test_a_failure_that_run_json_cannot_record_is_still_one_error_line(tmp_path,
 
 
 def test_run_json_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
-    runner.write_run_json(tmp_path, {'status': 'running'})
+    runs_module.write_record(tmp_path, {'status': 'running'})
     before = (tmp_path / 'run.json').read_bytes()
     real = Path.write_text
 
@@ -270,7 +270,7 @@ def test_run_json_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, ENOSPC)
     monkeypatch.setattr(Path, 'write_text', half_then_full)
     with pytest.raises(OSError, match=ENOSPC):
-        runner.write_run_json(tmp_path, {'status': 'failed', 'error': 'x' * 1000})
+        runs_module.write_record(tmp_path, {'status': 'failed', 'error': 'x' * 1000})
     assert (tmp_path / 'run.json').read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ['run.json']
 
@@ -322,22 +322,21 @@ def test_a_runs_dir_another_process_makes_first_is_used(tmp_path, monkeypatch):
         return real(self, *args, **kwargs)
     monkeypatch.setattr(Path, 'mkdir', the_other_process_first)
     made = []
-    run_dir = runner.new_run_dir(SimpleNamespace(runs_dir=str(runs)), 'transformer', made)
+    run_dir = runs_module.make_run_dir(runs / 'transformer', made)
     assert run_dir.parent == runs / 'transformer' and run_dir.is_dir()
     assert made == [run_dir]
 
 
 def test_a_run_id_another_run_took_is_drawn_again(tmp_path, monkeypatch):
     ids = iter(['20261201-120000-aaaa', '20261201-120000-aaaa', '20261201-120000-bbbb'])
-    monkeypatch.setattr(runner, 'new_run_id', lambda: next(ids))
-    conf = SimpleNamespace(runs_dir=str(tmp_path))
-    first = runner.new_run_dir(conf, 'transformer')
-    second = runner.new_run_dir(conf, 'transformer')
+    monkeypatch.setattr(runs_module, 'new_run_id', lambda: next(ids))
+    first = runs_module.make_run_dir(tmp_path / 'transformer')
+    second = runs_module.make_run_dir(tmp_path / 'transformer')
     assert (first.name, second.name) == ('20261201-120000-aaaa', '20261201-120000-bbbb')
-    monkeypatch.setattr(runner, 'new_run_id', lambda: '20261201-120000-aaaa')  # every id taken
-    with pytest.raises(UsageError, match=rf'^cannot create a run directory in runs_dir=.*: '
-                                         rf'{runner.RUN_ID_ATTEMPTS} new run ids in a row were taken in '):
-        runner.new_run_dir(conf, 'transformer')
+    monkeypatch.setattr(runs_module, 'new_run_id', lambda: '20261201-120000-aaaa')  # every id taken
+    with pytest.raises(UsageError, match=rf"^cannot create a run directory in runs_dir='{tmp_path}': "
+                                         rf'20 new run ids in a row were taken in '):
+        runs_module.make_run_dir(tmp_path / 'transformer', where=f'runs_dir={str(tmp_path)!r}')
 
 
 def test_a_failed_start_removes_only_its_own_run_not_one_started_beside_it(tmp_path):
@@ -345,17 +344,17 @@ def test_a_failed_start_removes_only_its_own_run_not_one_started_beside_it(tmp_p
     goes, B's run and the folders holding it stay."""
     runs = tmp_path / 'runs'
     made = []
-    a = runner.new_run_dir(SimpleNamespace(runs_dir=str(runs)), 'transformer', made)
-    b = runner.new_run_dir(SimpleNamespace(runs_dir=str(runs)), 'transformer')
+    a = runs_module.make_run_dir(runs / 'transformer', made)
+    b = runs_module.make_run_dir(runs / 'transformer')
     (b / 'run.json').write_text('{}')
-    runner.remove_made(made, a)
+    runs_module.remove_made(made, a)
     assert not a.exists() and (b / 'run.json').read_text() == '{}'
 
 
 def _start_together(barrier, runs_dir: str, queue) -> None:
     barrier.wait()
     try:
-        queue.put(str(runner.new_run_dir(SimpleNamespace(runs_dir=runs_dir), 'transformer')))
+        queue.put(str(runs_module.make_run_dir(Path(runs_dir) / 'transformer')))
     except UsageError as e:
         queue.put(f'error: {e}')
 

@@ -4,8 +4,8 @@ that the model is made from, before anything is written; a NaN after updates kee
 import pytest
 
 from lazylab.errors import TrainingError
-from lazylab.experiments import trainer
-from lazylab.experiments.runner import compute, make_configs
+from lazylab.experiments import configure, trainer
+from lazylab.experiments.configure import compute, make_configs
 
 SIZES = ['d_model=32', 'heads=2', 'seq_len=16', 'batch_size=4', 'valid_batches=1',
          'final_valid_batches=1', 'sample_tokens=4', 'device=cpu', 'threads=1', 'max_steps=3']
@@ -23,7 +23,7 @@ def test_a_nan_loss_before_any_update_names_the_settings_and_writes_nothing(tmp_
 
 
 def test_a_nan_loss_at_step_1_of_training_says_it_is_not_the_learning_rate(tmp_path, cli_error, monkeypatch):
-    monkeypatch.setattr(trainer, 'check_trains', lambda c: None)  # as when eval and training mode differ
+    monkeypatch.setattr(configure, 'check_trains', lambda c: None)  # as when eval and training mode differ
     message = cli_error(['train', 'fast_weights', *UNNORMALISED, *SIZES, f'runs_dir={tmp_path}'])
     assert message == f'training loss is nan at step 1, before any update (no checkpoint was written), {CAUSE}'
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from lazylab import cli
+from lazylab.experiments.configure import make_configs, prepare
 from lazylab.experiments.retrieval import RetrievalTask, retrieval_batch
-from lazylab.experiments.runner import make_configs, prepare
 from lazylab.experiments.trainer import read_metrics
 from lazylab.models import fast_weights as fw
 from lazylab.models.fast_weights.retrieval import FastWeightsRetrieval, SoftmaxRetrieval, sum_of_writes
@@ -189,7 +189,7 @@ def test_generate_on_a_retrieval_run_is_one_line(tmp_path, capsys):
     assert cli.main(['generate', str(run), '--prompt', 'a', '--tokens', '3']) == 2
     err = capsys.readouterr().err.strip()
     assert err == (f'lazylab: error: {run} is a retrieval run, which does not generate text; lazylab generate '
-                   f'takes a run of a language model (feedback, fast_weights, transformer)')
+                   f'takes a run of a text model (an NLPAutoRegressionConfigs experiment)')
 
 
 @pytest.mark.parametrize('name, keys, position, loss', [

@@ -136,7 +136,7 @@ def test_train_whose_stdout_reader_goes_away_trains_to_the_end_without_its_outpu
 
 
 def test_generate_streams_the_same_bytes_as_the_text_it_returns(short_run):
-    from lazylab.experiments.runner import generate
+    from lazylab.experiments.generation import generate
     text = generate(str(short_run), 'Th', 200, seed=11)
     pieces: list[str] = []
     assert generate(str(short_run), 'Th', 200, seed=11, on_text=pieces.append) == text
@@ -148,7 +148,7 @@ def test_generate_streams_the_same_bytes_as_the_text_it_returns(short_run):
 
 
 def test_ctrl_c_during_generate_leaves_the_text_so_far_on_stdout(short_run):
-    from lazylab.experiments.runner import generate
+    from lazylab.experiments.generation import generate
     proc = subprocess.Popen([sys.executable, '-m', 'lazylab.cli', 'generate', str(short_run), '--prompt', 'Th',
                              '--tokens', '1000000', '--seed', '11'], env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)

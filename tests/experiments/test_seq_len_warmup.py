@@ -6,9 +6,10 @@ import torch
 
 from lazylab import cli
 from lazylab.experiments.budget import TimeBudget
-from lazylab.experiments.checkpoint import CHECKPOINT, Position, load_checkpoint
+from lazylab.experiments.checkpoint import Position, load_checkpoint
 from lazylab.experiments.task import SeqLenWarmup
 from lazylab.experiments.trainer import read_metrics
+from lazylab.runs import CHECKPOINT_PT as CHECKPOINT
 
 TINY = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=32', 'batch_size=4', 'sample_tokens=5',
         'valid_batches=1', 'final_valid_batches=2', 'device=cpu', 'threads=1', 'max_steps=12', 'valid_interval=4',
@@ -106,7 +107,7 @@ def test_a_run_stopped_mid_warmup_and_resumed_is_bitwise_the_run_that_never_stop
 def test_a_task_without_shorter_sequences_refuses_the_warmup(tmp_path, capsys):
     from lazylab.configs import apply_overrides, option
     from lazylab.errors import UsageError
-    from lazylab.experiments import runner
+    from lazylab.experiments import configure
     from lazylab.experiments.task import Task
     from lazylab.experiments.transformer import Configs
 
@@ -124,4 +125,4 @@ def test_a_task_without_shorter_sequences_refuses_the_warmup(tmp_path, capsys):
     apply_overrides(conf, {'task': 'fixed', 'seq_len_start': 4, 'seq_len_warmup': 2, 'device': 'cpu'})
     with pytest.raises(UsageError, match=r'^seq_len_start: the task of this experiment \(Fixed\) has no shorter '
                                          r'sequences, so it cannot warm up the sequence length'):
-        runner.prepare(conf)
+        configure.prepare(conf)

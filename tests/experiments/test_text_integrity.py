@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from lazylab import cli
 from lazylab.data import DataError, TextDataset, bundled_text_path
 from lazylab.experiments import checkpoint as checkpoint_module
-from lazylab.experiments.checkpoint import CHECKPOINT, load_checkpoint
+from lazylab.experiments.checkpoint import load_checkpoint
 from lazylab.experiments.nlp_autoregression import prompt_ids
+from lazylab.runs import CHECKPOINT_PT as CHECKPOINT
 
 TINY = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_size=4', 'sample_tokens=5',
         'valid_batches=1', 'final_valid_batches=1', 'device=cpu', 'threads=1', 'max_steps=3', 'valid_interval=1']

@@ -19,7 +19,7 @@ import torch
 
 from lazylab import cli
 from lazylab.configs import load, to_dict
-from lazylab.experiments import runner
+from lazylab.experiments import configure, discovery, replay
 from lazylab.experiments.trainer import load_checkpoint, read_metrics
 
 # 60 steps of 4 × 16 characters, validation + checkpoint every 10 steps; one CPU thread (fastest when the machine
@@ -79,7 +79,7 @@ def test_loss_falls_and_run_dir_holds_configs_metrics_samples_checkpoint(referen
 
     ck = load_checkpoint(run_dir / 'checkpoint.pt')
     assert ck['position']['step'] == 60 and ck['position']['tokens'] == 3840
-    assert ck['vocabulary'] == ''.join(sorted(set((Path(runner.__file__).parents[1] / 'data' /
+    assert ck['vocabulary'] == ''.join(sorted(set((Path(configure.__file__).parents[1] / 'data' /
                                                     'tiny_shakespeare.txt').read_text(encoding='utf-8'))))
     assert {'model', 'optimizer', 'scheduler', 'rng'} <= set(ck)
 
@@ -95,9 +95,9 @@ def test_loss_falls_and_run_dir_holds_configs_metrics_samples_checkpoint(referen
 def test_configs_yaml_replays_to_the_same_configuration(reference):
     run_dir, _ = reference
     original = (run_dir / 'configs.yaml').read_text(encoding='utf-8')
-    conf = runner.load_experiment('transformer').Configs()
+    conf = discovery.load_experiment('transformer').Configs()
     load(conf, run_dir / 'configs.yaml')
-    runner.prepare(conf)
+    configure.prepare(conf)
     replayed = to_dict(conf)['values']
     assert replayed['d_model'] == 16 and replayed['optimizer.optimizer'] == 'AdamW'
     assert replayed['optimizer.learning_rate'] == 0.01 and replayed['max_steps'] == 60
@@ -111,7 +111,7 @@ def test_generate_from_checkpoint_is_greedy_argmax_at_temperature_zero(reference
     text = capsys.readouterr().out.rstrip('\n')
     assert len(text) == 6 + 25 and text.startswith('ROMEO:')
     # the same continuation, computed by hand from the checkpoint's weights
-    name, conf, _ = runner.open_run(str(run_dir))
+    name, conf, _ = replay.open_run(str(run_dir))
     ck = load_checkpoint(run_dir / 'checkpoint.pt')
     conf.n_tokens = len(ck['vocabulary'])
     model = conf.model
@@ -283,7 +283,7 @@ def test_feedback_experiment_trains_and_generates_incrementally(tmp_path, capsys
         # whole prefix and taking the argmax at every step
         assert cli.main(['generate', str(run_dir), '--prompt', 'KING', '--tokens', '12', '--temperature', '0']) == 0
         text = capsys.readouterr().out.rstrip('\n')
-        _, conf, _ = runner.open_run(str(run_dir))
+        _, conf, _ = replay.open_run(str(run_dir))
         ck = load_checkpoint(run_dir / 'checkpoint.pt')
         conf.n_tokens = len(ck['vocabulary'])
         m = conf.model

@@ -9,13 +9,14 @@ from torch import nn
 
 from lazylab.configs import apply_overrides, option
 from lazylab.errors import CheckpointError
-from lazylab.experiments import runner
+from lazylab.experiments import configure
 from lazylab.experiments.budget import CALIBRATION_STEPS, TimeBudget
-from lazylab.experiments.checkpoint import CHECKPOINT, Checkpointer, Position, load_checkpoint
+from lazylab.experiments.checkpoint import Checkpointer, Position, load_checkpoint
 from lazylab.experiments.metrics import RunningMetrics, read_metrics
 from lazylab.experiments.task import BatchLoss, Task
 from lazylab.experiments.trainer import train
 from lazylab.experiments.transformer import Configs as TransformerExperiment
+from lazylab.runs import CHECKPOINT_PT as CHECKPOINT
 
 
 class Clock:
@@ -184,7 +185,7 @@ def test_the_trainer_takes_batches_loss_and_validation_from_the_task(tmp_path):
                            'device': 'cpu', 'max_minutes': 0})
     threads = torch.get_num_threads()
     try:
-        runner.prepare(conf)
+        configure.prepare(conf)
         last = train(conf, tmp_path)
     finally:
         torch.set_num_threads(threads)

@@ -167,7 +167,7 @@ def test_the_last_line_of_a_run_being_trained_is_not_damage(tmp_path):
         f.write(b'{"step": 3, "loss.va')  # the trainer is writing this line now
     fd = os.open(a, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # as lazylab.experiments.runner.training_lock holds it while it trains
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as lazylab.experiments.lifecycle.training_lock holds it while it trains
         t = compare.compare([str(a)])
         assert (t.rows[0]['status'], t.rows[0]['final'], t.warnings) == ('running', 1.5, [])
     finally:

@@ -12,7 +12,7 @@ import yaml
 
 from lazylab import cli
 from lazylab.configs import BaseConfigs, apply_overrides, dump, load, option, replay_changes, to_dict
-from lazylab.experiments import runner
+from lazylab.experiments import configure, lifecycle
 from lazylab.experiments.metrics import read_metrics
 
 # --- the engine: given, computed, and the check -----------------------------------------------------------
@@ -130,10 +130,10 @@ def train(tmp_path, tools):
 
 def _direct(name, tools, *settings):
     """The configuration `lazylab train NAME TINY settings` computes, without a dump."""
-    conf = runner.make_configs(name, [*tools.TINY, *settings])
+    conf = configure.make_configs(name, [*tools.TINY, *settings])
     threads = torch.get_num_threads()
     try:
-        runner.prepare(conf)
+        configure.prepare(conf)
     finally:
         torch.set_num_threads(threads)
     return conf
@@ -149,7 +149,7 @@ def test_config_replay_with_a_new_width_trains_that_width_and_every_computed_val
     second = train(name, '--config', str(first / 'configs.yaml'), 'd_model=32', sizes=False)
     info = json.loads((second / 'run.json').read_text())
     direct = _direct(name, tools, 'd_model=32')
-    assert info['parameters'] == runner.parameter_count(direct.model) > \
+    assert info['parameters'] == lifecycle.parameter_count(direct.model) > \
         json.loads((first / 'run.json').read_text())['parameters']
     doc = yaml.safe_load((second / 'configs.yaml').read_text())
     assert doc['given']['d_model'] == 'user'
@@ -239,7 +239,7 @@ def test_the_trainer_hook_is_asked_at_each_validation_and_stops_the_run(tmp_path
     settings = [t for t in tools.TINY if not t.startswith('max_steps=')] + ['max_steps=8', f'runs_dir={tmp_path}']
     threads = torch.get_num_threads()
     try:
-        run = runner.train_main('transformer', settings, on_validation=hook)
+        run = lifecycle.train_main('transformer', settings, on_validation=hook)
     finally:
         torch.set_num_threads(threads)
     records = read_metrics(run / 'metrics.jsonl')

@@ -1,0 +1,53 @@
+"""`lazylab options EXPERIMENT` (and `lazylab train EXPERIMENT --help`): every key of an experiment with its type,
+default, rule, options and help (the comment beside its declaration), then the experiment's presets."""
+from typing import Union
+
+import torch
+
+from lazylab.configs import apply_overrides, describe, format_description, inspect
+from lazylab.experiments.discovery import Experiment, find_experiment
+
+
+def options_text(experiment: Union[str, Experiment]) -> str:
+    """`lazylab options EXPERIMENT`: every key with type, default, options and help, then the presets.
+
+    A sub-config's key shows the experiment's default where the experiment sets it (e.g. the feedback
+    experiment's `feedback.d_model = 128 (follows d_model)`, not FeedbackConfigs' own 512): see
+    `effective_defaults`.
+
+    Args:
+        experiment: EXPERIMENT as written (a built-in name, a .py file, a module) or an `Experiment`.
+
+    Raises:
+        UsageError: the experiment cannot be found, or is no experiment (`discovery`).
+    """
+    found = experiment if isinstance(experiment, Experiment) else find_experiment(experiment)
+    configs = found.Configs
+    text = format_description(describe(configs), effective_defaults(configs))
+    presets = found.presets
+    if presets:
+        text += '\n\npresets (preset=NAME, applied before other settings):\n'
+        for p, values in presets.items():
+            text += f'  {p}: ' + ' '.join(f'{k}={v}' for k, v in values.items()) + '\n'
+    return text
+
+
+def effective_defaults(configs_class: type) -> dict[str, str]:
+    """dotted key → how the experiment sets it, for the sub-config keys whose default the experiment replaces:
+    `'128 (follows d_model)'` (a default that reads another key), `'4 (set by the experiment)'` (a value given by
+    the experiment's option), `'(set by the experiment)'` (an object, not built here).
+
+    Found by making the experiment's sub-configs with the defaults (on the CPU; the model is built, the text
+    read; the random states are left as they were) and reading their plain items; a sub-config that cannot be
+    made so keeps its class's defaults in the listing.
+
+    Args:
+        configs_class: the experiment's Configs.
+    """
+    conf = configs_class()
+    apply_overrides(conf, {'device': 'cpu', 'threads': 0})  # no accelerator start-up for a listing
+    threads = torch.get_num_threads()
+    with torch.random.fork_rng(devices=[]):
+        inspect.compute_plain(conf)
+    torch.set_num_threads(threads)
+    return inspect.effective_defaults(conf)

@@ -1,0 +1,55 @@
+"""`lazylab new NAME [--task text|custom]`: the experiment files it writes, and the function that writes them.
+
+    text.py     a character-level LSTM language model on NLPAutoRegressionConfigs (the text, the optimizer, the
+                time budget come with it): a model of your own in about 40 lines
+    custom.py   a Task of its own (sorting digits) on TrainerConfigs, with its model, optimizer and step count
+
+Both are ordinary experiments (the tests train them as written); `EXPERIMENT_NAME` in their docstrings becomes the
+name given.
+"""
+import contextlib
+import os
+from pathlib import Path
+
+from lazylab.errors import UsageError
+from lazylab.experiments.discovery import registered
+
+#: --task → the template file
+TEMPLATES = {'text': 'text.py', 'custom': 'custom.py'}
+
+
+def write_experiment(name: str, task: str = 'text', folder: Path = Path('.')) -> Path:
+    """Write FOLDER/NAME.py, an experiment that trains as written (`lazylab train NAME.py`); returns its path.
+
+    Args:
+        name: the experiment's name (a Python name; NAME.py is accepted too).
+        task: 'text' (a text model of your own) or 'custom' (a Task of your own).
+        folder: where to write it (default: the current folder).
+
+    Raises:
+        UsageError: NAME is not a Python name, or a built-in or installed experiment's; NAME.py exists already
+            (nothing is overwritten); the file cannot be written.
+    """
+    stem = name[:-3] if name.endswith('.py') else name
+    if not stem.isidentifier():
+        raise UsageError(f'NAME must be a Python name (letters, digits and _, not starting with a digit), got '
+                         f'{name!r}')
+    taken = registered().get(stem)
+    if taken is not None:
+        raise UsageError(f"'{stem}' is the name of the {taken.kind.replace('_', ' ')} experiment "
+                         f"{taken.module_name}; choose another NAME")
+    if task not in TEMPLATES:
+        raise UsageError(f"--task must be one of {', '.join(TEMPLATES)}, got {task!r}")
+    text = (Path(__file__).parent / TEMPLATES[task]).read_text(encoding='utf-8').replace('EXPERIMENT_NAME', stem)
+    path = Path(folder) / f'{stem}.py'
+    try:
+        with open(path, 'x', encoding='utf-8') as f:  # 'x': never over a file that exists, even one made just now
+            f.write(text)
+    except FileExistsError:
+        raise UsageError(f'{path} exists already; lazylab new does not overwrite it (choose another NAME, or '
+                         f'remove the file)') from None
+    except OSError as e:
+        with contextlib.suppress(OSError):  # a half-written file (a full disk) does not stay
+            os.unlink(path)
+        raise UsageError(f'cannot write {path}: {e.strerror or e}') from None
+    return path
