@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional
 
 __all__ = ['LazylabError', 'WrapsUserError', 'UsageError', 'DashboardError', 'DataError', 'DistributedError',
            'TrainingError', 'CheckpointError', 'NonFiniteLossError', 'Interrupted', 'signals_interrupt',
-           'user_error_message', 'run_cli', 'plural']
+           'signals_deferred', 'user_error_message', 'run_cli', 'plural']
 
 
 def plural(n: float, noun: str, nouns: Optional[str] = None) -> str:
@@ -127,6 +127,27 @@ def signals_interrupt() -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """While the block runs, SIGINT and SIGTERM are held back and delivered to the handlers before it once it
+    ends, so a write that must finish whole (torch.save into a checkpoint) is never cut in the middle: an exception
+    raised inside torch's writer becomes its `unexpected pos` RuntimeError, which would read as a failed write.
+    Outside the main thread (where Python cannot set handlers) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: arrived.append(signum))
+                for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if arrived:  # now to the handler it was meant for (signals_interrupt's raises Interrupted)
+            signal.raise_signal(arrived[0])
 
 
 def point_at_devnull(stream) -> None:

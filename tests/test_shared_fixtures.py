@@ -39,7 +39,7 @@ def test_short_run_is_a_finished_three_step_run(short_run):
 
 
 def test_cli_error_returns_the_one_error_message_and_refuses_anything_else(cli_error):
-    assert cli_error(['train', 'transformr']).startswith("unknown experiment 'transformr' (did you mean")
+    assert cli_error(['train', 'transformr']).startswith("unknown experiment 'transformr'; did you mean 'transformer'?")
     with pytest.raises(AssertionError):  # exit code 0 is not an error
         cli_error(['options', 'transformer'])
 

@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 import torch
 
-from lazylab.errors import CheckpointError
+from lazylab.errors import CheckpointError, signals_deferred
 from lazylab.experiments import distributed
 
 FORMAT = 'lazylab-checkpoint-1'
@@ -60,9 +60,12 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     """
     tmp = path.with_name(path.name + f'.tmp{os.getpid()}')
     try:
-        with open(tmp, 'wb') as f:  # a Python file: a failed write is an OSError (errno, strerror) torch passes on
-            torch.save(payload, f)
-        os.replace(tmp, path)
+        # a Python file: a failed write is an OSError (errno, strerror) torch passes on; a signal waits for the
+        # rename, so that Ctrl-C or SIGTERM is an interrupt after a whole checkpoint, not a failed write
+        with signals_deferred():
+            with open(tmp, 'wb') as f:
+                torch.save(payload, f)
+            os.replace(tmp, path)
     except (OSError, RuntimeError) as e:
         _remove(tmp)
         reason = write_failure(e)

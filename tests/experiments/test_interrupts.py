@@ -81,3 +81,24 @@ def test_run_cli_ends_an_interrupted_command_with_128_plus_the_signal(capsys):
     assert capsys.readouterr().err == '\nlazylab: killed (SIGTERM)\n'
     assert run_cli(stopped, signal.SIGINT) == 130
     assert capsys.readouterr().err == '\nlazylab: interrupted\n'
+
+
+def test_a_signal_in_the_middle_of_a_checkpoint_write_waits_for_the_whole_checkpoint(tmp_path, monkeypatch):
+    """SIGTERM delivered while torch.save is writing (the race test_run_processes met: torch's writer turned the
+    interrupt into `unexpected pos …`, read as a failed write) ends as an interrupt after the rename."""
+    from lazylab.errors import signals_interrupt
+    from lazylab.experiments import checkpoint
+
+    real_save = torch.save
+
+    def save_and_get_killed(obj, f):
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives in the middle of the write
+        real_save(obj, f)
+
+    monkeypatch.setattr(checkpoint.torch, 'save', save_and_get_killed)
+    path = tmp_path / 'checkpoint.pt'
+    with pytest.raises(Interrupted) as e, signals_interrupt():
+        checkpoint.save_checkpoint(path, {'format': checkpoint.FORMAT, 'weights': torch.arange(5000)})
+    assert e.value.signal_name == 'SIGTERM'
+    assert torch.equal(torch.load(path, weights_only=True)['weights'], torch.arange(5000))
+    assert [p.name for p in tmp_path.iterdir()] == ['checkpoint.pt']  # no temporary file left

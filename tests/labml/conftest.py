@@ -17,6 +17,8 @@ from lazylab.labml import adapter
 def labml_state(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     saved = (labml_experiment._internal, labml_experiment._global_params, labml_lab._internal, labml_tracker._internal)
+    # fresh command-line overrides too: a test that sets them mutates the object, which restoring it would keep
+    labml_experiment._global_params = None
     # a fresh lab and tracker: labml's Tracker() consumes the lab's indicator settings (it deletes their
     # 'class_name'), so a second tracker over a lab an earlier test used would fail
     adapter.configure_lab(tmp_path / 'logs', tmp_path / 'data')
