@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from lazylab.errors import UsageError, plural
+from lazylab.experiments import discovery
 from lazylab.redaction import redact, redact_url
-from lazylab.sweeps.spec import Fixed, Space, check_points, full_key, parse_value, type_space
+from lazylab.sweeps.grammar import Dimension, Fixed, Space, parse_value
 
 #: the keys of a validation record a sweep can optimize
 METRICS = ('loss.valid', 'accuracy.valid', 'loss.train', 'accuracy.train', 'tokens_per_s')
@@ -116,9 +117,9 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
     if not a.settings or '=' in a.settings[0]:
         raise UsageError('usage: lazylab sweep NAME [key=value | key=SWEEP …] [--workers N] … (lazylab sweep -h)')
     name, tokens = a.settings[0], a.settings[1:]
-    from lazylab.experiments.discovery import load_experiment
-    defaults = load_experiment(name).Configs()
-    fixed, dims = _settings(defaults, tokens)
+    from lazylab.sweeps import typed  # torch (the points are computed): the parser and `--help` load none
+    defaults = discovery.load_experiment(name).Configs()
+    fixed, dims = _settings(tokens, lambda key: typed.full_key(defaults, key))
     metric, direction = _metric(a)
     if a.workers < 1:
         raise UsageError(f'--workers must be ≥ 1, got {a.workers}')
@@ -129,14 +130,13 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
         raise UsageError(f'--study {study!r}: use letters, digits, ".", "_" and "-" (it names the sweep folder)')
     storage = _storage(storage or a.storage, a.storage)
     config_args = ['--config', a.config] if a.config else []
-    from lazylab.sweeps.points import PointChecker
-    checker = PointChecker(name, fixed + config_args, [d.key for d in dims])
-    conf = type_space(name, fixed + config_args, dims, checker)
-    space = Space(dims, [[full_key(defaults, k.strip()) for k in z.split(',') if k.strip()] for z in a.zip])
+    checker = typed.PointChecker(name, fixed + config_args, [d.key for d in dims])
+    conf = typed.type_space(name, fixed + config_args, dims, checker)
+    space = Space(dims, [[typed.full_key(defaults, k.strip()) for k in z.split(',') if k.strip()] for z in a.zip])
     sampler, points, trials = _points(a, space)
     launcher = _launcher(a.launcher)
     if check:
-        check_points(name, fixed + config_args, space, grid=sampler == 'grid', checker=checker, say=say)
+        typed.check_points(name, fixed + config_args, space, grid=sampler == 'grid', checker=checker, say=say)
     default_threads = defaults.threads if not any(t.startswith('threads=') for t in fixed) else -1
     return Plan(name=name, argv=list(argv), fixed=fixed, config_file=a.config, space=space, sampler=sampler,
                 trials=trials, metric=metric, direction=direction, prune=a.prune, storage=storage,
@@ -145,8 +145,9 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
                 points=points, study_named=study is not None)
 
 
-def _settings(defaults: Any, tokens: list[str]) -> tuple[list[str], list]:
-    """(fixed key=value tokens, swept dimensions) of the command's settings; each swept key named in full."""
+def _settings(tokens: list[str], full_key: Callable[[str], str]) -> tuple[list[str], list[Dimension]]:
+    """(fixed key=value tokens, swept dimensions) of the command's settings; each swept key named in full, by
+    `full_key`."""
     fixed, dims, seen = [], [], set()
     for token in tokens:
         key, eq, text = token.partition('=')
@@ -154,7 +155,7 @@ def _settings(defaults: Any, tokens: list[str]) -> tuple[list[str], list]:
         if not eq or not key:
             raise UsageError(f'expected key=value or key=SWEEP, got {token!r}')
         value = parse_value(key, text)
-        full = full_key(defaults, key)  # a key's unique end stands for it, as on `lazylab train`
+        full = full_key(key)  # a key's unique end stands for it, as on `lazylab train`
         if full in seen:
             raise UsageError(f'{full} is given twice')
         seen.add(full)

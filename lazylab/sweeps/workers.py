@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lazylab.errors import Interrupted, UsageError, plural
+from lazylab.sweeps.grammar import Dimension, plain
 from lazylab.sweeps.plan import CONFIG_COPY, JOURNAL, OWNERS, SWEEP_YAML, Plan, cores, workers_line
-from lazylab.sweeps.spec import Dimension, _plain
 from lazylab.sweeps.trial import OUTPUT, REPORT_ENV, TRIAL
 
 
@@ -291,7 +291,7 @@ class Sweep:
         if d.discrete:
             if d.int_step is not None and self.plan.sampler != 'grid':
                 return trial.suggest_int(d.key, d.low, d.high, step=d.int_step, log=d.log)
-            return trial.suggest_categorical(d.key, [_plain(v) for v in d.values])
+            return trial.suggest_categorical(d.key, [plain(v) for v in d.values])
         if d.is_int:
             return trial.suggest_int(d.key, d.low, d.high, log=d.log)
         return trial.suggest_float(d.key, d.low, d.high, log=d.log)

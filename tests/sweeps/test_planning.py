@@ -14,7 +14,8 @@ from lazylab import cli
 from lazylab.sweeps import points as points_module
 from lazylab.sweeps.plan import make_plan
 from lazylab.sweeps.points import PointChecker
-from lazylab.sweeps.spec import Space, check_points, parse_value, type_space
+from lazylab.sweeps.grammar import Space, parse_value
+from lazylab.sweeps.typed import check_points, type_space
 
 TINY_RETRIEVAL = ['max_steps=2', 'valid_interval=1', 'threads=1', 'device=cpu', 'update_rule=sum']
 
