@@ -5,27 +5,24 @@ experiment's declarations, the whole configuration of every grid point — of ea
 flags); a mistake is one `UsageError` line. See lazylab.sweeps.sweep for the command itself.
 """
 import argparse
+import difflib
 import hashlib
-import os
 import re
 import shlex
+import shutil
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from lazylab.errors import UsageError, plural
+from lazylab import runs
+from lazylab.errors import UsageError
 from lazylab.experiments import discovery
 from lazylab.redaction import redact, redact_url
 from lazylab.sweeps.grammar import Dimension, Fixed, Space, parse_value
 
 #: the keys of a validation record a sweep can optimize
-METRICS = ('loss.valid', 'accuracy.valid', 'loss.train', 'accuracy.train', 'tokens_per_s')
-SWEEP_YAML = 'sweep.yaml'
-JOURNAL = 'study.journal'
-CONFIG_COPY = 'config.yaml'
-OWNERS = '.owners'
+METRICS = runs.METRIC_KEYS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -79,7 +76,7 @@ class Plan:
 
     @property
     def sweep_dir(self) -> Path:
-        return self.runs_dir / self.name / f'sweep-{self.study}'
+        return self.runs_dir / self.name / f'{runs.SWEEP_PREFIX}{self.study}'
 
     def signature(self) -> dict[str, Any]:
         """What every process on one study must agree on (machines may differ in paths, threads, versions)."""
@@ -98,7 +95,7 @@ class Plan:
     def storage_shown(self, sweep_dir: Optional[Path] = None) -> str:
         """The storage as messages and sweep.yaml show it: the journal file, or the database URL redacted."""
         if self.storage is None:
-            return f'journal file {(sweep_dir or self.sweep_dir) / JOURNAL}'
+            return f'journal file {(sweep_dir or self.sweep_dir) / runs.STUDY_JOURNAL}'
         if '://' not in self.storage:
             return f'journal file {self.storage}'
         return f'database {redact_url(self.storage)}'
@@ -140,7 +137,7 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
     default_threads = defaults.threads if not any(t.startswith('threads=') for t in fixed) else -1
     return Plan(name=name, argv=list(argv), fixed=fixed, config_file=a.config, space=space, sampler=sampler,
                 trials=trials, metric=metric, direction=direction, prune=a.prune, storage=storage,
-                study=study or time.strftime('%Y%m%d-%H%M%S') + '-' + os.urandom(2).hex(), seed=a.seed,
+                study=study or runs.new_run_id(), seed=a.seed,
                 workers=a.workers, launcher=launcher, runs_dir=Path(conf.runs_dir), default_threads=default_threads,
                 points=points, study_named=study is not None)
 
@@ -174,7 +171,6 @@ def _settings(tokens: list[str], full_key: Callable[[str], str]) -> tuple[list[s
 
 def _metric(a: argparse.Namespace) -> tuple[str, str]:
     if a.metric not in METRICS:
-        import difflib
         close = difflib.get_close_matches(a.metric, METRICS, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ''
         raise UsageError(f'unknown --metric {a.metric!r}{hint}; metrics: {", ".join(METRICS)}')
@@ -218,22 +214,6 @@ def _launcher(text: Optional[str]) -> list[str]:
         raise UsageError(f'--launcher {text!r}: {e}') from None
     if not launcher:
         raise UsageError('--launcher is empty')
-    import shutil
     if shutil.which(launcher[0]) is None:
         raise UsageError(f'--launcher {text!r}: no program {launcher[0]!r} (not on PATH, or not executable)')
     return launcher
-
-
-def cores() -> int:
-    """The CPU cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
-
-
-def workers_line(plan: Plan, workers: int) -> Optional[str]:
-    """The warning when more trials would run at once than there are cores (None otherwise)."""
-    n = cores()
-    if workers <= n:
-        return None
-    asked = f' (--workers {plan.workers}, at most one per trial left)' if workers != plan.workers else ''
-    return (f'lazylab: warning: {plural(workers, "worker")}{asked} on {plural(n, "CPU core")}: the trials share '
-            f'them and each runs slower')

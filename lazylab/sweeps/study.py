@@ -23,9 +23,13 @@ from lazylab.redaction import redact, redact_url
 SIGNATURE = 'lazylab'
 #: the trial system attr naming the process (owner token) that runs the trial
 OWNER = 'lazylab:owner'
+#: the environment variable that gives a trial of a pruned sweep its study (JSON: storage, study, number, metric,
+#: pruner; in the environment, never on the command line, where `ps` would show a database password)
+REPORT_ENV = 'LAZYLAB_SWEEP_REPORT'
 
 
-def _optuna():
+def load_optuna():
+    """The optuna module, imported on first use (start-up time: `lazylab compare` and the sweep's parser need none)."""
     import optuna
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the sweep prints its own line per trial
     return optuna
@@ -38,7 +42,7 @@ def open_storage(url_or_file: str):
         UsageError: the database cannot be reached or the URL is not one Optuna accepts (its credentials hidden:
             lazylab.redaction); the journal file is a folder or is not an Optuna journal.
     """
-    optuna = _optuna()
+    optuna = load_optuna()
     if '://' not in url_or_file:
         from optuna.storages.journal import JournalFileBackend
         _check_journal(url_or_file)
@@ -130,7 +134,7 @@ def _with_driver(url: str) -> str:
 
 
 def make_sampler(kind: str, seed: int):
-    optuna = _optuna()
+    optuna = load_optuna()
     if kind == 'tpe':
         # constant_liar: trials still running count as likely-bad, so parallel workers spread out
         return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
@@ -141,7 +145,7 @@ def make_pruner(kind: str):
     """none: never prunes; median: Optuna's MedianPruner once 2 trials have finished (a trial is stopped at a
     validation where its metric is worse than the median of the finished trials' at that step); halving:
     SuccessiveHalvingPruner (Optuna's defaults)."""
-    optuna = _optuna()
+    optuna = load_optuna()
     if kind == 'median':
         return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0, interval_steps=1)
     if kind == 'halving':
@@ -161,7 +165,7 @@ class Study:
 
     def __init__(self, storage, name: str, direction: str, sampler, pruner):
         self.storage, self.name = storage, name
-        self.optuna = optuna = _optuna()
+        self.optuna = optuna = load_optuna()
         self.created = True
         try:
             self.study = optuna.create_study(storage=storage, study_name=name, direction=direction,

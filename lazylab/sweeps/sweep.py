@@ -64,11 +64,12 @@ from typing import Any
 
 from lazylab.errors import Interrupted, UsageError, plural, signals_interrupt, user_error_message
 from lazylab.redaction import redact
-from lazylab.sweeps.plan import CONFIG_COPY, JOURNAL, METRICS, OWNERS, SWEEP_YAML, Plan, make_plan, parser
+from lazylab.runs import SWEEP_YAML, read_sweep_record
+from lazylab.sweeps import study
+from lazylab.sweeps.plan import METRICS, Plan, make_plan, parser
 from lazylab.sweeps.workers import Sweep, outcome
 
-__all__ = ['CONFIG_COPY', 'JOURNAL', 'METRICS', 'OWNERS', 'SWEEP_YAML', 'Plan', 'Sweep', 'make_plan', 'outcome',
-           'resume_plan', 'sweep_main']
+__all__ = ['METRICS', 'Plan', 'Sweep', 'make_plan', 'outcome', 'resume_plan', 'sweep_main']
 
 
 def sweep_main(argv: list[str]) -> int:
@@ -86,15 +87,13 @@ def sweep_main(argv: list[str]) -> int:
             else:
                 plan = make_plan(argv)
             if a.dry_run:
-                from lazylab.sweeps.study import check_storage
                 if plan.storage is not None:
-                    check_storage(plan.storage)
+                    study.check_storage(plan.storage)
                 print(dry_run_text(plan))
                 return 0
             store = None
             if plan.storage is not None:
-                from lazylab.sweeps.study import open_storage
-                store = open_storage(plan.storage)  # a bad URL, server or journal file: an error before any file
+                store = study.open_storage(plan.storage)  # a bad URL, server or journal file: an error before any file
     except Interrupted as e:
         print(f'lazylab: {e.message} while the sweep was being checked; nothing was written', file=sys.stderr,
               flush=True)
@@ -119,8 +118,12 @@ def _raise_redacted(e: Exception, urls: list[str]):
 
 def resume_plan(sweep_dir: str, argv: list[str]) -> tuple[Plan, list[str]]:
     """The plan of `lazylab sweep --resume SWEEP_DIR [--workers N] [--storage URL]`: the command sweep.yaml
-    recorded, for its study; and the storage URLs the messages must hide."""
-    import yaml
+    recorded, for its study; and the storage URLs the messages must hide.
+
+    Raises:
+        UsageError: not a sweep directory, a damaged sweep.yaml, flags other than --workers and --storage, a
+            hidden password and no --storage, a sweep directory that was moved; and what `make_plan` raises.
+    """
     a = parser().parse_intermixed_args(argv)
     path = Path(sweep_dir)
     if a.settings or a.config or a.zip or a.trials is not None or a.sampler or a.study or a.dry_run:
@@ -128,10 +131,7 @@ def resume_plan(sweep_dir: str, argv: list[str]) -> tuple[Plan, list[str]]:
                          f'{SWEEP_YAML}')
     if not (path / SWEEP_YAML).is_file():
         raise UsageError(f'{sweep_dir} is not a sweep directory (no {SWEEP_YAML})')
-    try:
-        record = yaml.safe_load((path / SWEEP_YAML).read_text(encoding='utf-8'))
-    except (UnicodeDecodeError, yaml.YAMLError):
-        record = None
+    record = read_sweep_record(path)
     if not isinstance(record, dict) or not isinstance(record.get('argv'), list) or \
             not isinstance(record.get('study'), str):
         raise UsageError(f'{path / SWEEP_YAML} is damaged (no command and study recorded)')

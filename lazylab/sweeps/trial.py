@@ -17,7 +17,6 @@ the command line, so a database password is not shown by `ps`.)
 
 The process holds an exclusive lock on RUN_DIR/.lock while it runs, so no two processes ever train in one folder.
 """
-import fcntl
 import json
 import os
 import shutil
@@ -25,12 +24,10 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+from lazylab import runs
 from lazylab.errors import UsageError, run_cli
-
-LOCK = '.lock'
-OUTPUT = 'output.log'
-TRIAL = 'trial.json'
-REPORT_ENV = 'LAZYLAB_SWEEP_REPORT'
+from lazylab.experiments import lifecycle
+from lazylab.sweeps.study import REPORT_ENV, load_optuna, make_pruner, open_storage
 
 
 class OptunaReport:
@@ -46,8 +43,7 @@ class OptunaReport:
     """
 
     def __init__(self, storage: str, study: str, number: int, metric: str, pruner: str):
-        from lazylab.sweeps.study import _optuna, make_pruner, open_storage
-        optuna = _optuna()
+        optuna = load_optuna()
         store = open_storage(storage)
         loaded = optuna.load_study(study_name=study, storage=store, pruner=make_pruner(pruner),
                                    sampler=optuna.samplers.RandomSampler())
@@ -66,25 +62,20 @@ class OptunaReport:
         return 'pruned' if self.trial.should_prune() else None
 
 
-def lock(run_dir: Path):
-    """An exclusive lock on RUN_DIR/.lock, held while the returned file stays open.
+def lock(run_dir: Path) -> runs.HeldLock:
+    """An exclusive lock on RUN_DIR/.lock, held until it is released (or the process ends).
 
     Raises:
         UsageError: another process holds it (the trial is still running there).
     """
-    f = open(run_dir / LOCK, 'a+')
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        raise UsageError(f'{run_dir} is in use by another process (its trial is still running)') from None
-    return f
+    return runs.hold_lock(run_dir / runs.TRIAL_LOCK, f'{run_dir} is in use by another process (its trial is still '
+                                                     f'running)', create=True)
 
 
 def clear(run_dir: Path) -> None:
     """Remove a restarted trial's files, but its output log, lock and trial record."""
     for p in run_dir.iterdir():
-        if p.name in (LOCK, OUTPUT, TRIAL):
+        if p.name in (runs.TRIAL_LOCK, runs.OUTPUT_LOG, runs.TRIAL_JSON):
             continue
         shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
@@ -108,8 +99,7 @@ def run_trial(argv: list[str]) -> None:
     try:
         report = os.environ.get(REPORT_ENV)
         hook = (OptunaReport(**json.loads(report)) if rank0 else _silent) if report else None
-        from lazylab.experiments import lifecycle
-        if resume and (run_dir / 'checkpoint.pt').is_file() and (run_dir / 'run.json').is_file():
+        if resume and (run_dir / runs.CHECKPOINT_PT).is_file() and (run_dir / runs.RUN_JSON).is_file():
             print(f'trial: resuming {run_dir} from its checkpoint', flush=True)
             lifecycle.resume_main(str(run_dir), on_validation=hook)
             return
@@ -122,7 +112,7 @@ def run_trial(argv: list[str]) -> None:
                              labels={'sweep': swept}, info={'sweep': info} if info else None)
     finally:
         if held is not None:
-            held.close()
+            held.release()
 
 
 def settings_and_config(tokens: list[str]) -> tuple[list[str], Optional[str]]:

@@ -191,8 +191,8 @@ def test_a_dry_run_checks_the_whole_plan(tmp_path, capsys):
 
 def test_workers_are_at_most_the_trials_left_and_more_than_the_cores_is_a_warning(tools, tmp_path, capsys,
                                                                                   monkeypatch):
-    import lazylab.sweeps.plan as plan_module
-    monkeypatch.setattr(plan_module, 'cores', lambda: 1)  # (the warning, whatever this machine's cores)
+    import lazylab.sweeps.launcher as launcher_module
+    monkeypatch.setattr(launcher_module, 'cores', lambda: 1)  # (the warning, whatever this machine's cores)
     assert cli.main(['sweep', 'transformer', *tools.TINY, 'seed=0,1', '--workers', '100000',
                      f'runs_dir={tmp_path}', '--study', 'w']) == 0
     captured = capsys.readouterr()
@@ -207,11 +207,11 @@ def test_workers_are_at_most_the_trials_left_and_more_than_the_cores_is_a_warnin
 def test_the_workers_warning_names_the_cores_and_what_was_asked(monkeypatch):
     from types import SimpleNamespace
 
-    import lazylab.sweeps.plan as plan_module
-    monkeypatch.setattr(plan_module, 'cores', lambda: 4)
-    assert plan_module.workers_line(SimpleNamespace(workers=100), 4) is None
-    assert plan_module.workers_line(SimpleNamespace(workers=8), 8) == \
+    import lazylab.sweeps.launcher as launcher_module
+    monkeypatch.setattr(launcher_module, 'cores', lambda: 4)
+    assert launcher_module.workers_line(SimpleNamespace(workers=100), 4) is None
+    assert launcher_module.workers_line(SimpleNamespace(workers=8), 8) == \
         'lazylab: warning: 8 workers on 4 CPU cores: the trials share them and each runs slower'
-    assert plan_module.workers_line(SimpleNamespace(workers=100), 6) == \
+    assert launcher_module.workers_line(SimpleNamespace(workers=100), 6) == \
         'lazylab: warning: 6 workers (--workers 100, at most one per trial left) on 4 CPU cores: the trials share ' \
         'them and each runs slower'
