@@ -87,6 +87,7 @@ def keys_of_some(runs: list[Run]) -> list[str]:
 
 @dataclass
 class Table:
+    """The comparison of some runs (`compare`): the raw value of every cell, the columns in their order."""
     paths: list[str]
     metric: str
     runs: list[Run]
@@ -211,6 +212,11 @@ def format_table(t: Table) -> str:
 
 
 def compare_text(paths: list[str], metric: str = 'loss.valid', sort: Optional[str] = None) -> str:
+    """The table of `compare` as `lazylab compare` prints it.
+
+    Raises:
+        UsageError: see `compare`.
+    """
     return format_table(compare(paths, metric, sort))
 
 

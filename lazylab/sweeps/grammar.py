@@ -67,6 +67,7 @@ class Dimension:
 
     @property
     def discrete(self) -> bool:
+        """A choice of values (a list or a range), not an interval."""
         return self.kind == 'choice'
 
     def describe(self) -> dict[str, Any]:
@@ -320,6 +321,7 @@ class Space:
 
     @property
     def discrete(self) -> bool:
+        """Every dimension a choice: the space is a grid."""
         return all(d.discrete for d in self.dims)
 
     def axes(self) -> list[list[str]]:
@@ -345,6 +347,7 @@ class Space:
         return len(self.grid()) if self.discrete else None
 
     def describe(self) -> dict[str, Any]:
+        """{key: its dimension as sweep.yaml records it}."""
         return {d.key: d.describe() for d in self.dims}
 
     def overrides(self, params: dict[str, Any]) -> list[str]:

@@ -61,6 +61,7 @@ class Owners:
         self.lock = None
 
     def running(self) -> list:
+        """The study's RUNNING trials (Optuna's FrozenTrials)."""
         return self.study.trials((self.study.optuna.trial.TrialState.RUNNING,))
 
     def owned_running(self, owner: str) -> bool:

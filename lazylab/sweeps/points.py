@@ -190,6 +190,7 @@ class _Record:
         return out
 
     def follows_all(self, paths: list[str]) -> frozenset:
+        """What the items `paths` follow, together."""
         out = frozenset()
         for p in paths:
             out |= self.follows(p)

@@ -134,6 +134,7 @@ def _with_driver(url: str) -> str:
 
 
 def make_sampler(kind: str, seed: int):
+    """Optuna's sampler for --sampler `kind` ('tpe', else random: a grid's params are fixed when enqueued)."""
     optuna = load_optuna()
     if kind == 'tpe':
         # constant_liar: trials still running count as likely-bad, so parallel workers spread out
@@ -206,6 +207,7 @@ class Study:
             time.sleep(0.2)
 
     def trials(self, states=None) -> list:
+        """The study's trials (in the given Optuna TrialStates only, when `states`), not copied."""
         return self.storage.get_all_trials(self.study_id, deepcopy=False, states=states)
 
     def claim(self, before: Optional[Callable[[int], None]] = None) -> Optional[Any]:
@@ -229,10 +231,12 @@ class Study:
         return self.optuna.trial.Trial(self.study, trial_id)
 
     def set_owner(self, number: int, token: str) -> None:
+        """Tag trial `number` with the owner token of the process that runs it."""
         trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
         self.storage.set_trial_system_attr(trial_id, OWNER, token)
 
     def set_user_attr(self, number: int, key: str, value: Any) -> None:
+        """Set a user attr of trial `number` (what optuna-dashboard shows: its run directory, its status)."""
         trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
         self.storage.set_trial_user_attr(trial_id, key, value)
 

@@ -4,6 +4,7 @@
                   [--sampler grid|random|tpe] [--zip KEY,KEY…] [--metric loss.valid] [--direction minimize|maximize]
                   [--prune none|median|halving] [--storage URL_OR_FILE] [--study NAME] [--seed N]
                   [--launcher COMMAND] [--dry-run]
+    lazylab sweep --labml MODULE [key=value | key=SWEEP …] [--steps N] [--runs-dir DIR] [--config FILE] …
     lazylab sweep --resume SWEEP_DIR [--workers N] [--storage URL]
 
 Everything is checked before anything is written (the grammar, every key and value against the experiment's
@@ -126,7 +127,8 @@ def resume_plan(sweep_dir: str, argv: list[str]) -> tuple[Plan, list[str]]:
     """
     a = parser().parse_intermixed_args(argv)
     path = Path(sweep_dir)
-    if a.settings or a.config or a.zip or a.trials is not None or a.sampler or a.study or a.dry_run:
+    if a.settings or a.config or a.zip or a.trials is not None or a.sampler or a.study or a.dry_run or a.labml \
+            or a.steps is not None or a.runs_dir is not None:
         raise UsageError('lazylab sweep --resume SWEEP_DIR takes only --workers and --storage: the rest is in '
                          f'{SWEEP_YAML}')
     if not (path / SWEEP_YAML).is_file():
@@ -152,7 +154,10 @@ def resume_plan(sweep_dir: str, argv: list[str]) -> tuple[Plan, list[str]]:
         # names it); from the folder it was started in, the trials get the runs_dir the sweep gave, as written
         runs_dir = path.parent.parent if path.parent.parent.resolve() == path.resolve().parent.parent else \
             path.resolve().parent.parent
-        argv = [x for x in argv if not x.startswith('runs_dir=')] + [f'runs_dir={runs_dir}']
+        if '--labml' in argv:
+            argv = _without(argv, '--runs-dir') + ['--runs-dir', str(runs_dir)]
+        else:
+            argv = [x for x in argv if not x.startswith('runs_dir=')] + [f'runs_dir={runs_dir}']
         plan = make_plan(argv, study=record['study'], storage=storage or None, check=False)
     if plan.sweep_dir.resolve() != path.resolve():
         raise UsageError(f'{sweep_dir}: {SWEEP_YAML} describes {plan.sweep_dir} (was the folder moved? run the '
@@ -182,7 +187,11 @@ def dry_run_text(plan: Plan) -> str:
     """What `lazylab sweep … --dry-run` prints: the points (or the space a sampler draws from), the study, the
     storage; see the module docstring."""
     space = plan.space
-    lines = [f'lazylab sweep {plan.name} --dry-run: every point checked; nothing written']
+    if plan.labml:  # a script's points are known only as far as its configs tell before it trains
+        lines = [f'lazylab sweep --labml {plan.name} --dry-run: every key and value checked against its configs; '
+                 f'nothing written']
+    else:
+        lines = [f'lazylab sweep {plan.name} --dry-run: every point checked; nothing written']
     if plan.sampler == 'grid':
         lines.append(f'{plural(plan.trials, "point")} (the grid, in the order they run):')
         width = len(str(plan.trials))
@@ -200,7 +209,9 @@ def dry_run_text(plan: Plan) -> str:
                 lines.append(f'  {d.key}: {scale} in [{_typed(d.low)}, {_typed(d.high)}] '
                              f'({"int" if d.is_int else "float"})')
     fixed = ' '.join(plan.redact(t) for t in plan.fixed)
-    lines.append(f'every trial: {fixed}' if fixed else 'every trial: the experiment\'s defaults')
+    default = "the script's settings" if plan.labml else "the experiment's defaults"
+    steps = f' (at most {plural(plan.steps, "optimizer step")})' if plan.steps else ''
+    lines.append((f'every trial: {fixed}' if fixed else f'every trial: {default}') + steps)
     name = plan.study if plan.study_named else f'{plan.study} (made of the start time: give --study to choose one)'
     prune = f'pruning {plan.prune}' if plan.prune != 'none' else 'no pruning'
     lines.append(f'study: {name}; sampler {plan.sampler}, {plural(plan.trials, "trial")}, metric {plan.metric} '

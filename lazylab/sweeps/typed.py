@@ -95,12 +95,18 @@ def type_space(name: str, fixed: list[str], dims: list[Dimension], checker: Opti
         declared = discovery.load_experiment(name).Configs
         raise UsageError(f'{d.key}={d.written}: {unknown_key(name, declared, d.key)}') from None
     for d in dims:
-        _type_dimension(d, *_owner(conf, d.key, name))
+        type_dimension(d, *_owner(conf, d.key, name))
     return conf
 
 
-def _type_dimension(d: Dimension, view: Any, last: str) -> None:
-    """Type the values (or the bounds) of `d` by its item: `last` of the config object `view`."""
+def type_dimension(d: Dimension, view: Any, last: str) -> None:
+    """Type the values (or the bounds) of `d` by its item, `last` (a key, dotted or not) of the config object
+    `view`: fills `d.values`, or `d.low`, `d.high` and `d.is_int`.
+
+    Raises:
+        UsageError: a value the item does not take; an interval of an item that is not a number, empty, or on a log
+            scale from lo ≤ 0 (naming `d.key` and what was written).
+    """
 
     def typed(text: str) -> Any:
         try:

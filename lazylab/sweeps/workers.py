@@ -122,7 +122,8 @@ class Sweep:
         argv = [plan.redact(a) for a in plan.argv]  # argument by argument, so that quoting cannot split a secret
         record = {
             'command': 'lazylab sweep ' + shlex.join(argv),
-            'argv': argv, 'experiment': plan.name, 'fixed': [plan.redact(t) for t in plan.fixed],
+            'argv': argv, 'experiment': plan.name, **({'labml': True} if plan.labml else {}),
+            'fixed': [plan.redact(t) for t in plan.fixed],
             'config_copy': runs.SWEEP_CONFIG if plan.config_file else None,
             'space': plan.space.describe(), 'zip': plan.space.zips, 'sampler': plan.sampler,
             'trials': plan.trials, 'metric': plan.metric, 'direction': plan.direction, 'prune': plan.prune,
@@ -217,6 +218,7 @@ class Sweep:
         return 0
 
     def on_signal(self, signum, frame) -> None:
+        """SIGINT, SIGTERM: raise an Interrupted now, or once the signals are no longer held (`signals_held`)."""
         self.signalled = Interrupted(signum)
         if not self.holding:
             raise self.signalled
@@ -328,8 +330,10 @@ class Sweep:
         if plan.default_threads >= 0 and 'threads' not in plan.space.by_key:
             settings.append(f'threads={self.n_threads}')
         info = json.dumps({'dir': str(self.dir), 'study': plan.study, 'trial': job.number})
-        return [str(trial_dir), plan.name, *(['--resume'] if job.resume else []), '--swept', ','.join(job.params),
-                '--info', info, '--', *settings, *job.overrides]
+        script = ['--labml', '--runs-dir', str(plan.runs_dir), *(['--steps', str(plan.steps)] if plan.steps else [])] \
+            if plan.labml else []
+        return [str(trial_dir), plan.name, *script, *(['--resume'] if job.resume else []), '--swept',
+                ','.join(job.params), '--info', info, '--', *settings, *job.overrides]
 
     def finish(self, slot: Slot, stopped: bool = False) -> None:
         """Record the end of the trial in `slot`; `stopped`: the sweep stopped it (any exit but 0 is then
@@ -398,6 +402,7 @@ class Sweep:
         print(format_table(t), flush=True)
 
     def say(self, line: str) -> None:
+        """A progress line on stdout, after the time since the sweep started ([M:SS])."""
         elapsed = int(time.monotonic() - self.t0)
         print(f'[{elapsed // 60}:{elapsed % 60:02d}] {line}', flush=True)
 

@@ -12,9 +12,9 @@ import yaml
 
 from lazylab import cli
 from lazylab.sweeps import points as points_module
+from lazylab.sweeps.grammar import Space, parse_value
 from lazylab.sweeps.plan import make_plan
 from lazylab.sweeps.points import PointChecker
-from lazylab.sweeps.grammar import Space, parse_value
 from lazylab.sweeps.typed import check_points, type_space
 
 TINY_RETRIEVAL = ['max_steps=2', 'valid_interval=1', 'threads=1', 'device=cpu', 'update_rule=sum']
@@ -215,3 +215,19 @@ def test_the_workers_warning_names_the_cores_and_what_was_asked(monkeypatch):
     assert launcher_module.workers_line(SimpleNamespace(workers=100), 6) == \
         'lazylab: warning: 6 workers (--workers 100, at most one per trial left) on 4 CPU cores: the trials share ' \
         'them and each runs slower'
+
+
+def test_the_sweep_of_an_experiment_file_goes_to_the_folder_of_its_stem(tmp_path, monkeypatch, capsys):
+    # RUNS_DIR/STEM/sweep-STUDY, as `lazylab train ./char_rnn.py` puts its runs in RUNS_DIR/STEM
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(['new', 'char_rnn']) == 0
+    capsys.readouterr()
+    before = _tree(tmp_path)
+    try:
+        assert cli.main(['sweep', './char_rnn.py', 'd_model=16,32', '--study', 's', '--dry-run']) == 0
+    finally:
+        sys.modules.pop('char_rnn', None)
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2:] == ['storage: journal file runs/char_rnn/sweep-s/study.journal',
+                        'sweep directory: runs/char_rnn/sweep-s (not made)']
+    assert _tree(tmp_path) == before
