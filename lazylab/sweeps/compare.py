@@ -246,7 +246,7 @@ def plot(t: Table, path: str) -> list[str]:
     """
     import matplotlib  # start-up time: only a --plot loads matplotlib
     matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # (after choosing the Agg backend)
 
     out = check_output(path, '--plot', figure=True)
     short = _short_names(t.keys)
