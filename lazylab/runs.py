@@ -21,6 +21,10 @@ temporary file beside them and renamed over (`write_json`), so a reader sees the
 Locks are `flock`s, which the kernel drops when the process ends, even by SIGKILL: `exclusive_lock` (one process
 trains a run; one sweep process owns its trials) and `lock_is_held` (is that process still alive?). Where there is no
 flock (Windows) they lock nothing and say so in their docstrings: a second process is not refused there.
+
+Reading a run directory back (`load_run` → `Run`: its record, configuration dump, metrics and status, a sweep
+trial's whether its process is alive) is here too, for `lazylab compare`, `lazylab diff` and a sweep's table: a
+file that cannot be read whole is named in a warning, and what could be read is kept.
 """
 import contextlib
 import errno
@@ -34,7 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TypedDict
 
-from lazylab.errors import UsageError
+import yaml
+
+from lazylab.errors import UsageError, plural
 
 try:  # POSIX; the one place lazylab asks whether there is a flock
     import fcntl
@@ -59,6 +65,11 @@ SWEEP_CONFIG = 'config.yaml'
 OWNERS_DIR = '.owners'
 TRIAL_PREFIX = 'trial-'
 SWEEP_PREFIX = 'sweep-'
+
+#: the metric keys of a metrics.jsonl record (lazylab.experiments.metrics): what a sweep optimizes and compares
+METRIC_KEYS = ('loss.valid', 'accuracy.valid', 'loss.train', 'accuracy.train', 'tokens_per_s')
+#: the keys of a metrics.jsonl record that say where the run was, not how it did
+POSITION_KEYS = ('step', 'tokens', 'epoch', 'time')
 
 #: run.json's `status`: running, then how it ended
 STATUSES = ('running', 'completed', 'pruned', 'failed', 'interrupted', 'killed')
@@ -273,15 +284,16 @@ class Locked(UsageError):
 
 
 @contextlib.contextmanager
-def exclusive_lock(path: Path, busy: str) -> Iterator[None]:
+def exclusive_lock(path: Path, busy: str = '', *, wait: bool = False) -> Iterator[None]:
     """While the block runs, this process holds an exclusive flock on `path` (a folder or an existing file; nothing
-    is written into it). The kernel drops it when the process ends, even by SIGKILL. Without flock (Windows) this
-    locks nothing.
+    is written into it). The kernel drops it when the process ends, even by SIGKILL. `wait`: wait for another
+    process to let go instead of raising `Locked`. Without flock (Windows) this locks nothing.
 
     Raises:
         Locked: another process holds it; `busy` is the message (e.g. 'RUN is still being trained by process 12').
+        FileNotFoundError: there is no `path`.
     """
-    fd = _hold(path, busy)
+    fd = _hold(path, busy, wait)
     try:
         yield
     finally:
@@ -313,27 +325,28 @@ def hold_lock(path: Path, busy: str, *, create: bool = False) -> HeldLock:
     return HeldLock(Path(path), _hold(path, busy))
 
 
-def _hold(path: Path, busy: str) -> Optional[int]:
+def _hold(path: Path, busy: str, wait: bool = False) -> Optional[int]:
     if fcntl is None:
         return None
     fd = os.open(path, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise Locked(busy) from None
     return fd
 
 
-def lock_is_held(path: Path) -> bool:
+def lock_is_held(path: Path, *, unreadable: bool = True) -> bool:
     """Whether a live process holds an exclusive flock on `path` (see `exclusive_lock`). A path that cannot be opened
-    here counts as held (another machine's lock file, on a folder this one cannot read); without flock, False."""
+    here counts as `unreadable` says: held by default (another machine's lock file, on a folder this one cannot
+    read); without flock, False."""
     if fcntl is None:
         return False
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
-        return True
+        return unreadable
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return False
@@ -341,3 +354,212 @@ def lock_is_held(path: Path) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+# --- reading a run directory back --------------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    """One run as its files tell it (see `load_run`).
+
+    Attributes:
+        path, label: its folder; its name in a table (a sweep trial's number, NNNN, else the folder's name).
+        is_trial: a sweep's trial (it has a trial.json).
+        values, given, computed, objects: the sections of its configs.yaml (a trial that never started its run:
+            its swept params, given by 'sweep').
+        info, trial: its run.json and trial.json ({} when missing or damaged).
+        records: the whole records of its metrics.jsonl.
+        status, error: completed, pruned, failed (with its one-line error), running, interrupted (a sweep trial
+            whose process is gone) or damaged; '—' for a run from before run.json had a status.
+        damage: a line per file that could not be read whole (warnings).
+    """
+    path: Path
+    label: str
+    is_trial: bool
+    values: dict[str, Any] = field(default_factory=dict)
+    given: dict[str, str] = field(default_factory=dict)
+    computed: dict[str, str] = field(default_factory=dict)
+    objects: dict[str, str] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+    trial: dict[str, Any] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    status: str = 'running'
+    error: Optional[str] = None
+    damage: list[str] = field(default_factory=list)
+
+    @property
+    def experiment(self) -> Optional[str]:
+        """The experiment that made the run (run.json; an older `lazylab labml` run's: its module; a trial that never
+        started its run: its sweep's folder, RUNS_DIR/NAME/sweep-ID)."""
+        name = self.info.get('experiment') or self.info.get('module')
+        if isinstance(name, str):
+            return name
+        return self.path.resolve().parent.parent.name if self.is_trial else None
+
+    def metric(self, key: str) -> tuple[Optional[float], list[tuple[int, float]]]:
+        """(final value, [(tokens, value) of every record that has it])."""
+        points = [(r.get('tokens', r.get('step', 0)), float(r[key])) for r in self.records if key in r]
+        return (points[-1][1] if points else None), points
+
+    def steps(self) -> Optional[int]:
+        """The optimizer steps taken (run.json's, else the last record's)."""
+        if self.info.get('steps') is not None:
+            return int(self.info['steps'])
+        return int(self.records[-1]['step']) if self.records else None
+
+    def tokens_per_s(self) -> Optional[float]:
+        """The mean training speed of its records."""
+        speeds = [r['tokens_per_s'] for r in self.records if 'tokens_per_s' in r]
+        return sum(speeds) / len(speeds) if speeds else None
+
+    def seconds(self) -> Optional[float]:
+        """Its wall-clock seconds over all resumes (the last record's)."""
+        return float(self.records[-1]['time']) if self.records and 'time' in self.records[-1] else None
+
+
+def load_run(path: Path) -> Run:
+    """A run directory (or a sweep trial's folder, which may hold only trial.json and output.log when the trial
+    failed before its run started), read back from its files alone.
+
+    Raises:
+        UsageError: a damaged configs.yaml (other damaged files are warnings: `Run.damage`).
+    """
+    path = Path(path)
+    damage: list[str] = []
+    trial = _read_object(path / TRIAL_JSON, damage)
+    number = trial.get('number')
+    label = f'{number:04d}' if isinstance(number, int) and not isinstance(number, bool) else path.name
+    run = Run(path, label, bool(trial) or (path / TRIAL_JSON).is_file(), info=_read_object(path / RUN_JSON, damage),
+              trial=trial, damage=damage)
+    if (path / CONFIGS_YAML).is_file():
+        doc = _read_dump(path / CONFIGS_YAML)
+        run.values = dict(doc.get('values') or {})
+        run.given = dict(doc.get('given') or {k: '' for k in run.values})  # an older dump: all count as given
+        run.computed = dict(doc.get('computed') or {})
+        run.objects = dict(doc.get('objects') or {})
+    elif trial:
+        run.values = dict(trial.get('params') if isinstance(trial.get('params'), dict) else {})
+        run.given = {k: 'sweep' for k in run.values}
+    run.status, run.error = _status(run)
+    if (path / METRICS_JSONL).is_file():
+        running = run.status == 'running' or run.info.get('status') == 'running'
+        being_written = running and lock_is_held(path, unreadable=False)  # its training lock: a process trains it
+        run.records = _read_records(path / METRICS_JSONL, damage, being_written)
+    if damage:
+        run.status = 'damaged'
+    return run
+
+
+def _read_object(path: Path, damage: list[str]) -> dict[str, Any]:
+    """The JSON object in `path`; {} when the file is missing, damaged or holds no object (then, when it is there,
+    a line in `damage`: the file is written whole, through a rename, so a reader never sees half of it)."""
+    if not path.exists():
+        return {}
+    doc = read_json(path)
+    if doc is None:
+        damage.append(f'{path} is damaged (not a JSON object); the run\'s status is not known')
+        return {}
+    return doc
+
+
+def _read_records(path: Path, damage: list[str], being_written: bool) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl file, each whole line that is a JSON object; a line in `damage` for the lines
+    that are not (a last line cut off by a crash, say), but for the last line of a run still being written."""
+    lines = path.read_bytes().split(b'\n')
+    torn = lines[-1] != b''
+    records, bad = [], 0
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        record = _record(line)
+        if record is not None:
+            records.append(record)
+        elif not (being_written and torn and i == len(lines) - 1):  # the line the trainer is writing now
+            bad += 1
+    if bad:
+        last = torn and not being_written and _record(lines[-1]) is None
+        why = 'its last line is cut off (a crash while it was written?)' if bad == 1 and last else \
+            f'{plural(bad, "line")} {"is" if bad == 1 else "are"} not a JSON record'
+        damage.append(f'{path} is damaged: {why}; the table shows its {plural(len(records), "whole record")}')
+    return records
+
+
+def _record(line: bytes) -> Optional[dict[str, Any]]:
+    try:
+        record = json.loads(line.decode('utf-8'))
+    except ValueError:  # (UnicodeDecodeError too)
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _read_dump(path: Path) -> dict[str, Any]:
+    """A run's configs.yaml as a mapping.
+
+    Raises:
+        UsageError: the file is not UTF-8, not YAML, or not a mapping (it names the file).
+    """
+    try:
+        doc = yaml.safe_load(path.read_text(encoding='utf-8'))
+    except (UnicodeDecodeError, yaml.YAMLError):
+        raise UsageError(f'{path} is damaged (not a YAML configuration dump)') from None
+    sections = ('values', 'given', 'computed', 'objects')
+    if doc is not None and (not isinstance(doc, dict) or
+                            any(not isinstance(doc.get(k) or {}, dict) for k in sections)):
+        raise UsageError(f'{path} is damaged (not a YAML configuration dump)')
+    return doc or {}
+
+
+def _status(run: Run) -> tuple[str, Optional[str]]:
+    if run.trial:
+        state = run.trial.get('state', 'running')
+        if state in ('running', 'interrupted') and not _owner_alive(run):
+            return 'interrupted', None
+        return state, run.trial.get('error')
+    return run.info.get('status', '—'), run.info.get('error')  # '—': a run from before run.json had a status
+
+
+def _owner_alive(run: Run) -> bool:
+    """Whether the sweep process that runs this trial still holds its owner lock (SWEEP_DIR/.owners/TOKEN)."""
+    attempts = run.trial.get('attempts') or [{}]
+    owner = attempts[-1].get('owner')
+    if not owner:
+        return True
+    return lock_is_held(run.path.parent / OWNERS_DIR / owner)  # the trial's folder is SWEEP_DIR/trial-NNNN
+
+
+def find_runs(paths: list[str]) -> list[Path]:
+    """The run directories of run, sweep and experiment folders: a run directory (run.json, or a trial's
+    trial.json), a sweep directory (its trial-NNNN runs), or a folder of those (RUNS_DIR/NAME); each once (a run
+    named twice, or also through its folder, is one).
+
+    Raises:
+        UsageError: a path that is none of those.
+    """
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if (p / SWEEP_YAML).is_file():
+            out += sorted(d for d in p.glob(TRIAL_PREFIX + '*') if d.is_dir())
+        elif (p / RUN_JSON).is_file() or (p / TRIAL_JSON).is_file():
+            out.append(p)
+        elif p.is_dir() and any((d / RUN_JSON).is_file() or (d / SWEEP_YAML).is_file() for d in p.iterdir()):
+            out += find_runs([str(d) for d in sorted(p.iterdir())
+                              if (d / RUN_JSON).is_file() or (d / SWEEP_YAML).is_file()])
+        else:
+            raise UsageError(f'{p} is not a run or sweep directory (no {RUN_JSON} or {SWEEP_YAML})')
+    first: dict[Path, Path] = {}
+    for d in out:
+        first.setdefault(d.resolve(), d)
+    return list(first.values())
+
+
+def read_sweep_record(sweep_dir: Path) -> Optional[dict[str, Any]]:
+    """The mapping in SWEEP_DIR/sweep.yaml; None when the file is not UTF-8, not YAML or not a mapping.
+
+    Raises:
+        OSError: the file cannot be read (FileNotFoundError: there is none).
+    """
+    try:
+        record = yaml.safe_load((Path(sweep_dir) / SWEEP_YAML).read_text(encoding='utf-8'))
+    except (UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return record if isinstance(record, dict) else None

@@ -1,5 +1,6 @@
 """`lazylab compare PATH … [--sort KEY] [--metric KEY] [--csv FILE] [--plot FILE.png]`: runs side by side."""
 from lazylab.cli.parser import Parser
+from lazylab.sweeps.compare import compare_main  # torch-free: the command starts fast
 
 
 def parser() -> Parser:
@@ -15,5 +16,4 @@ def parser() -> Parser:
 
 def run(argv: list[str]) -> None:
     a = parser().parse(argv)
-    from lazylab.sweeps.compare import compare_main
     compare_main(a.paths, a.metric, a.sort, a.csv, a.plot)

@@ -1,5 +1,6 @@
 """`lazylab diff RUN_A RUN_B`: the keys whose values differ between two runs, and where each value came from."""
 from lazylab.cli.parser import Parser
+from lazylab.sweeps.compare import diff_text  # torch-free: the command starts fast
 
 
 def parser() -> Parser:
@@ -12,5 +13,4 @@ def parser() -> Parser:
 
 def run(argv: list[str]) -> None:
     a = parser().parse(argv)
-    from lazylab.sweeps.compare import diff_text
     print(diff_text(a.run_a, a.run_b))

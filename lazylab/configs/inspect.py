@@ -11,11 +11,15 @@ defaults, and the paths of the sub-configs. Nothing outside :mod:`lazylab.config
     inspect.selected_option(conf, 'model')   'transformer': the option an item is computed with, computing nothing
     inspect.class_defaults(Configs)  {'d_model': 512, ...}         the class defaults, inherited ones included
     inspect.expand_short_keys(conf, {'ffn.glu_variant': 'SwiGLU'})  {'transformer.ffn.glu_variant': 'SwiGLU'}
+    inspect.set_by(conf)             {'transformer.ffn.d_ff': 'transformer', ...}  values set while another item is
+                                     computed, by that item
+    with inspect.reads_outside(conf) as reads: ...     reads: the items the block itself read, in first-read order
 
 Paths are full dotted paths from the root config (``optimizer.learning_rate``), a sub-config's items after its
 parent's, in declaration order. Apart from :func:`build_addressed` and :func:`compute_plain`, which compute items on
 purpose, nothing here computes anything. (Like the engine, torch-free.)
 """
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -26,12 +30,12 @@ from .engine.listing import is_plain
 from .engine.overrides import declared_paths, expand_short_keys
 from .engine.report import given_paths, walk
 from .engine.resolver import is_configs, peek
-from .engine.state import state_of
+from .engine.state import ACTIVE, Frame, state_of
 from .engine.typing_tools import is_configs_class
 
 __all__ = ['Item', 'items', 'computed', 'given', 'sub_configs', 'selected_option', 'class_defaults', 'is_configs',
            'declared_paths', 'expand_short_keys', 'fresh_sub_config', 'build_addressed', 'compute_plain',
-           'effective_defaults']
+           'effective_defaults', 'set_by', 'reads_outside']
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,8 @@ class Item:
         waiting: for an item not computed yet, the value set for it on its config object that it will start from:
             ``'override'``, ``'assigned'`` or ``'set_default'``; ``None`` once computed, or when none is set.
         sub_config: the sub-config object it computed to, or ``None``.
+        selectors: the full dotted paths of the selectors of the aggregates that can set it: what decides its value
+            whether or not an aggregate was selected (an aggregate that selected nothing does not read its selector).
     """
     path: str
     key: str
@@ -73,6 +79,7 @@ class Item:
     given: Optional[str]
     waiting: Optional[str]
     sub_config: Any
+    selectors: tuple[str, ...] = ()
 
     @property
     def origin(self) -> Optional[str]:
@@ -102,7 +109,8 @@ def items(configs: Any) -> Iterator[Item]:
                    computed=done, value=st.cache.get(key), source=p.source if p is not None else None,
                    detail=p.detail if p is not None else '', selected_by=p.selected_by if p is not None else '',
                    reads=tuple(p.reads) if p is not None else (), given=labels.get(path), waiting=waiting,
-                   sub_config=st.children.get(key))
+                   sub_config=st.children.get(key),
+                   selectors=tuple(st.path_of(selector) for selector, _ in spec.by_target.get(key, ())))
 
 
 def computed(configs: Any) -> dict[str, Any]:
@@ -117,6 +125,31 @@ def given(configs: Any) -> dict[str, str]:
     Values not computed yet are included; a ``set_default`` and a value set by code while an item was computed are
     not given."""
     return given_paths(state_of(configs))[0]
+
+
+def set_by(configs: Any) -> dict[str, str]:
+    """{full dotted path: the full dotted path of the item whose computation set it} of the values set by code while
+    another item was computed (a calculator's ``set_default``, assignment or override): what such a value was
+    computed from. Values given from outside any computation are :func:`given` instead; values set inside a
+    :func:`reads_outside` block are set by ``''``."""
+    return given_paths(state_of(configs))[1]
+
+
+@contextlib.contextmanager
+def reads_outside(configs: Any) -> Iterator[list[str]]:
+    """While the block runs, record the items of ``configs`` that are read outside any item's computation (by the
+    block's own code, not by a calculator), as the engine records what each calculator reads.
+
+    Yields the list it fills: full dotted paths, in first-read order, each once. A value given to ``configs``
+    inside the block counts as set by code (:func:`set_by` names ``''``), not as given: use it for checks, not to
+    set up a run. (Like the engine, not thread-safe.)
+    """
+    frame = Frame(state_of(configs), '', '')
+    ACTIVE.append(frame)
+    try:
+        yield frame.reads
+    finally:
+        ACTIVE.remove(frame)
 
 
 def sub_configs(configs: Any) -> dict[str, Any]:

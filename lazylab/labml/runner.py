@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from lazylab.configs import describe, format_description, inspect, parse_overrides
+from lazylab.configs import apply_overrides, describe, format_description, inspect, load, parse_overrides
 from lazylab.errors import UsageError
 from lazylab.experiments.configure import read_config_file
 from lazylab.labml import adapter, install
-from lazylab.labml.session import OptionsRequested, Session
+from lazylab.labml.session import OptionsRequested, Session, without_class_defaults
 
 # Import names whose pip package is named differently, for the hint of a missing-package error.
 _PIP_NAMES = {'PIL': 'pillow', 'sklearn': 'scikit-learn', 'cv2': 'opencv-python', 'yaml': 'PyYAML'}
@@ -92,23 +92,18 @@ def options_text(module: str, conf: Any, script_values: dict[str, Any]) -> str:
 
 def run_labml(module: str, settings: Sequence[str] = (), *, config: Optional[str] = None, options: bool = False,
               steps: Optional[int] = None, runs_dir: str = 'runs/labml', dashboard: str = '',
-              argv: Sequence[str] = ()) -> None:
+              argv: Sequence[str] = (), run_dir: Optional[Path] = None) -> None:
     """Run labml experiment MODULE's ``main()`` with ``settings`` (``key=value``) over the script's own dict and
     ``config`` (a YAML file of settings, or a run's configs.yaml); ``options``: list the keys instead; ``steps``:
-    end training after that many optimizer updates; the run directory goes under ``runs_dir``; ``dashboard``: a
-    labml dashboard URL to stream to; ``argv``: the command line, for run.json.
+    end training after that many optimizer updates; the run directory goes under ``runs_dir`` (or is ``run_dir``,
+    an existing folder: a sweep's trial); ``dashboard``: a labml dashboard URL to stream to; ``argv``: the command
+    line, for run.json.
 
     Raises:
         UsageError: the module, a key, a value, the config file or a package the module needs (one line).
     """
-    overrides = parse_overrides(list(settings))  # syntax only; typed against the script's class later
-    file_values = read_config_file(config) if config else {}
-    if isinstance(file_values.get('values'), dict):  # a configs.yaml dump: its replayable values
-        file_values = file_values['values']
-    is_file = module.endswith('.py')
-    name = Path(module).stem if is_file else module
-    session = Session(name, overrides, file_values, steps=steps, runs_dir=runs_dir, dashboard=dashboard,
-                      argv=tuple(argv), options_only=options, path=Path(module) if is_file else None)
+    session = _session(module, settings, config, steps=steps, runs_dir=runs_dir, dashboard=dashboard,
+                       argv=tuple(argv), options_only=options, run_dir=run_dir)
     install()
     session.configure_lab()
     session.console.install()
@@ -116,7 +111,7 @@ def run_labml(module: str, settings: Sequence[str] = (), *, config: Optional[str
     try:
         _run_main(module, session)
     except OptionsRequested as o:
-        session.console.line(options_text(name, o.conf, o.values))
+        session.console.line(options_text(session.module, o.conf, o.values))
         return
     except BaseException as e:
         session.abort()
@@ -130,6 +125,51 @@ def run_labml(module: str, settings: Sequence[str] = (), *, config: Optional[str
     session.record_end()
     if not options:
         print(session.summary(), flush=True)
+
+
+def script_configs(module: str, settings: Sequence[str] = (), *, config: Optional[str] = None,
+                   runs_dir: str = 'runs/labml') -> Any:
+    """The config object labml experiment MODULE's ``main()`` passes to ``experiment.configs``, given the script's
+    dict, ``config`` and ``settings`` as ``lazylab labml`` gives them, with nothing computed and nothing written:
+    what can be known of a run before it starts (``lazylab sweep --labml`` types its values against it).
+
+    Raises:
+        UsageError, ConfigError: what ``lazylab labml MODULE settings`` raises before it writes anything; MODULE's
+            ``main()`` that never calls ``experiment.configs(conf, …)``.
+    """
+    session = _session(module, settings, config, runs_dir=runs_dir, options_only=True)
+    install()
+    session.configure_lab()
+    adapter.SESSION = session
+    try:
+        _run_main(module, session)
+    except OptionsRequested as o:  # (Session.apply_configs, less placing labml's data)
+        conf = o.conf
+        parse_overrides([f'{k}={v}' for k, v in session.overrides.items()], conf)
+        conf._set_values(o.values)
+        if session.file_values:
+            load(conf, without_class_defaults(conf, session.file_values))
+        if session.overrides:
+            apply_overrides(conf, session.overrides)
+        return conf
+    finally:
+        adapter.SESSION = None
+    raise UsageError(f'{module} never calls experiment.configs(conf, …): it has no configs to set')
+
+
+def _session(module: str, settings: Sequence[str], config: Optional[str], **kwargs: Any) -> Session:
+    """The Session of MODULE with ``settings`` and ``config`` read (see `run_labml`)."""
+    overrides = parse_overrides(list(settings))  # syntax only; typed against the script's class later
+    file_values = read_config_file(config) if config else {}
+    if isinstance(file_values.get('values'), dict):  # a configs.yaml dump: its replayable values
+        file_values = file_values['values']
+    is_file = module.endswith('.py')
+    return Session(script_name(module), overrides, file_values, path=Path(module) if is_file else None, **kwargs)
+
+
+def script_name(module: str) -> str:
+    """The name of MODULE's runs folder (RUNS_DIR/NAME): a file's stem, else the dotted module name."""
+    return Path(module).stem if module.endswith('.py') else module
 
 
 def _run_main(module: str, session: Session) -> None:

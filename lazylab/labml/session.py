@@ -92,12 +92,13 @@ class Session:
         options_only: stop at ``experiment.configs`` (``--options``) with :class:`OptionsRequested`.
         path: the script's file (None for a dotted module), recorded in run.json's ``source``.
         console: where labml's console goes (default: stdout, plain when it is not a terminal).
+        run_dir: the run directory, an existing folder (a sweep's trial folder); None: a new RUNS_DIR/MODULE/RUN_ID.
     """
 
     def __init__(self, module: str, overrides: dict[str, str], file_values: dict[str, Any], *,
                  steps: Optional[int] = None, runs_dir: str = 'runs/labml', dashboard: str = '',
                  argv: tuple[str, ...] = (), options_only: bool = False, path: Optional[Path] = None,
-                 console: Optional[Console] = None):
+                 console: Optional[Console] = None, run_dir: Optional[Path] = None):
         self.module = module
         self.overrides = overrides
         self.file_values = file_values
@@ -110,6 +111,7 @@ class Session:
         if path is not None:
             self.source['path'] = str(Path(path).resolve())
         self.run_dir: Optional[Path] = None  # made at experiment.start()
+        self._given_run_dir = run_dir
         self.data_dir = self.runs_dir / 'data'
         self.conf: Any = None
         self.started = False
@@ -195,7 +197,7 @@ class Session:
                              f'there are no configs to list')
         if self.conf is not None:
             inspect.build_addressed(self.conf)  # a misspelt key of a sub-config is an error now, not mid-training
-        self.run_dir = runs.make_run_dir(self.runs_dir / self.module)
+        self.run_dir = self._given_run_dir or runs.make_run_dir(self.runs_dir / self.module)
         labml_internals.move_run(self.run_dir.resolve() / runs.LABML_DIR)
         self.started = True
         if self.conf is not None:

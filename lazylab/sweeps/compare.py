@@ -25,247 +25,30 @@ Only files are read (configs.yaml, run.json, metrics.jsonl, trial.json), so a sw
 another machine compares as well; no study storage is needed.
 """
 import csv
-import fcntl
-import json
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from lazylab.configs import suggestion
 from lazylab.errors import UsageError, plural
+from lazylab.experiments.plot import check_output, loss_label
+from lazylab.runs import METRIC_KEYS, POSITION_KEYS, Run, find_runs, load_run, read_sweep_record
 
 _MISSING = object()
 FIXED_COLUMNS = ('final', 'best', 'steps', 'tok/s', 'params', 'time', 'status')
-#: the keys of a metrics.jsonl record that say where the run was, not how it did (see lazylab.experiments.metrics)
-POSITION_KEYS = ('step', 'tokens', 'epoch', 'time')
-
-
-@dataclass
-class Run:
-    """One run as its files tell it."""
-    path: Path
-    label: str
-    is_trial: bool
-    values: dict[str, Any] = field(default_factory=dict)
-    given: dict[str, str] = field(default_factory=dict)
-    computed: dict[str, str] = field(default_factory=dict)
-    objects: dict[str, str] = field(default_factory=dict)
-    info: dict[str, Any] = field(default_factory=dict)
-    trial: dict[str, Any] = field(default_factory=dict)
-    records: list[dict[str, Any]] = field(default_factory=list)
-    status: str = 'running'
-    error: Optional[str] = None
-    damage: list[str] = field(default_factory=list)   # what is wrong with its files (warnings)
-
-    @property
-    def experiment(self) -> Optional[str]:
-        """The experiment that made the run (run.json; a `lazylab labml` run: its module; a trial that never
-        started its run: its sweep's folder, RUNS_DIR/NAME/sweep-ID)."""
-        name = self.info.get('experiment') or self.info.get('module')
-        if isinstance(name, str):
-            return name
-        return self.path.resolve().parent.parent.name if self.is_trial else None
-
-    def metric(self, key: str) -> tuple[Optional[float], list[tuple[int, float]]]:
-        """(final value, [(tokens, value) of every record that has it])."""
-        points = [(r.get('tokens', r.get('step', 0)), float(r[key])) for r in self.records if key in r]
-        return (points[-1][1] if points else None), points
-
-    def steps(self) -> Optional[int]:
-        if self.info.get('steps') is not None:
-            return int(self.info['steps'])
-        return int(self.records[-1]['step']) if self.records else None
-
-    def tokens_per_s(self) -> Optional[float]:
-        speeds = [r['tokens_per_s'] for r in self.records if 'tokens_per_s' in r]
-        return sum(speeds) / len(speeds) if speeds else None
-
-    def seconds(self) -> Optional[float]:
-        return float(self.records[-1]['time']) if self.records and 'time' in self.records[-1] else None
-
-
-def _read_json(path: Path, damage: Optional[list[str]] = None) -> dict[str, Any]:
-    """The JSON object in `path`; {} when the file is missing, damaged or holds no object (then, when it is there,
-    a line in `damage`: the file is written whole, through a rename, so a reader never sees half of it)."""
-    try:
-        doc = json.loads(path.read_text(encoding='utf-8'))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
-        doc = None
-    if not isinstance(doc, dict):
-        if damage is not None:
-            damage.append(f'{path} is damaged (not a JSON object); the run\'s status is not known')
-        return {}
-    return doc
-
-
-def _read_records(path: Path, damage: list[str], being_written: bool) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl file, each whole line that is a JSON object; a line in `damage` for the lines
-    that are not (a last line cut off by a crash, say), but for the last line of a run still being written."""
-    lines = path.read_bytes().split(b'\n')
-    torn = lines[-1] != b''
-    records, bad = [], 0
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line.decode('utf-8'))
-        except ValueError:  # (UnicodeDecodeError too)
-            record = None
-        if isinstance(record, dict):
-            records.append(record)
-        elif not (being_written and torn and i == len(lines) - 1):  # the line the trainer is writing now
-            bad += 1
-    if bad:
-        last = torn and not being_written and not _is_record(lines[-1])
-        why = 'its last line is cut off (a crash while it was written?)' if bad == 1 and last else \
-            f'{plural(bad, "line")} {"is" if bad == 1 else "are"} not a JSON record'
-        damage.append(f'{path} is damaged: {why}; the table shows its {plural(len(records), "whole record")}')
-    return records
-
-
-def _is_record(line: bytes) -> bool:
-    try:
-        return isinstance(json.loads(line.decode('utf-8')), dict)
-    except ValueError:
-        return False
-
-
-def _being_trained(path: Path) -> bool:
-    """Whether a process trains the run in `path` now (it holds the run directory's lock: see
-    lazylab.experiments.lifecycle.training_lock)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-
-
-def _read_dump(path: Path) -> dict[str, Any]:
-    """A run's configs.yaml as a mapping.
-
-    Raises:
-        UsageError: the file is not UTF-8, not YAML, or not a mapping (it names the file).
-    """
-    import yaml
-    try:
-        doc = yaml.safe_load(path.read_text(encoding='utf-8'))
-    except (UnicodeDecodeError, yaml.YAMLError):
-        raise UsageError(f'{path} is damaged (not a YAML configuration dump)') from None
-    sections = ('values', 'given', 'computed', 'objects')
-    if doc is not None and (not isinstance(doc, dict) or
-                            any(not isinstance(doc.get(k) or {}, dict) for k in sections)):
-        raise UsageError(f'{path} is damaged (not a YAML configuration dump)')
-    return doc or {}
-
-
-def load_run(path: Path) -> Run:
-    """A run directory (or a sweep trial's folder, which may hold only trial.json and output.log when the trial
-    failed before its run started).
-
-    Raises:
-        UsageError: a damaged configs.yaml.
-    """
-    from lazylab.runs import METRICS_JSONL as METRICS
-    damage: list[str] = []
-    trial = _read_json(path / 'trial.json', damage)
-    number = trial.get('number')
-    label = f'{number:04d}' if isinstance(number, int) and not isinstance(number, bool) else path.name
-    run = Run(path, label, bool(trial) or (path / 'trial.json').is_file(), info=_read_json(path / 'run.json', damage),
-              trial=trial, damage=damage)
-    if (path / 'configs.yaml').is_file():
-        doc = _read_dump(path / 'configs.yaml')
-        run.values = dict(doc.get('values') or {})
-        run.given = dict(doc.get('given') or {k: '' for k in run.values})  # an older dump: all count as given
-        run.computed = dict(doc.get('computed') or {})
-        run.objects = dict(doc.get('objects') or {})
-    elif trial:
-        run.values = dict(trial.get('params') if isinstance(trial.get('params'), dict) else {})
-        run.given = {k: 'sweep' for k in run.values}
-    run.status, run.error = _status(run)
-    if (path / METRICS).is_file():
-        running = run.status == 'running' or run.info.get('status') == 'running'
-        run.records = _read_records(path / METRICS, damage, being_written=running and _being_trained(path))
-    if damage:
-        run.status = 'damaged'
-    return run
-
-
-def _status(run: Run) -> tuple[str, Optional[str]]:
-    if run.trial:
-        state = run.trial.get('state', 'running')
-        if state in ('running', 'interrupted') and not _owner_alive(run):
-            return 'interrupted', None
-        return state, run.trial.get('error')
-    return run.info.get('status', '—'), run.info.get('error')  # '—': a run from before run.json had a status
-
-
-def _owner_alive(run: Run) -> bool:
-    """Whether the sweep process that runs this trial still holds its lock (see lazylab.sweeps.sweep)."""
-    attempts = run.trial.get('attempts') or [{}]
-    owner = attempts[-1].get('owner')
-    if not owner:
-        return True
-    return lock_held(run.path.parent / '.owners' / owner)  # the trial's folder is SWEEP_DIR/trial-NNNN
-
-
-def lock_held(lock: Path) -> bool:
-    """Whether a live sweep process holds the owner lock file `lock` (it keeps an exclusive flock on it while it
-    lives; see lazylab.sweeps.sweep). A lock that cannot be opened here counts as held: another machine's."""
-    try:
-        fd = os.open(lock, os.O_RDONLY)
-    except OSError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-
-
-def expand(paths: list[str]) -> list[Path]:
-    """Run directories of run, sweep, and experiment folders (see the module docstring), each once (a run named
-    twice, or also through its folder, is one row).
-
-    Raises:
-        UsageError: a path that is none of those.
-    """
-    out: list[Path] = []
-    for p in map(Path, paths):
-        if (p / 'sweep.yaml').is_file():
-            out += sorted(d for d in p.glob('trial-*') if d.is_dir())
-        elif (p / 'run.json').is_file() or (p / 'trial.json').is_file():
-            out.append(p)
-        elif p.is_dir() and any((d / 'run.json').is_file() or (d / 'sweep.yaml').is_file() for d in p.iterdir()):
-            out += expand([str(d) for d in sorted(p.iterdir())
-                           if (d / 'run.json').is_file() or (d / 'sweep.yaml').is_file()])
-        else:
-            raise UsageError(f'{p} is not a run or sweep directory (no run.json or sweep.yaml)')
-    first: dict[Path, Path] = {}
-    for d in out:
-        first.setdefault(d.resolve(), d)
-    return list(first.values())
 
 
 def _direction(paths: list[str], metric: str) -> str:
-    import yaml
+    """The direction a sweep among `paths` optimizes `metric` in; else maximize for accuracies and speeds.
+
+    Raises:
+        UsageError: a damaged sweep.yaml.
+    """
     for p in map(Path, paths):
         if (p / 'sweep.yaml').is_file():
-            try:
-                record = yaml.safe_load((p / 'sweep.yaml').read_text(encoding='utf-8'))
-            except (UnicodeDecodeError, yaml.YAMLError):
-                record = None
-            if not isinstance(record, dict):
+            record = read_sweep_record(p)
+            if record is None:
                 raise UsageError(f'{p / "sweep.yaml"} is damaged (not a YAML mapping)')
             if record.get('metric') == metric and record.get('direction'):
                 return record['direction']
@@ -304,6 +87,7 @@ def keys_of_some(runs: list[Run]) -> list[str]:
 
 @dataclass
 class Table:
+    """The comparison of some runs (`compare`): the raw value of every cell, the columns in their order."""
     paths: list[str]
     metric: str
     runs: list[Run]
@@ -325,7 +109,7 @@ def compare(paths: list[str], metric: str = 'loss.valid', sort: Optional[str] = 
         UsageError: no runs, a path that is not a run or sweep, a metric no run has (see `check_metric`), an
             unknown --sort column.
     """
-    runs = [load_run(p) for p in expand(paths)]
+    runs = [load_run(p) for p in find_runs(paths)]
     if not runs:
         raise UsageError(f'no runs in {" ".join(paths)}')
     check_metric(metric, runs)
@@ -367,12 +151,10 @@ def check_metric(metric: str, runs: list[Run]) -> None:
     Raises:
         UsageError: `--metric NAME: no run has it; did you mean …? the runs' metrics: …`
     """
-    from lazylab.configs.engine.errors import suggestion
-    from lazylab.sweeps.plan import METRICS
     have = sorted({k for r in runs for record in r.records for k in record} - set(POSITION_KEYS))
-    if metric in have or metric in METRICS:
+    if metric in have or metric in METRIC_KEYS:
         return
-    known = have or sorted(METRICS)
+    known = have or sorted(METRIC_KEYS)
     what = "the runs' metrics" if have else 'no run has recorded any yet; metrics'
     raise UsageError(f'--metric {metric}: no run has it{suggestion(metric, known)} ({what}: {", ".join(known)})')
 
@@ -430,12 +212,20 @@ def format_table(t: Table) -> str:
 
 
 def compare_text(paths: list[str], metric: str = 'loss.valid', sort: Optional[str] = None) -> str:
+    """The table of `compare` as `lazylab compare` prints it.
+
+    Raises:
+        UsageError: see `compare`.
+    """
     return format_table(compare(paths, metric, sort))
 
 
 def write_csv(t: Table, path: str) -> Path:
-    """Every column at full precision, plus each run's path and error."""
-    from lazylab.experiments.plot import check_output
+    """Every column at full precision, plus each run's path and error; returns the file written.
+
+    Raises:
+        UsageError: a bad output file (see `lazylab.experiments.plot.check_output`).
+    """
     out = check_output(path, '--csv')
     columns = [t.metric if c == 'final' else c for c in t.columns]
     by_label = {(r.label if t.columns[0] == 'trial' else _run_label(r)): r for r in t.runs}
@@ -454,11 +244,10 @@ def plot(t: Table, path: str) -> list[str]:
     Raises:
         UsageError: a bad output file (see `lazylab.experiments.plot.check_output`), or no run has the metric yet.
     """
-    import matplotlib
+    import matplotlib  # start-up time: only a --plot loads matplotlib
     matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # (after choosing the Agg backend)
 
-    from lazylab.experiments.plot import check_output, loss_label
     out = check_output(path, '--plot', figure=True)
     short = _short_names(t.keys)
     by_label = {(r.label if t.columns[0] == 'trial' else _run_label(r)): r for r in t.runs}
@@ -498,8 +287,11 @@ def _short_names(keys: list[str]) -> dict[str, str]:
 
 def compare_main(paths: list[str], metric: str, sort: Optional[str], csv_file: Optional[str],
                  plot_file: Optional[str]) -> None:
-    """`lazylab compare …`: print the table; write the CSV and the plot when asked (both files checked first)."""
-    from lazylab.experiments.plot import check_output
+    """`lazylab compare …`: print the table; write the CSV and the plot when asked (both files checked first).
+
+    Raises:
+        UsageError: see `compare`, `write_csv` and `plot`.
+    """
     if csv_file is not None:
         check_output(csv_file, '--csv')
     if plot_file is not None:

@@ -13,14 +13,13 @@ trial with no owner. Before each claim a process writes `claiming N` into its ow
 is taken over (under a lock on .owners/ itself, by one process only) when a dead process's lock file says it was
 claiming it, and the trial is at least `GRACE` seconds old (a live claimer tags it within milliseconds) — or, with
 no such file here (a process of another machine, or of a lazylab before this record), once it is `LEASE` seconds
-old.
+old. (The locks are lazylab.runs': `hold_lock`, `exclusive_lock`, `lock_is_held`.)
 """
 import datetime
-import fcntl
-import os
 from pathlib import Path
 from typing import Any, Optional
 
+from lazylab import runs
 from lazylab.sweeps.study import OWNER
 
 #: seconds a trial with no owner must be old before a dead claimer's record lets it be taken over
@@ -40,20 +39,16 @@ class Owners:
 
     def __init__(self, folder: Path, study: Any, token: str):
         self.folder, self.study, self.token = folder, study, token
-        self.lock = None
+        self.lock: Optional[runs.HeldLock] = None
 
     def hold(self) -> None:
         """Create and lock this process's lock file (held until `release`)."""
         self.folder.mkdir(exist_ok=True)
-        self.lock = open(self.folder / self.token, 'w', encoding='utf-8')
-        fcntl.flock(self.lock, fcntl.LOCK_EX)
+        self.lock = runs.hold_lock(self.folder / self.token, f'owner lock {self.token} is held', create=True)
 
     def claiming(self, number: int) -> None:
         """Record, in this process's lock file, that it is about to claim trial `number` (see the module docstring)."""
-        self.lock.seek(0)
-        self.lock.truncate()
-        self.lock.write(f'claiming {number}\n')
-        self.lock.flush()
+        (self.folder / self.token).write_text(f'claiming {number}\n', encoding='utf-8')
 
     def release(self) -> None:
         """Let go of this process's lock; its file goes too unless a trial it owns is left RUNNING (then the next
@@ -62,10 +57,11 @@ class Owners:
             return
         if not self.owned_running(self.token):
             (self.folder / self.token).unlink(missing_ok=True)
-        self.lock.close()
+        self.lock.release()
         self.lock = None
 
     def running(self) -> list:
+        """The study's RUNNING trials (Optuna's FrozenTrials)."""
         return self.study.trials((self.study.optuna.trial.TrialState.RUNNING,))
 
     def owned_running(self, owner: str) -> bool:
@@ -88,44 +84,40 @@ class Owners:
             self.remove_dead_owner(owner)
         return taken
 
+    def _dead_lock(self, owner: str) -> Optional[runs.HeldLock]:
+        """The lock of `owner`'s file, now held by this process: None when its process is alive, or its file is not
+        here (opened, not created: that is another machine's trial, which that machine resumes)."""
+        try:
+            return runs.hold_lock(self.folder / owner, f'owner {owner} is alive')
+        except (runs.Locked, FileNotFoundError):
+            return None
+
     def _retag_from(self, owner: str, number: int) -> bool:
         """Retag trial `number` of dead `owner` (its lock free) with this token, under that lock."""
-        try:  # (opened, not created: a missing file is another machine's trial, which that machine resumes)
-            fd = os.open(self.folder / owner, os.O_RDONLY)
-        except FileNotFoundError:
+        lock = self._dead_lock(owner)
+        if lock is None:
             return False
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False  # its process is alive
             if self._fresh_owner(number) != (True, owner):
                 return False  # another process took it over first
             self.study.set_owner(number, self.token)
             return True
         finally:
-            os.close(fd)
+            lock.release()
 
     @property
     def _dead_claimers(self) -> dict[str, int]:
         """{token: trial number} of the dead processes' lock files here that say which trial they were claiming."""
         out = {}
         for path in self.folder.iterdir() if self.folder.is_dir() else ():
-            if path.name == self.token:
+            if path.name == self.token or runs.lock_is_held(path):  # (alive, or a file this process cannot open)
                 continue
             try:
-                fd = os.open(path, os.O_RDONLY)
+                words = path.read_bytes()[:100].decode('ascii', 'replace').split()
             except OSError:
                 continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                words = os.read(fd, 100).decode('ascii', 'replace').split()
-                if len(words) == 2 and words[0] == 'claiming' and words[1].isdigit():
-                    out[path.name] = int(words[1])
-            except BlockingIOError:
-                pass  # alive
-            finally:
-                os.close(fd)
+            if len(words) == 2 and words[0] == 'claiming' and words[1].isdigit():
+                out[path.name] = int(words[1])
         return out
 
     def _unowned_dead(self, t) -> bool:
@@ -145,15 +137,11 @@ class Owners:
     def _retag_unowned(self, number: int) -> bool:
         """Tag trial `number`, RUNNING with no owner, with this token, under a lock on .owners/ (so one process of
         this directory does)."""
-        fd = os.open(self.folder, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with runs.exclusive_lock(self.folder, wait=True):
             if self._fresh_owner(number) != (True, None):
                 return False
             self.study.set_owner(number, self.token)
             return True
-        finally:
-            os.close(fd)
 
     def _fresh_owner(self, number: int) -> tuple[bool, Optional[str]]:
         """(whether trial `number` is RUNNING, its owner) as the storage holds it now."""
@@ -164,27 +152,22 @@ class Owners:
     def remove_dead_owner(self, owner: str) -> None:
         """Remove the lock file of `owner`, a process that is gone (its lock is free), when no RUNNING trial is
         tagged with it."""
-        try:
-            fd = os.open(self.folder / owner, os.O_RDONLY)
-        except FileNotFoundError:
+        lock = self._dead_lock(owner)
+        if lock is None:  # alive after all (or gone already)
             return
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if not self.owned_running(owner):
                 (self.folder / owner).unlink(missing_ok=True)
-        except BlockingIOError:
-            pass  # alive after all
         finally:
-            os.close(fd)
+            lock.release()
 
     def interrupted(self, t) -> bool:
         """A RUNNING trial with no live process that this directory knows of: ours (it was interrupted), one whose
         owner's lock here is free, or one with no owner (its claimer was killed before it tagged it)."""
-        from lazylab.sweeps.compare import lock_held
         owner = t.system_attrs.get(OWNER)
         if owner is None or owner == self.token:
             return True
-        return not lock_held(self.folder / owner)  # (a lock we cannot open: another machine's trial)
+        return not runs.lock_is_held(self.folder / owner)  # (a lock we cannot open: another machine's trial)
 
     def unowned_note(self, t) -> Optional[str]:
         """For a RUNNING trial with no owner that `take_over` left: when a --resume will take it over."""

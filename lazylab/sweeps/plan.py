@@ -5,34 +5,36 @@ experiment's declarations, the whole configuration of every grid point — of ea
 flags); a mistake is one `UsageError` line. See lazylab.sweeps.sweep for the command itself.
 """
 import argparse
+import difflib
 import hashlib
-import os
 import re
 import shlex
+import shutil
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from lazylab.errors import UsageError, plural
+from lazylab import runs
+from lazylab.errors import UsageError
+from lazylab.experiments import discovery
 from lazylab.redaction import redact, redact_url
-from lazylab.sweeps.spec import Fixed, Space, check_points, full_key, parse_value, type_space
+from lazylab.sweeps import scripts
+from lazylab.sweeps.grammar import Dimension, Fixed, Space, parse_value
 
 #: the keys of a validation record a sweep can optimize
-METRICS = ('loss.valid', 'accuracy.valid', 'loss.train', 'accuracy.train', 'tokens_per_s')
-SWEEP_YAML = 'sweep.yaml'
-JOURNAL = 'study.journal'
-CONFIG_COPY = 'config.yaml'
-OWNERS = '.owners'
+METRICS = runs.METRIC_KEYS
 
 
 class _Parser(argparse.ArgumentParser):
+    """argparse whose mistakes are one `UsageError` line."""
+
     def error(self, message):
         raise UsageError(f'lazylab sweep: {message}')
 
 
 def parser() -> argparse.ArgumentParser:
+    """The parser of `lazylab sweep` (its flags are described in lazylab.sweeps.sweep's docstring)."""
     p = _Parser(prog='lazylab sweep', add_help=False, allow_abbrev=False)
     p.add_argument('settings', nargs='*')
     p.add_argument('--config')
@@ -49,6 +51,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument('--launcher')
     p.add_argument('--resume')
     p.add_argument('--dry-run', action='store_true')
+    p.add_argument('--labml', action='store_true')
+    p.add_argument('--steps', type=int)
+    p.add_argument('--runs-dir')
     p.add_argument('-h', '--help', action='store_true')
     return p
 
@@ -75,10 +80,14 @@ class Plan:
     default_threads: int
     points: list[dict[str, Any]] = field(default_factory=list)
     study_named: bool = True        # --study given (else a name made of the time)
+    folder: str = ''                # the runs' folder of the experiment (RUNS_DIR/FOLDER): its STEM ('' : name)
+    labml: bool = False             # a labml script's sweep (--labml): its trials are `lazylab labml` runs
+    steps: Optional[int] = None     # --steps of a --labml sweep: each trial ends after that many optimizer updates
 
     @property
     def sweep_dir(self) -> Path:
-        return self.runs_dir / self.name / f'sweep-{self.study}'
+        """RUNS_DIR/STEM/sweep-STUDY."""
+        return self.runs_dir / (self.folder or self.name) / f'{runs.SWEEP_PREFIX}{self.study}'
 
     def signature(self) -> dict[str, Any]:
         """What every process on one study must agree on (machines may differ in paths, threads, versions)."""
@@ -86,9 +95,12 @@ class Plan:
         if self.config_file:
             config = hashlib.sha256(Path(self.config_file).read_bytes()).hexdigest()
         fixed = [t for t in self.fixed if not t.startswith('runs_dir=')]  # each machine has its own runs folder
-        return {'experiment': self.name, 'fixed': fixed, 'config_sha256': config,
-                'space': self.space.describe(), 'zip': self.space.zips, 'sampler': self.sampler,
-                'trials': self.trials, 'metric': self.metric, 'direction': self.direction, 'prune': self.prune}
+        signature = {'experiment': self.name, 'fixed': fixed, 'config_sha256': config,
+                     'space': self.space.describe(), 'zip': self.space.zips, 'sampler': self.sampler,
+                     'trials': self.trials, 'metric': self.metric, 'direction': self.direction, 'prune': self.prune}
+        if self.labml:
+            signature.update(labml=True, steps=self.steps)
+        return signature
 
     def redact(self, text: str) -> str:
         """`text` (a command line, a message) with the storage URL's credentials hidden (lazylab.redaction)."""
@@ -97,7 +109,7 @@ class Plan:
     def storage_shown(self, sweep_dir: Optional[Path] = None) -> str:
         """The storage as messages and sweep.yaml show it: the journal file, or the database URL redacted."""
         if self.storage is None:
-            return f'journal file {(sweep_dir or self.sweep_dir) / JOURNAL}'
+            return f'journal file {(sweep_dir or self.sweep_dir) / runs.STUDY_JOURNAL}'
         if '://' not in self.storage:
             return f'journal file {self.storage}'
         return f'database {redact_url(self.storage)}'
@@ -114,12 +126,71 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
     """
     a = parser().parse_intermixed_args(argv)
     if not a.settings or '=' in a.settings[0]:
-        raise UsageError('usage: lazylab sweep NAME [key=value | key=SWEEP …] [--workers N] … (lazylab sweep -h)')
+        what = '--labml MODULE' if a.labml else 'NAME'
+        raise UsageError(f'usage: lazylab sweep {what} [key=value | key=SWEEP …] [--workers N] … (lazylab sweep -h)')
+    if a.labml:
+        return _script_plan(a, argv, study, storage, check)
+    for flag, value in (('--steps', a.steps), ('--runs-dir', a.runs_dir)):
+        if value is not None:
+            raise UsageError(f'{flag} is for --labml sweeps (an experiment is set by its keys: max_steps=, runs_dir=)')
     name, tokens = a.settings[0], a.settings[1:]
-    from lazylab.experiments.discovery import load_experiment
-    defaults = load_experiment(name).Configs()
-    fixed, dims = _settings(defaults, tokens)
+    from lazylab.sweeps import typed  # torch (the points are computed): the parser and `--help` load none
+    found = discovery.find_experiment(name)
+    defaults = found.Configs()  # (imported, and checked to be an experiment)
+    fixed, dims = _settings(tokens, lambda key: typed.full_key(defaults, key))
     metric, direction = _metric(a)
+    study, storage = _study(a, study), _storage(storage or a.storage, a.storage)
+    config_args = ['--config', a.config] if a.config else []
+    checker = typed.PointChecker(name, fixed + config_args, [d.key for d in dims])
+    conf = typed.type_space(name, fixed + config_args, dims, checker)
+    space = Space(dims, [[typed.full_key(defaults, k.strip()) for k in z.split(',') if k.strip()] for z in a.zip])
+    sampler, points, trials = _points(a, space)
+    launcher = _launcher(a.launcher)
+    if check:
+        typed.check_points(name, fixed + config_args, space, grid=sampler == 'grid', checker=checker, say=say)
+    default_threads = defaults.threads if not any(t.startswith('threads=') for t in fixed) else -1
+    return Plan(name=name, argv=list(argv), fixed=fixed, config_file=a.config, space=space, sampler=sampler,
+                trials=trials, metric=metric, direction=direction, prune=a.prune, storage=storage,
+                study=study or runs.new_run_id(), seed=a.seed,
+                workers=a.workers, launcher=launcher, runs_dir=Path(conf.runs_dir), default_threads=default_threads,
+                points=points, study_named=study is not None, folder=found.name)
+
+
+def _script_plan(a: argparse.Namespace, argv: list[str], study: Optional[str], storage: Optional[str],
+                 check: bool) -> Plan:
+    """The plan of `lazylab sweep --labml MODULE …` (lazylab.sweeps.scripts): keys as written (a labml script's
+    `lazylab labml` takes no short keys), typed by the script's config class (`check=False`: left as text, for
+    `--resume` to find the sweep directory); no points computed."""
+    name, tokens = a.settings[0], a.settings[1:]
+    if a.prune != 'none':
+        raise UsageError(f'--prune {a.prune} needs lazylab\'s trainer (its validation hook); a --labml script runs '
+                         f'its own loop: sweep it without --prune')
+    if a.steps is not None and a.steps < 1:
+        raise UsageError(f'--steps must be ≥ 1, got {a.steps}')
+    fixed, dims = _settings(tokens, lambda key: key)
+    metric, direction = _metric(a, any_metric=True)
+    study, storage = _study(a, study), _storage(storage or a.storage, a.storage)
+    runs_dir = scripts.runs_dir(a.runs_dir)
+    if check:
+        scripts.check_script(name, fixed, dims, config=a.config, runs_dir=runs_dir)
+    else:
+        for d in dims:
+            d.values = list(d.texts)
+    space = Space(dims, [[k.strip() for k in z.split(',') if k.strip()] for z in a.zip])
+    sampler, points, trials = _points(a, space)
+    return Plan(name=name, argv=list(argv), fixed=fixed, config_file=a.config, space=space, sampler=sampler,
+                trials=trials, metric=metric, direction=direction, prune=a.prune, storage=storage,
+                study=study or runs.new_run_id(), seed=a.seed, workers=a.workers, launcher=_launcher(a.launcher),
+                runs_dir=Path(runs_dir), default_threads=-1, points=points, study_named=study is not None,
+                folder=scripts.folder_name(name), labml=True, steps=a.steps)
+
+
+def _study(a: argparse.Namespace, study: Optional[str]) -> Optional[str]:
+    """The study name (given to `make_plan`, or --study), checked with --workers and --seed.
+
+    Raises:
+        UsageError: --workers < 1, --seed < 0, a study name that cannot name a folder.
+    """
     if a.workers < 1:
         raise UsageError(f'--workers must be ≥ 1, got {a.workers}')
     if a.seed < 0:
@@ -127,26 +198,12 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
     study = study or a.study
     if study is not None and not re.fullmatch(r'[A-Za-z0-9][A-Za-z0-9._-]*', study):
         raise UsageError(f'--study {study!r}: use letters, digits, ".", "_" and "-" (it names the sweep folder)')
-    storage = _storage(storage or a.storage, a.storage)
-    config_args = ['--config', a.config] if a.config else []
-    from lazylab.sweeps.points import PointChecker
-    checker = PointChecker(name, fixed + config_args, [d.key for d in dims])
-    conf = type_space(name, fixed + config_args, dims, checker)
-    space = Space(dims, [[full_key(defaults, k.strip()) for k in z.split(',') if k.strip()] for z in a.zip])
-    sampler, points, trials = _points(a, space)
-    launcher = _launcher(a.launcher)
-    if check:
-        check_points(name, fixed + config_args, space, grid=sampler == 'grid', checker=checker, say=say)
-    default_threads = defaults.threads if not any(t.startswith('threads=') for t in fixed) else -1
-    return Plan(name=name, argv=list(argv), fixed=fixed, config_file=a.config, space=space, sampler=sampler,
-                trials=trials, metric=metric, direction=direction, prune=a.prune, storage=storage,
-                study=study or time.strftime('%Y%m%d-%H%M%S') + '-' + os.urandom(2).hex(), seed=a.seed,
-                workers=a.workers, launcher=launcher, runs_dir=Path(conf.runs_dir), default_threads=default_threads,
-                points=points, study_named=study is not None)
+    return study
 
 
-def _settings(defaults: Any, tokens: list[str]) -> tuple[list[str], list]:
-    """(fixed key=value tokens, swept dimensions) of the command's settings; each swept key named in full."""
+def _settings(tokens: list[str], full_key: Callable[[str], str]) -> tuple[list[str], list[Dimension]]:
+    """(fixed key=value tokens, swept dimensions) of the command's settings; each swept key named in full, by
+    `full_key`."""
     fixed, dims, seen = [], [], set()
     for token in tokens:
         key, eq, text = token.partition('=')
@@ -154,7 +211,7 @@ def _settings(defaults: Any, tokens: list[str]) -> tuple[list[str], list]:
         if not eq or not key:
             raise UsageError(f'expected key=value or key=SWEEP, got {token!r}')
         value = parse_value(key, text)
-        full = full_key(defaults, key)  # a key's unique end stands for it, as on `lazylab train`
+        full = full_key(key)  # a key's unique end stands for it, as on `lazylab train`
         if full in seen:
             raise UsageError(f'{full} is given twice')
         seen.add(full)
@@ -171,9 +228,15 @@ def _settings(defaults: Any, tokens: list[str]) -> tuple[list[str], list]:
     return fixed, dims
 
 
-def _metric(a: argparse.Namespace) -> tuple[str, str]:
-    if a.metric not in METRICS:
-        import difflib
+def _metric(a: argparse.Namespace, any_metric: bool = False) -> tuple[str, str]:
+    """(--metric, --direction or the metric's own); `any_metric`: a labml script's, any key it tracks.
+
+    Raises:
+        UsageError: a metric the trainer does not record (not for `any_metric`), with the nearest.
+    """
+    if any_metric and not a.metric.strip():
+        raise UsageError('--metric is empty: give the key the script tracks (e.g. loss.valid)')
+    if not any_metric and a.metric not in METRICS:
         close = difflib.get_close_matches(a.metric, METRICS, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ''
         raise UsageError(f'unknown --metric {a.metric!r}{hint}; metrics: {", ".join(METRICS)}')
@@ -217,22 +280,6 @@ def _launcher(text: Optional[str]) -> list[str]:
         raise UsageError(f'--launcher {text!r}: {e}') from None
     if not launcher:
         raise UsageError('--launcher is empty')
-    import shutil
     if shutil.which(launcher[0]) is None:
         raise UsageError(f'--launcher {text!r}: no program {launcher[0]!r} (not on PATH, or not executable)')
     return launcher
-
-
-def cores() -> int:
-    """The CPU cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
-
-
-def workers_line(plan: Plan, workers: int) -> Optional[str]:
-    """The warning when more trials would run at once than there are cores (None otherwise)."""
-    n = cores()
-    if workers <= n:
-        return None
-    asked = f' (--workers {plan.workers}, at most one per trial left)' if workers != plan.workers else ''
-    return (f'lazylab: warning: {plural(workers, "worker")}{asked} on {plural(n, "CPU core")}: the trials share '
-            f'them and each runs slower')

@@ -17,15 +17,20 @@ swept keys it was computed from):
 - whole points: a point whose values equal those of a point already checked on every swept key that check followed —
   through the items computed, and through what `check_values` and `compute` read themselves — would be computed
   exactly as that one was, so it passes without being computed. (Each swept value on its own was checked when it
-  was typed, `lazylab.sweeps.spec.type_space`, so the plain reading of a swept key counts for no point.)
+  was typed, `lazylab.sweeps.typed.type_space`, so the plain reading of a swept key counts for no point.)
 
-Points are identified by their override texts (`{key: text}`): two texts of one value count as two values.
+Points are identified by their override texts (`{key: text}`): two texts of one value count as two values. The
+record is read through the public view of a config, `lazylab.configs.inspect` (`items`, `set_by`, `reads_outside`).
 """
 import time
 from collections import OrderedDict
 from typing import Any, Callable, Optional
 
-from lazylab.errors import UsageError, plural
+import torch
+
+from lazylab.configs import ConfigError, apply_overrides, inspect
+from lazylab.errors import UsageError, plural, user_error_message
+from lazylab.experiments import configure
 
 #: objects kept per item, the last used
 KEEP = 16
@@ -39,16 +44,19 @@ def _is_plain(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and all(_is_plain(v) for v in value)
 
 
-
 def make_configs(name: str, tokens: list[str]) -> Any:
     """`lazylab.experiments.configure.make_configs` of key=value `tokens`, `--config FILE` among them as the sweep's
-    plan appends it (TODO(sweeps): the sweep's parser passes the file on its own, as `config=`)."""
-    from lazylab.experiments import configure  # torch: only when points are checked (as the calls below)
+    plan appends it (TODO(sweeps): the sweep's parser passes the file on its own, as `config=`).
+
+    Raises:
+        UsageError, ConfigError: as `lazylab train` (an unknown experiment, a bad key, value or file).
+    """
     tokens, config = list(tokens), None
     if '--config' in tokens:
         at = tokens.index('--config')
         config, tokens = tokens[at + 1], tokens[:at] + tokens[at + 2:]
     return configure.make_configs(name, tokens, config=config)
+
 
 class PointChecker:
     """Checks points of a sweep of experiment NAME (see the module docstring).
@@ -84,29 +92,24 @@ class PointChecker:
         if self.covered(point):
             self.skipped += 1
             return None
-        import torch
-
-        from lazylab.configs import apply_overrides
-        from lazylab.experiments import configure
         threads = torch.get_num_threads()
         try:
             conf = make_configs(self.name, self.fixed + [f'{k}={t}' for k, t in point.items()])
-            given = self._give(conf, point, apply_overrides)
-            with _Reads(conf) as top:  # what the checks read themselves (not the listing of the plain items)
+            given = self._give(conf, point)
+            with inspect.reads_outside(conf) as top:  # what the checks read themselves (not the plain items' listing)
                 configure.check_values(conf)
                 configure.compute(conf, optimizer=False, plain=False)
             configure.compute_plain(conf)
         finally:
             torch.set_num_threads(threads)
-        self._learn(conf, point, given, top.reads)
+        self._learn(conf, point, given, top)
         self.computed += 1
         return conf
 
-    def _give(self, conf: Any, point: dict[str, str], apply_overrides) -> dict[str, tuple[tuple, Any]]:
+    def _give(self, conf: Any, point: dict[str, str]) -> dict[str, tuple[tuple, Any]]:
         """Give `conf` the kept objects that fit `point`; returns them, {item path: (followed (key, text) pairs,
         object)}. An object its item will not take as a given value (its declared type says otherwise) is
         computed instead, and no longer kept."""
-        from lazylab.configs import ConfigError
         given = self._shared(point)
         try:
             apply_overrides(conf, {path: value for path, (_, value) in given.items()})
@@ -134,14 +137,13 @@ class PointChecker:
         """Keep the new objects of `conf` and record the keys its whole check followed."""
         record = _Record(conf, self.keys, {path: {k for k, _ in f} for path, (f, _) in given.items()})
         followed = set(record.follows_all(top))
-        for path in record.items:
-            st, key = record.items[path]
+        for path, item in record.items.items():
             if path in self.keys:  # a swept key: given, its own value checked when typed; where it lives counts
                 followed |= record.follows_holders(path)
                 continue
             followed |= record.follows(path)
-            value = st.cache[key]
-            if path in given or key in st.children or _is_plain(value) or path in record.setters \
+            value = item.value
+            if path in given or item.sub_config is not None or _is_plain(value) or path in record.setters \
                     or path in self.unshared:
                 continue
             kept = self.objects.setdefault(path, OrderedDict())
@@ -159,14 +161,10 @@ class _Record:
     """
 
     def __init__(self, conf: Any, keys: set[str], given: dict[str, set[str]]):
-        # the engine's record of each item (no public view of it yet: lazylab.configs.explain lacks set-by)
-        from lazylab.configs.engine.report import given_paths, walk
-        from lazylab.configs.engine.state import state_of
         self.keys, self.given = keys, given
-        root = state_of(conf)
-        _, self.set_by = given_paths(root)
+        self.set_by = inspect.set_by(conf)
         self.setters = set(self.set_by.values())
-        self.items = {path: (st, key) for path, st, key in walk(root) if key in st.cache}
+        self.items = {item.path: item for item in inspect.items(conf) if item.computed}
         self.memo: dict[str, frozenset] = {}
 
     def follows(self, path: str) -> frozenset:
@@ -192,43 +190,21 @@ class _Record:
         return out
 
     def follows_all(self, paths: list[str]) -> frozenset:
+        """What the items `paths` follow, together."""
         out = frozenset()
         for p in paths:
             out |= self.follows(p)
         return out
 
     def _inputs(self, path: str) -> list[str]:
-        st_key = self.items.get(path)
-        if st_key is None:
+        item = self.items.get(path)
+        if item is None:
             return []
-        st, key = st_key
-        p = st.provenance.get(key)
-        inputs = list(p.reads) if p is not None else []
+        inputs = list(item.reads)
         if path in self.set_by:
             inputs.append(self.set_by[path])
         # an aggregate's selector decides the item's value even when it selected nothing (it is then not read)
-        inputs += [st.path_of(selector) for selector, _ in st.spec.by_target.get(key, ())]
-        return inputs
-
-
-class _Reads:
-    """While the block runs, the items read outside any item's computation are recorded in `reads` (the engine
-    records each calculator's reads in its frame; this is a frame for the check code itself)."""
-
-    def __init__(self, conf: Any):
-        from lazylab.configs.engine.resolver import Frame
-        from lazylab.configs.engine.state import state_of
-        self.frame = Frame(state_of(conf), '', '')
-        self.reads = self.frame.reads
-
-    def __enter__(self) -> '_Reads':
-        from lazylab.configs.engine.resolver import ACTIVE
-        ACTIVE.append(self.frame)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        from lazylab.configs.engine.resolver import ACTIVE
-        ACTIVE.remove(self.frame)
+        return inputs + list(item.selectors)
 
 
 def check_all(checker: PointChecker, checks: list[tuple[str, dict[str, str]]], *, where: Callable[[str], str],
@@ -239,7 +215,6 @@ def check_all(checker: PointChecker, checks: list[tuple[str, dict[str, str]]], *
     Raises:
         UsageError: the first bad point: `LABEL (WHERE): message` (`where(tokens)` gives the part in brackets).
     """
-    from lazylab.errors import user_error_message
     last = time.monotonic()
     for i, (label, point) in enumerate(checks, 1):
         if time.monotonic() - last >= PROGRESS_EVERY:

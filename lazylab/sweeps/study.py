@@ -13,6 +13,9 @@ The process that creates the study enqueues the trials and then records the swee
 user attrs (`lazylab`); a process that finds the study already there waits for that record and checks that it
 runs the same sweep.
 """
+import importlib.util
+import json
+import os
 import time
 from typing import Any, Callable, Optional
 
@@ -23,10 +26,14 @@ from lazylab.redaction import redact, redact_url
 SIGNATURE = 'lazylab'
 #: the trial system attr naming the process (owner token) that runs the trial
 OWNER = 'lazylab:owner'
+#: the environment variable that gives a trial of a pruned sweep its study (JSON: storage, study, number, metric,
+#: pruner; in the environment, never on the command line, where `ps` would show a database password)
+REPORT_ENV = 'LAZYLAB_SWEEP_REPORT'
 
 
-def _optuna():
-    import optuna
+def load_optuna():
+    """The optuna module, imported on first use (start-up time: `lazylab compare` and the sweep's parser need none)."""
+    import optuna  # start-up time (about 0.5 s): see the docstring
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the sweep prints its own line per trial
     return optuna
 
@@ -38,9 +45,9 @@ def open_storage(url_or_file: str):
         UsageError: the database cannot be reached or the URL is not one Optuna accepts (its credentials hidden:
             lazylab.redaction); the journal file is a folder or is not an Optuna journal.
     """
-    optuna = _optuna()
+    optuna = load_optuna()
     if '://' not in url_or_file:
-        from optuna.storages.journal import JournalFileBackend
+        from optuna.storages.journal import JournalFileBackend  # (optuna: on first use, as load_optuna)
         _check_journal(url_or_file)
         return optuna.storages.JournalStorage(JournalFileBackend(url_or_file))
     url = _with_driver(url_or_file)
@@ -70,7 +77,7 @@ def check_storage(url_or_file: str) -> None:
         _check_journal(url_or_file)
         return
     try:
-        import sqlalchemy
+        import sqlalchemy  # optuna's dependency; only a --dry-run on a database connects
         from sqlalchemy.pool import NullPool
         engine = sqlalchemy.create_engine(_with_driver(url_or_file), poolclass=NullPool)
         try:
@@ -85,7 +92,6 @@ def check_storage(url_or_file: str) -> None:
 
 
 def _check_journal(path: str) -> None:
-    import os
     if os.path.isdir(path):
         raise UsageError(f'--storage {path} is a folder; give a journal file or a database URL')
     if not _is_journal(path):
@@ -106,8 +112,6 @@ def _is_journal(path: str) -> bool:
     """Whether `path` is missing, empty, or an Optuna journal: every complete line a JSON object, and at least one
     line complete (Optuna writes each record whole, with its newline; it skips an unfinished last line, which
     another process may be writing, so a file of other text would only fail once the sweep appends to it)."""
-    import json
-    import os
     if not os.path.exists(path) or os.path.getsize(path) == 0:
         return True
     with open(path, 'rb') as f:
@@ -121,7 +125,6 @@ def _is_journal(path: str) -> bool:
 def _with_driver(url: str) -> str:
     """postgresql://… with the psycopg2 driver when psycopg (3), SQLAlchemy 2.1's default for that scheme, is not
     installed (lazylab's `postgres` extra installs psycopg2-binary)."""
-    import importlib.util
     scheme, sep, rest = url.partition('://')
     if scheme in ('postgresql', 'postgres') and importlib.util.find_spec('psycopg') is None \
             and importlib.util.find_spec('psycopg2') is not None:
@@ -130,7 +133,8 @@ def _with_driver(url: str) -> str:
 
 
 def make_sampler(kind: str, seed: int):
-    optuna = _optuna()
+    """Optuna's sampler for --sampler `kind` ('tpe', else random: a grid's params are fixed when enqueued)."""
+    optuna = load_optuna()
     if kind == 'tpe':
         # constant_liar: trials still running count as likely-bad, so parallel workers spread out
         return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
@@ -141,7 +145,7 @@ def make_pruner(kind: str):
     """none: never prunes; median: Optuna's MedianPruner once 2 trials have finished (a trial is stopped at a
     validation where its metric is worse than the median of the finished trials' at that step); halving:
     SuccessiveHalvingPruner (Optuna's defaults)."""
-    optuna = _optuna()
+    optuna = load_optuna()
     if kind == 'median':
         return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0, interval_steps=1)
     if kind == 'halving':
@@ -161,7 +165,7 @@ class Study:
 
     def __init__(self, storage, name: str, direction: str, sampler, pruner):
         self.storage, self.name = storage, name
-        self.optuna = optuna = _optuna()
+        self.optuna = optuna = load_optuna()
         self.created = True
         try:
             self.study = optuna.create_study(storage=storage, study_name=name, direction=direction,
@@ -202,6 +206,7 @@ class Study:
             time.sleep(0.2)
 
     def trials(self, states=None) -> list:
+        """The study's trials (in the given Optuna TrialStates only, when `states`), not copied."""
         return self.storage.get_all_trials(self.study_id, deepcopy=False, states=states)
 
     def claim(self, before: Optional[Callable[[int], None]] = None) -> Optional[Any]:
@@ -225,10 +230,12 @@ class Study:
         return self.optuna.trial.Trial(self.study, trial_id)
 
     def set_owner(self, number: int, token: str) -> None:
+        """Tag trial `number` with the owner token of the process that runs it."""
         trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
         self.storage.set_trial_system_attr(trial_id, OWNER, token)
 
     def set_user_attr(self, number: int, key: str, value: Any) -> None:
+        """Set a user attr of trial `number` (what optuna-dashboard shows: its run directory, its status)."""
         trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
         self.storage.set_trial_user_attr(trial_id, key, value)
 

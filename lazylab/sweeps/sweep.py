@@ -1,62 +1,23 @@
-"""`lazylab sweep`: run many configurations of one experiment, each trial an ordinary run in its own process.
+"""`lazylab sweep`: many configurations of one experiment (or labml script), each trial an ordinary run of its own.
 
-    lazylab sweep NAME [key=value | key=SWEEP …] [--config FILE] [--workers N] [--trials N]
+    lazylab sweep EXPERIMENT [key=value | key=SWEEP …] [--config FILE] [--workers N] [--trials N]
                   [--sampler grid|random|tpe] [--zip KEY,KEY…] [--metric loss.valid] [--direction minimize|maximize]
                   [--prune none|median|halving] [--storage URL_OR_FILE] [--study NAME] [--seed N]
                   [--launcher COMMAND] [--dry-run]
+    lazylab sweep --labml MODULE [key=value | key=SWEEP …] [--steps N] [--runs-dir DIR] [--config FILE] …
     lazylab sweep --resume SWEEP_DIR [--workers N] [--storage URL]
 
-Everything is checked before anything is written (the grammar, every key and value against the experiment's
-declarations, the whole configuration of every grid point — of each swept value for a sampler —, the flags); a
-mistake is one line `lazylab: error: …` (naming the point), exit code 2. Checking many points is fast (what does
-not depend on the point is shared: lazylab.sweeps.points) and prints `checking point 1,200 of 5,000…` to stderr
-every few seconds; Ctrl-C or SIGTERM meanwhile exits with 130 or 143 and one line, having written nothing.
-`--dry-run` stops there: it prints the plan — one line per point, with each swept key in full and its value as the
-trial will see it (typed: 0.001, 'GEGLU', 16), or the space a sampler draws from; then the study and the storage
-(its credentials hidden) — and writes nothing (a database is connected to, nothing more). Then:
+Everything is checked before anything is written — a mistake is one line `lazylab: error: …`, exit code 2 —, and
+`--dry-run` stops there, printing the plan. The sweep directory RUNS_DIR/STEM/sweep-STUDY holds sweep.yaml, the
+study's journal and one run directory per trial (trial-NNNN); the sweep prints a line as each trial starts and
+ends, then the `lazylab compare` table. Exit code 0 when every trial completed or was pruned, 1 when some failed or
+did not finish (`lazylab sweep --resume SWEEP_DIR` finishes it), 130 or 143 when stopped by Ctrl-C or SIGTERM.
 
-    RUNS_DIR/NAME/sweep-STUDY/     (STUDY: --study, or the start time and 4 random hex digits)
-        sweep.yaml                 the command, the space, sampler, metric, storage, versions
-        study.journal              Optuna's journal (the default storage)
-        config.yaml                a copy of --config FILE, which the trials read
-        trial-NNNN/                one ordinary run per trial (NNNN: the Optuna trial number): configs.yaml,
-                                   run.json, metrics.jsonl, samples.txt, checkpoint.pt, labml/; output.log (what the
-                                   trial printed) and trial.json (params, state, value, error, times)
+The contract (the grammar, what is checked and written, workers, threads, GPUs and launchers, resume and many
+processes on one study, labml scripts, secrets) is written once: see docs/guide/sweeps.md.
 
-The first line printed names the sweep directory; then one line as each trial starts and ends (trial, params,
-metric, status, seconds); at the end the `lazylab compare` table of the sweep. Exit code 0 when every trial
-completed or was pruned, 1 when some failed or did not finish (run `lazylab sweep --resume SWEEP_DIR`); stopped,
-the running trials are stopped (to be resumed) and it prints `lazylab: interrupted; lazylab sweep --resume
-SWEEP_DIR finishes the sweep` and exits with 130 on Ctrl-C, `lazylab: killed (SIGTERM); …` and 143 on SIGTERM.
-`--resume` of a sweep whose every trial has ended says `nothing to do: …` and exits with 0.
-
-Secrets: a database URL's password and secret query parameters (`password=`, `token=`, …) are hidden
-(lazylab.redaction) in everything the sweep prints and writes — sweep.yaml (command, argv and all), the trials'
-files, error lines. The trials that need the study (a pruner's reports) get the URL in their environment, never
-on their command line; a password is best kept out of the URL (~/.pgpass, PGPASSWORD), since the sweep's own
-command line is the user's.
-
-Workers: `--workers N` runs up to N trials at once, each in its own process (`python -m lazylab.sweeps.trial`,
-or `--launcher COMMAND -m lazylab.sweeps.trial …`, e.g. --launcher 'torchrun --standalone --nproc_per_node=2' for
-trials that are torchrun jobs). A worker takes the next trial from the study as soon as its last one ends, so
-nothing waits for the slowest trial of a batch; at most one worker runs per trial left (a warning says when
-that is more than the CPU cores). Each trial gets `threads=cores // N` (cores // (N × processes) for
-a torchrun launcher) unless the command sets `threads`; on a machine with GPUs, worker i gets GPU i mod n_gpus
-(CUDA_VISIBLE_DEVICES) unless the command sets `device`.
-
-Resume, and many processes on one study: several `lazylab sweep` commands with the same --study (and --storage)
-share the study and split its trials (see lazylab.sweeps.study: each trial is claimed by one process). Each process
-holds a lock file SWEEP_DIR/.owners/TOKEN while it lives, and tags the trials it runs with TOKEN; a trial still
-RUNNING whose owner's lock is free (its process was killed, or the machine lost power) is taken over by the next
-process that runs on that sweep directory — `lazylab sweep --resume SWEEP_DIR` runs the recorded command again for
-that — and continues from its checkpoint (or starts again without one; its status says which). Completed trials
-are never run again, and their files are not touched. A lock file goes when no RUNNING trial is tagged with its
-token any more: its process removes it at the end (unless it leaves trials to take over), and the process that
-takes over a dead owner's last trial removes that owner's; so .owners/ holds only the live and the interrupted.
-A process killed between claiming a trial and recording itself as its owner leaves a trial with no owner: the
-next process takes it over once the claimer's lock file says it is dead (see lazylab.sweeps.owners).
-
-The parts: lazylab.sweeps.plan (the checked command line), .workers (one sweep process at work), .owners, .study.
+The parts: lazylab.sweeps.plan (the checked command line), .workers (one sweep process at work), .launcher (how a
+trial is started), .owners, .study, .scripts (labml scripts).
 """
 import sys
 from pathlib import Path
@@ -64,11 +25,12 @@ from typing import Any
 
 from lazylab.errors import Interrupted, UsageError, plural, signals_interrupt, user_error_message
 from lazylab.redaction import redact
-from lazylab.sweeps.plan import CONFIG_COPY, JOURNAL, METRICS, OWNERS, SWEEP_YAML, Plan, make_plan, parser
+from lazylab.runs import SWEEP_YAML, read_sweep_record
+from lazylab.sweeps import study
+from lazylab.sweeps.plan import METRICS, Plan, make_plan, parser
 from lazylab.sweeps.workers import Sweep, outcome
 
-__all__ = ['CONFIG_COPY', 'JOURNAL', 'METRICS', 'OWNERS', 'SWEEP_YAML', 'Plan', 'Sweep', 'make_plan', 'outcome',
-           'resume_plan', 'sweep_main']
+__all__ = ['METRICS', 'Plan', 'Sweep', 'make_plan', 'outcome', 'resume_plan', 'sweep_main']
 
 
 def sweep_main(argv: list[str]) -> int:
@@ -86,15 +48,13 @@ def sweep_main(argv: list[str]) -> int:
             else:
                 plan = make_plan(argv)
             if a.dry_run:
-                from lazylab.sweeps.study import check_storage
                 if plan.storage is not None:
-                    check_storage(plan.storage)
+                    study.check_storage(plan.storage)
                 print(dry_run_text(plan))
                 return 0
             store = None
             if plan.storage is not None:
-                from lazylab.sweeps.study import open_storage
-                store = open_storage(plan.storage)  # a bad URL, server or journal file: an error before any file
+                store = study.open_storage(plan.storage)  # a bad URL, server or journal file: an error before any file
     except Interrupted as e:
         print(f'lazylab: {e.message} while the sweep was being checked; nothing was written', file=sys.stderr,
               flush=True)
@@ -119,19 +79,21 @@ def _raise_redacted(e: Exception, urls: list[str]):
 
 def resume_plan(sweep_dir: str, argv: list[str]) -> tuple[Plan, list[str]]:
     """The plan of `lazylab sweep --resume SWEEP_DIR [--workers N] [--storage URL]`: the command sweep.yaml
-    recorded, for its study; and the storage URLs the messages must hide."""
-    import yaml
+    recorded, for its study; and the storage URLs the messages must hide.
+
+    Raises:
+        UsageError: not a sweep directory, a damaged sweep.yaml, flags other than --workers and --storage, a
+            hidden password and no --storage, a sweep directory that was moved; and what `make_plan` raises.
+    """
     a = parser().parse_intermixed_args(argv)
     path = Path(sweep_dir)
-    if a.settings or a.config or a.zip or a.trials is not None or a.sampler or a.study or a.dry_run:
+    if a.settings or a.config or a.zip or a.trials is not None or a.sampler or a.study or a.dry_run or a.labml \
+            or a.steps is not None or a.runs_dir is not None:
         raise UsageError('lazylab sweep --resume SWEEP_DIR takes only --workers and --storage: the rest is in '
                          f'{SWEEP_YAML}')
     if not (path / SWEEP_YAML).is_file():
         raise UsageError(f'{sweep_dir} is not a sweep directory (no {SWEEP_YAML})')
-    try:
-        record = yaml.safe_load((path / SWEEP_YAML).read_text(encoding='utf-8'))
-    except (UnicodeDecodeError, yaml.YAMLError):
-        record = None
+    record = read_sweep_record(path)
     if not isinstance(record, dict) or not isinstance(record.get('argv'), list) or \
             not isinstance(record.get('study'), str):
         raise UsageError(f'{path / SWEEP_YAML} is damaged (no command and study recorded)')
@@ -152,7 +114,10 @@ def resume_plan(sweep_dir: str, argv: list[str]) -> tuple[Plan, list[str]]:
         # names it); from the folder it was started in, the trials get the runs_dir the sweep gave, as written
         runs_dir = path.parent.parent if path.parent.parent.resolve() == path.resolve().parent.parent else \
             path.resolve().parent.parent
-        argv = [x for x in argv if not x.startswith('runs_dir=')] + [f'runs_dir={runs_dir}']
+        if '--labml' in argv:
+            argv = _without(argv, '--runs-dir') + ['--runs-dir', str(runs_dir)]
+        else:
+            argv = [x for x in argv if not x.startswith('runs_dir=')] + [f'runs_dir={runs_dir}']
         plan = make_plan(argv, study=record['study'], storage=storage or None, check=False)
     if plan.sweep_dir.resolve() != path.resolve():
         raise UsageError(f'{sweep_dir}: {SWEEP_YAML} describes {plan.sweep_dir} (was the folder moved? run the '
@@ -182,7 +147,11 @@ def dry_run_text(plan: Plan) -> str:
     """What `lazylab sweep … --dry-run` prints: the points (or the space a sampler draws from), the study, the
     storage; see the module docstring."""
     space = plan.space
-    lines = [f'lazylab sweep {plan.name} --dry-run: every point checked; nothing written']
+    if plan.labml:  # a script's points are known only as far as its configs tell before it trains
+        lines = [f'lazylab sweep --labml {plan.name} --dry-run: every key and value checked against its configs; '
+                 f'nothing written']
+    else:
+        lines = [f'lazylab sweep {plan.name} --dry-run: every point checked; nothing written']
     if plan.sampler == 'grid':
         lines.append(f'{plural(plan.trials, "point")} (the grid, in the order they run):')
         width = len(str(plan.trials))
@@ -200,7 +169,9 @@ def dry_run_text(plan: Plan) -> str:
                 lines.append(f'  {d.key}: {scale} in [{_typed(d.low)}, {_typed(d.high)}] '
                              f'({"int" if d.is_int else "float"})')
     fixed = ' '.join(plan.redact(t) for t in plan.fixed)
-    lines.append(f'every trial: {fixed}' if fixed else 'every trial: the experiment\'s defaults')
+    default = "the script's settings" if plan.labml else "the experiment's defaults"
+    steps = f' (at most {plural(plan.steps, "optimizer step")})' if plan.steps else ''
+    lines.append((f'every trial: {fixed}' if fixed else f'every trial: {default}') + steps)
     name = plan.study if plan.study_named else f'{plan.study} (made of the start time: give --study to choose one)'
     prune = f'pruning {plan.prune}' if plan.prune != 'none' else 'no pruning'
     lines.append(f'study: {name}; sampler {plan.sampler}, {plural(plan.trials, "trial")}, metric {plan.metric} '

@@ -1,6 +1,8 @@
 """One trial of a sweep, in a process of its own: an ordinary run, in the trial's folder of the sweep directory.
 
     python -m lazylab.sweeps.trial RUN_DIR NAME [--resume] [--swept KEY,KEY…] [--info JSON] -- key=value … [--config F]
+    python -m lazylab.sweeps.trial RUN_DIR MODULE --labml [--runs-dir DIR] [--steps N] [--resume] … -- key=value …
+    python -m lazylab.sweeps.trial --check-labml MODULE [--runs-dir DIR] [--config F] -- key=value key=SWEEP …
 
 is `lazylab train NAME key=value … [--config F]` whose run directory is RUN_DIR (RUNS_DIR/NAME/sweep-ID/trial-NNNN),
 so `lazylab resume/generate/plot` work on it as on any run. The swept keys are labelled `sweep` in its
@@ -15,9 +17,14 @@ Pruning: when LAZYLAB_SWEEP_REPORT is set (JSON: storage, study, number, metric,
 says so; run.json's status is then `pruned`, and the files stay. (The storage travels in the environment, not on
 the command line, so a database password is not shown by `ps`.)
 
+`--labml`: a trial of `lazylab sweep --labml` is `lazylab labml MODULE key=value … [--config F] [--steps N]
+[--runs-dir DIR]` whose run directory is RUN_DIR (lazylab.sweeps.scripts); run.json gets `sweep` as above. Such a
+run has no checkpoint lazylab resumes: `--resume` starts it again. `--check-labml` is the sweep's check of a labml
+script before anything is written: it types the settings by the script's config class and prints a report line
+(`lazylab.sweeps.scripts.check_script` reads it).
+
 The process holds an exclusive lock on RUN_DIR/.lock while it runs, so no two processes ever train in one folder.
 """
-import fcntl
 import json
 import os
 import shutil
@@ -25,12 +32,16 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+from lazylab import runs
 from lazylab.errors import UsageError, run_cli
+from lazylab.experiments import lifecycle
+from lazylab.labml import runner
+from lazylab.sweeps import scripts
+from lazylab.sweeps.grammar import Dimension, Fixed, parse_value
+from lazylab.sweeps.study import REPORT_ENV, load_optuna, make_pruner, open_storage
+from lazylab.sweeps.typed import type_dimension
 
-LOCK = '.lock'
-OUTPUT = 'output.log'
-TRIAL = 'trial.json'
-REPORT_ENV = 'LAZYLAB_SWEEP_REPORT'
+USAGE = 'usage: python -m lazylab.sweeps.trial RUN_DIR NAME [--resume] [--swept K,…] -- key=value …'
 
 
 class OptunaReport:
@@ -46,8 +57,7 @@ class OptunaReport:
     """
 
     def __init__(self, storage: str, study: str, number: int, metric: str, pruner: str):
-        from lazylab.sweeps.study import _optuna, make_pruner, open_storage
-        optuna = _optuna()
+        optuna = load_optuna()
         store = open_storage(storage)
         loaded = optuna.load_study(study_name=study, storage=store, pruner=make_pruner(pruner),
                                    sampler=optuna.samplers.RandomSampler())
@@ -66,40 +76,49 @@ class OptunaReport:
         return 'pruned' if self.trial.should_prune() else None
 
 
-def lock(run_dir: Path):
-    """An exclusive lock on RUN_DIR/.lock, held while the returned file stays open.
+def lock(run_dir: Path) -> runs.HeldLock:
+    """An exclusive lock on RUN_DIR/.lock, held until it is released (or the process ends).
 
     Raises:
         UsageError: another process holds it (the trial is still running there).
     """
-    f = open(run_dir / LOCK, 'a+')
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        raise UsageError(f'{run_dir} is in use by another process (its trial is still running)') from None
-    return f
+    return runs.hold_lock(run_dir / runs.TRIAL_LOCK, f'{run_dir} is in use by another process (its trial is still '
+                                                     f'running)', create=True)
 
 
 def clear(run_dir: Path) -> None:
     """Remove a restarted trial's files, but its output log, lock and trial record."""
     for p in run_dir.iterdir():
-        if p.name in (LOCK, OUTPUT, TRIAL):
+        if p.name in (runs.TRIAL_LOCK, runs.OUTPUT_LOG, runs.TRIAL_JSON):
             continue
         shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
 def run_trial(argv: list[str]) -> None:
+    """The trial (or the check) `argv` describes (see the module docstring).
+
+    Raises:
+        UsageError: a command line that is not one of the module docstring's; what the run raises.
+    """
     if '--' not in argv:
-        raise UsageError('usage: python -m lazylab.sweeps.trial RUN_DIR NAME [--resume] [--swept K,…] -- key=value …')
+        raise UsageError(USAGE)
     cut = argv.index('--')
     head, rest = argv[:cut], argv[cut + 1:]
     if len(head) < 2:
-        raise UsageError('usage: python -m lazylab.sweeps.trial RUN_DIR NAME [--resume] [--swept K,…] -- key=value …')
+        raise UsageError(USAGE)
+    if head[0] == '--check-labml':
+        check_labml(head[1], rest, runs_dir=_option(head, '--runs-dir') or scripts.DEFAULT_RUNS_DIR,
+                    config=_option(head, '--config'))
+        return
     run_dir, name, options = Path(head[0]), head[1], head[2:]
     resume = '--resume' in options
     swept = options[options.index('--swept') + 1].split(',') if '--swept' in options else []
     info = json.loads(options[options.index('--info') + 1]) if '--info' in options else {}
+    if '--labml' in options:
+        steps = _option(options, '--steps')
+        run_script(run_dir, name, rest, resume=resume, info=info, steps=int(steps) if steps else None,
+                   runs_dir=_option(options, '--runs-dir') or scripts.DEFAULT_RUNS_DIR)
+        return
     # under a torchrun launcher every process runs this; rank 0 owns the folder and talks to the study, and the
     # others pass a hook that says nothing (the trainer asks rank 0's, and every process must take part)
     rank0 = int(os.environ.get('RANK', '0')) == 0
@@ -108,8 +127,7 @@ def run_trial(argv: list[str]) -> None:
     try:
         report = os.environ.get(REPORT_ENV)
         hook = (OptunaReport(**json.loads(report)) if rank0 else _silent) if report else None
-        from lazylab.experiments import lifecycle
-        if resume and (run_dir / 'checkpoint.pt').is_file() and (run_dir / 'run.json').is_file():
+        if resume and (run_dir / runs.CHECKPOINT_PT).is_file() and (run_dir / runs.RUN_JSON).is_file():
             print(f'trial: resuming {run_dir} from its checkpoint', flush=True)
             lifecycle.resume_main(str(run_dir), on_validation=hook)
             return
@@ -122,7 +140,56 @@ def run_trial(argv: list[str]) -> None:
                              labels={'sweep': swept}, info={'sweep': info} if info else None)
     finally:
         if held is not None:
-            held.close()
+            held.release()
+
+
+def run_script(run_dir: Path, module: str, tokens: list[str], *, resume: bool, info: dict[str, Any],
+               steps: Optional[int], runs_dir: str) -> None:
+    """A trial of a labml script: `lazylab labml MODULE tokens…` in RUN_DIR (started again on `resume`: see the
+    module docstring); run.json gets the trial's `sweep` record."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    held = lock(run_dir)
+    try:
+        if resume:
+            print(f'trial: restarting {run_dir} (a labml run is not resumed)', flush=True)
+        clear(run_dir)
+        settings, config = settings_and_config(tokens)
+        try:
+            runner.run_labml(module, settings, config=config, steps=steps, runs_dir=runs_dir, run_dir=run_dir,
+                             argv=(module, *tokens))
+        finally:
+            if info and (run_dir / runs.RUN_JSON).is_file():
+                runs.update_record(run_dir, sweep=info)
+    finally:
+        held.release()
+
+
+def check_labml(module: str, tokens: list[str], *, runs_dir: str, config: Optional[str]) -> None:
+    """`--check-labml`: the fixed settings among `tokens` given and the swept ones typed by labml script MODULE's
+    config class (lazylab.sweeps.scripts); prints the report line.
+
+    Raises:
+        UsageError, ConfigError: the module, a key or a value, as `lazylab labml` says it (one line).
+    """
+    fixed: list[str] = []
+    dims: list[Dimension] = []
+    for token in tokens:
+        key, _, text = token.partition('=')
+        value = parse_value(key, text)
+        if isinstance(value, Fixed):
+            fixed.append(f'{key}={value.text}')
+        else:
+            value.key = key
+            dims.append(value)
+    conf = runner.script_configs(module, fixed, config=config, runs_dir=runs_dir)
+    for d in dims:
+        type_dimension(d, conf, d.key)
+    print(scripts.report_line(dims), flush=True)
+
+
+def _option(words: list[str], flag: str) -> Optional[str]:
+    """The value after `flag` in `words` (None when it is not there)."""
+    return words[words.index(flag) + 1] if flag in words and words.index(flag) + 1 < len(words) else None
 
 
 def settings_and_config(tokens: list[str]) -> tuple[list[str], Optional[str]]:
@@ -140,6 +207,7 @@ def _silent(step: int, record: dict[str, Any]) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """`python -m lazylab.sweeps.trial …`; the exit code (2 for a user's mistake, printed as one line)."""
     return run_cli(run_trial, sys.argv[1:] if argv is None else list(argv))
 
 

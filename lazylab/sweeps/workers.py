@@ -1,16 +1,18 @@
-"""One `lazylab sweep` process at work: the sweep directory, the study, the workers (one process per trial).
+"""One `lazylab sweep` process at work: the sweep directory, the study, the workers (one trial each at a time).
 
-See lazylab.sweeps.sweep for the command and what it writes; lazylab.sweeps.owners for which process runs which
-trial; lazylab.sweeps.trial for a trial's own process.
+The sweep asks the study for the next trial, has the launcher start it (lazylab.sweeps.launcher: a local
+subprocess by default), polls it, and tells the study how it ended, from what the trial wrote in its folder
+(`outcome`). See lazylab.sweeps.sweep for the command and what it writes; lazylab.sweeps.owners for which process
+runs which trial; lazylab.sweeps.trial for a trial's own process.
 """
 import contextlib
 import json
 import os
-import re
+import platform
+import resource
 import shlex
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -18,14 +20,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import yaml
+
+from lazylab import __version__, runs
 from lazylab.errors import Interrupted, UsageError, plural
-from lazylab.sweeps.plan import CONFIG_COPY, JOURNAL, OWNERS, SWEEP_YAML, Plan, cores, workers_line
-from lazylab.sweeps.spec import Dimension, _plain
-from lazylab.sweeps.trial import OUTPUT, REPORT_ENV, TRIAL
+from lazylab.experiments.metrics import read_metrics
+from lazylab.sweeps.compare import compare, format_table
+from lazylab.sweeps.grammar import Dimension, plain
+from lazylab.sweeps.launcher import Launcher, LocalLauncher, TrialProcess, TrialSpec, stop_all, workers_line
+from lazylab.sweeps.owners import Owners
+from lazylab.sweeps.plan import Plan
+from lazylab.sweeps.study import REPORT_ENV, Study, make_pruner, make_sampler, open_storage
 
 
 @dataclass
 class Job:
+    """A trial to run: its number, its params (as Optuna holds them) and their key=value overrides."""
     number: int
     params: dict[str, Any]
     overrides: list[str]
@@ -34,28 +44,28 @@ class Job:
 
 @dataclass
 class Slot:
+    """A worker: the trial it runs now (none when idle), its process and when it started."""
     index: int
     job: Optional[Job] = None
-    proc: Optional[subprocess.Popen] = None
+    proc: Optional[TrialProcess] = None
     started: float = 0.0
     cpu: Optional[float] = None
 
 
-def _die_with_parent():
-    """In a trial process (Linux): be killed when the sweep process dies, so that a killed sweep leaves no
-    orphan trial behind (the next sweep on the directory resumes the trial instead)."""
-    try:
-        import ctypes
-        ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 class Sweep:
-    """One `lazylab sweep` process: creates or joins the study, runs the workers, prints progress."""
+    """One `lazylab sweep` process: creates or joins the study, runs the workers, prints progress.
 
-    def __init__(self, plan: Plan, storage=None, resuming: bool = False):
+    Args:
+        plan: the checked sweep.
+        storage: the study's storage, opened already (None: opened by `prepare`).
+        resuming: `lazylab sweep --resume` (the sweep directory must exist).
+        launcher: what starts the trials (default: a `LocalLauncher` of the plan's --launcher).
+    """
+
+    def __init__(self, plan: Plan, storage=None, resuming: bool = False, launcher: Optional[Launcher] = None):
         self.plan, self.storage, self.resuming = plan, storage, resuming
+        assign_gpus = not (any(t.startswith('device=') for t in plan.fixed) or 'device' in plan.space.by_key)
+        self.launcher = launcher or LocalLauncher(plan.launcher, assign_gpus=assign_gpus, shown=plan.redact)
         self.dir = plan.sweep_dir
         self.t0 = time.monotonic()
         self.outcomes: dict[str, int] = {}
@@ -65,15 +75,20 @@ class Sweep:
 
     # set-up ------------------------------------------------------------------------------------------------
     def prepare(self) -> None:
-        from lazylab.sweeps.owners import Owners
-        from lazylab.sweeps.study import Study, make_pruner, make_sampler, open_storage
+        """Make the sweep directory, create or join the study (its trials enqueued by the process that creates it),
+        write sweep.yaml and the --config copy, and hold this process's owner lock.
+
+        Raises:
+            UsageError: a --resume of a folder that is not there; a study that holds another sweep (what this
+                call made is removed again).
+        """
         plan = self.plan
         if self.resuming and not self.dir.is_dir():
             raise UsageError(f'{self.dir} does not exist')
         made = [d for d in (self.dir, *self.dir.parents) if not d.exists()]  # deepest first
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.storage is None:
-            self.storage = open_storage(plan.storage or str(self.dir / JOURNAL))
+            self.storage = open_storage(plan.storage or str(self.dir / runs.STUDY_JOURNAL))
         self.token = f'{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}'
         # the study first: a study of another sweep is refused before this process writes anything in the folder
         seed = plan.seed
@@ -92,73 +107,53 @@ class Sweep:
             if plan.sampler != 'grid':  # two processes drawing from one seed would draw the same points
                 self.study.study.sampler = make_sampler(plan.sampler, seed + int(self.token.encode().hex()[-6:], 16))
         if plan.config_file:
-            copy = self.dir / CONFIG_COPY
+            copy = self.dir / runs.SWEEP_CONFIG
             if not copy.exists():
                 copy.write_bytes(Path(plan.config_file).read_bytes())
         self._write_sweep_yaml()
-        self.owners = Owners(self.dir / OWNERS, self.study, self.token)
+        self.owners = Owners(self.dir / runs.OWNERS_DIR, self.study, self.token)
         self.owners.hold()
 
     def _write_sweep_yaml(self) -> None:
         """sweep.yaml, written once (the first process on the directory writes it); the storage's credentials are
         hidden in every field (lazylab.redaction)."""
-        import platform
-
-        import optuna
-        import torch
-        import yaml
-
-        import lazylab
+        import torch  # loaded by the planning already; not at import, so that the sweep's parser loads no torch
         plan = self.plan
         argv = [plan.redact(a) for a in plan.argv]  # argument by argument, so that quoting cannot split a secret
         record = {
             'command': 'lazylab sweep ' + shlex.join(argv),
-            'argv': argv, 'experiment': plan.name, 'fixed': [plan.redact(t) for t in plan.fixed],
-            'config_copy': CONFIG_COPY if plan.config_file else None,
+            'argv': argv, 'experiment': plan.name, **({'labml': True} if plan.labml else {}),
+            'fixed': [plan.redact(t) for t in plan.fixed],
+            'config_copy': runs.SWEEP_CONFIG if plan.config_file else None,
             'space': plan.space.describe(), 'zip': plan.space.zips, 'sampler': plan.sampler,
             'trials': plan.trials, 'metric': plan.metric, 'direction': plan.direction, 'prune': plan.prune,
             'seed': plan.seed, 'study': plan.study,
-            'storage': 'journal file ' + (plan.storage or JOURNAL) if plan.storage is None or '://' not in plan.storage
-            else 'database', 'storage_url': plan.redact(plan.storage) if plan.storage else None,
-            'workers': plan.workers, 'lazylab': lazylab.__version__, 'torch': str(torch.__version__),
-            'optuna': optuna.__version__, 'python': platform.python_version(),
-            'created': time.strftime('%Y-%m-%dT%H:%M:%S'),
+            'storage': 'journal file ' + (plan.storage or runs.STUDY_JOURNAL)
+            if plan.storage is None or '://' not in plan.storage else 'database',
+            'storage_url': plan.redact(plan.storage) if plan.storage else None,
+            'workers': plan.workers, 'lazylab': __version__, 'torch': str(torch.__version__),
+            'optuna': self.study.optuna.__version__, 'python': platform.python_version(),
+            'created': runs.timestamp(),
         }
         text = ('# lazylab sweep; finish it after a kill with: lazylab sweep --resume THIS_FOLDER\n'
                 + yaml.safe_dump(record, sort_keys=False, allow_unicode=True))
         try:
-            with open(self.dir / SWEEP_YAML, 'x', encoding='utf-8') as f:
+            with open(self.dir / runs.SWEEP_YAML, 'x', encoding='utf-8') as f:
                 f.write(text)
         except FileExistsError:
             pass
 
     def threads(self) -> int:
-        """Torch threads per trial process: the command's `threads=N` (N ≥ 1), else the cores divided among the
-        workers (and a torchrun launcher's processes), at most the experiment's default."""
+        """Torch threads per trial: the command's `threads=N` (N ≥ 1), else the launcher's cores per trial for the
+        workers (a torchrun launcher's processes counted), at most the experiment's default."""
         plan = self.plan
         given = [t.split('=', 1)[1] for t in plan.fixed if t.startswith('threads=')]
         if given and given[-1].strip().isdigit() and int(given[-1]) > 0:
             return int(given[-1])  # what every trial uses; the first line and OMP_NUM_THREADS say the same
-        per_launch = 1
-        m = re.search(r'--nproc[_-]per[_-]node[= ](\d+)', ' '.join(plan.launcher))
-        if m:
-            per_launch = int(m.group(1))
-        n = max(1, cores() // (self.workers * per_launch))
+        n = self.launcher.cores_per_trial(self.workers)
         if plan.default_threads > 0:
             n = min(n, plan.default_threads)  # the experiment's own default (feedback: 1) is a tuned upper bound
         return n
-
-    def gpus(self) -> list[str]:
-        if any(t.startswith('device=') for t in self.plan.fixed) or 'device' in self.plan.space.by_key:
-            return []
-        visible = os.environ.get('CUDA_VISIBLE_DEVICES')
-        if visible is not None:
-            return [g for g in visible.split(',') if g.strip()]
-        try:
-            import torch
-            return [str(i) for i in range(torch.cuda.device_count())]
-        except Exception:
-            return []
 
     # the loop ------------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -200,8 +195,8 @@ class Sweep:
         warning = workers_line(plan, self.workers)
         if warning:
             print(warning, file=sys.stderr, flush=True)
-        self.n_threads, self.gpu_ids = self.threads(), self.gpus()
-        where = redact_storage(plan) if plan.storage else JOURNAL
+        self.n_threads = self.threads()
+        where = redact_storage(plan) if plan.storage else runs.STUDY_JOURNAL
         what = f'grid of {plan.trials}' if plan.sampler == 'grid' else plural(plan.trials, f'{plan.sampler} trial')
         keys = ' × '.join(','.join(g) if len(g) > 1 else g[0] for g in plan.space.axes()) or 'no swept keys'
         print(f'sweep {self.dir}: {what} ({keys}); {self.workers} worker{"s" * (self.workers > 1)} × '
@@ -223,6 +218,7 @@ class Sweep:
         return 0
 
     def on_signal(self, signum, frame) -> None:
+        """SIGINT, SIGTERM: raise an Interrupted now, or once the signals are no longer held (`signals_held`)."""
         self.signalled = Interrupted(signum)
         if not self.holding:
             raise self.signalled
@@ -242,6 +238,8 @@ class Sweep:
             raise self.signalled
 
     def loop(self, slots: list[Slot]) -> None:
+        """Until no trial is left and none runs: give each idle worker the next trial, poll the running ones, record
+        each that ended."""
         exhausted = False
         while True:
             for slot in slots:
@@ -263,14 +261,15 @@ class Sweep:
                     exhausted = False  # look again: a trial may have been left by a process that died meanwhile
 
     def _cpu_since_last(self) -> float:
-        """CPU seconds (user + system) of the child processes reaped since the last call."""
-        import resource
+        """CPU seconds (user + system) of the child processes reaped since the last call (a local trial's process
+        tree; for a launcher whose trials run elsewhere, its local client's)."""
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         total = usage.ru_utime + usage.ru_stime
         spent, self._cpu_seen = total - self._cpu_seen, total
         return spent
 
     def next_job(self) -> Optional[Job]:
+        """The next trial: one taken over from a dead process, else a WAITING one claimed (None: none left)."""
         if not self.takeovers:
             self.takeovers = [self._job(n, resume=True) for n in self.owners.take_over()]
         if self.takeovers:
@@ -291,48 +290,50 @@ class Sweep:
         if d.discrete:
             if d.int_step is not None and self.plan.sampler != 'grid':
                 return trial.suggest_int(d.key, d.low, d.high, step=d.int_step, log=d.log)
-            return trial.suggest_categorical(d.key, [_plain(v) for v in d.values])
+            return trial.suggest_categorical(d.key, [plain(v) for v in d.values])
         if d.is_int:
             return trial.suggest_int(d.key, d.low, d.high, log=d.log)
         return trial.suggest_float(d.key, d.low, d.high, log=d.log)
 
     def start(self, slot: Slot, job: Job) -> None:
+        """Record the trial's start (trial.json, the study's user attrs) and have the launcher start it."""
         plan = self.plan
-        trial_dir = self.dir / f'trial-{job.number:04d}'
+        trial_dir = self.dir / f'{runs.TRIAL_PREFIX}{job.number:04d}'
         trial_dir.mkdir(exist_ok=True)
-        record = _read_json(trial_dir / TRIAL) if job.resume else {}
-        attempts = record.get('attempts', []) + [{'started': _now(), 'owner': self.token,
+        record = (runs.read_json(trial_dir / runs.TRIAL_JSON) or {}) if job.resume else {}
+        attempts = record.get('attempts', []) + [{'started': runs.timestamp(), 'owner': self.token,
                                                   'how': 'resumed' if job.resume else 'started'}]
         record.update({'number': job.number, 'params': job.params, 'overrides': job.overrides, 'state': 'running',
                        'metric': plan.metric, 'attempts': attempts, 'sweep': str(self.dir), 'study': plan.study})
-        _write_json(trial_dir / TRIAL, record)
+        runs.write_json(trial_dir / runs.TRIAL_JSON, record)
         # the study's trial names its run directory and status (optuna-dashboard shows them: lazylab dashboard)
         self.study.set_user_attr(job.number, 'run_dir', str(trial_dir.resolve()))
         self.study.set_user_attr(job.number, 'status', 'running')
-        settings = list(plan.fixed)
-        if plan.config_file:
-            settings += ['--config', str(self.dir / CONFIG_COPY)]
-        if plan.default_threads >= 0 and 'threads' not in plan.space.by_key:
-            settings.append(f'threads={self.n_threads}')
-        info = json.dumps({'dir': str(self.dir), 'study': plan.study, 'trial': job.number})
-        cmd = [*plan.launcher, '-m', 'lazylab.sweeps.trial', str(trial_dir), plan.name,
-               *(['--resume'] if job.resume else []), '--swept', ','.join(job.params), '--info', info,
-               '--', *settings, *job.overrides]
-        env = {**os.environ, 'OMP_NUM_THREADS': str(self.n_threads), 'MKL_NUM_THREADS': str(self.n_threads),
-               'PYTHONUNBUFFERED': '1'}
-        if self.gpu_ids:
-            env['CUDA_VISIBLE_DEVICES'] = self.gpu_ids[slot.index % len(self.gpu_ids)]
+        env = {}
         if plan.prune != 'none':  # the storage in the environment, never on the command line (`ps` shows that)
-            env[REPORT_ENV] = json.dumps({'storage': plan.storage or str(self.dir / JOURNAL), 'study': plan.study,
-                                          'number': job.number, 'metric': plan.metric, 'pruner': plan.prune})
-        with open(trial_dir / OUTPUT, 'a', encoding='utf-8') as log:
-            log.write(f'--- {_now()} {"resumed" if job.resume else "started"}: {plan.redact(shlex.join(cmd))}\n')
-            log.flush()
-            slot.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         env=env, preexec_fn=_die_with_parent if sys.platform == 'linux' else None)
+            env[REPORT_ENV] = json.dumps({'storage': plan.storage or str(self.dir / runs.STUDY_JOURNAL),
+                                          'study': plan.study, 'number': job.number, 'metric': plan.metric,
+                                          'pruner': plan.prune})
+        spec = TrialSpec(job.number, trial_dir, self.trial_args(trial_dir, job), self.n_threads, slot.index, env,
+                         job.resume)
+        slot.proc = self.launcher.launch(spec)
         slot.job, slot.started = job, time.monotonic()
         how = 'resumed' if job.resume else 'started'
         self.say(f'trial {job.number:04d} {how:<9} {" ".join(plan.space.shown(job.params))}')
+
+    def trial_args(self, trial_dir: Path, job: Job) -> list[str]:
+        """The arguments of the trial's process after `python -m lazylab.sweeps.trial` (see that module)."""
+        plan = self.plan
+        settings = list(plan.fixed)
+        if plan.config_file:
+            settings += ['--config', str(self.dir / runs.SWEEP_CONFIG)]
+        if plan.default_threads >= 0 and 'threads' not in plan.space.by_key:
+            settings.append(f'threads={self.n_threads}')
+        info = json.dumps({'dir': str(self.dir), 'study': plan.study, 'trial': job.number})
+        script = ['--labml', '--runs-dir', str(plan.runs_dir), *(['--steps', str(plan.steps)] if plan.steps else [])] \
+            if plan.labml else []
+        return [str(trial_dir), plan.name, *script, *(['--resume'] if job.resume else []), '--swept',
+                ','.join(job.params), '--info', info, '--', *settings, *job.overrides]
 
     def finish(self, slot: Slot, stopped: bool = False) -> None:
         """Record the end of the trial in `slot`; `stopped`: the sweep stopped it (any exit but 0 is then
@@ -340,7 +341,7 @@ class Sweep:
         job, rc = slot.job, slot.proc.returncode
         seconds = time.monotonic() - slot.started
         slot.proc, slot.job = None, None
-        trial_dir = self.dir / f'trial-{job.number:04d}'
+        trial_dir = self.dir / f'{runs.TRIAL_PREFIX}{job.number:04d}'
         state, value, error, steps = outcome(trial_dir, rc, self.plan.metric)
         if error is not None:
             error = self.plan.redact(error)
@@ -351,12 +352,12 @@ class Sweep:
             if error:
                 self.study.set_user_attr(job.number, 'error', error)
             self.study.tell(job.number, state, value)
-        record = _read_json(trial_dir / TRIAL)
+        record = runs.read_json(trial_dir / runs.TRIAL_JSON) or {}
         record.update({'state': state, 'value': value, 'error': error, 'steps': steps, 'returncode': rc,
-                       'finished': _now(), 'seconds': round(seconds, 2),
+                       'finished': runs.timestamp(), 'seconds': round(seconds, 2),
                        'cpu_seconds': None if slot.cpu is None else round(slot.cpu, 2)})
         slot.cpu = None
-        _write_json(trial_dir / TRIAL, record)
+        runs.write_json(trial_dir / runs.TRIAL_JSON, record)
         self.outcomes[state] = self.outcomes.get(state, 0) + 1
         metric = f'{self.plan.metric} {value:.4f}' if value is not None else ''
         detail = error or (f'at step {steps}' if state == 'pruned' and steps else '')
@@ -366,18 +367,10 @@ class Sweep:
 
     def stop(self, slots: list[Slot]) -> None:
         """Ctrl-C or SIGTERM: pass it on to the trials, wait for them, leave them to be resumed."""
-        for s in slots:
-            if s.proc is not None and s.proc.poll() is None:
-                s.proc.send_signal(signal.SIGINT)
-        deadline = time.monotonic() + 30
-        for s in slots:
-            if s.proc is not None:
-                try:
-                    s.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    s.proc.kill()
-                    s.proc.wait()
-                self.finish(s, stopped=True)
+        running = [s for s in slots if s.proc is not None]
+        stop_all([s.proc for s in running])
+        for s in running:
+            self.finish(s, stopped=True)
 
     def summary(self) -> int:
         """Print the compare table; 1 when a trial of the study failed or is left to do (waiting, or running with
@@ -402,7 +395,6 @@ class Sweep:
 
     def table(self) -> None:
         """The `lazylab compare` table of the sweep (after an empty line), a warning line per damaged file first."""
-        from lazylab.sweeps.compare import compare, format_table
         t = compare([str(self.dir)], metric=self.plan.metric)
         for warning in t.warnings:
             print(f'lazylab: warning: {warning}', file=sys.stderr, flush=True)
@@ -410,6 +402,7 @@ class Sweep:
         print(format_table(t), flush=True)
 
     def say(self, line: str) -> None:
+        """A progress line on stdout, after the time since the sweep started ([M:SS])."""
         elapsed = int(time.monotonic() - self.t0)
         print(f'[{elapsed // 60}:{elapsed % 60:02d}] {line}', flush=True)
 
@@ -420,7 +413,7 @@ class Sweep:
 
 def redact_storage(plan: Plan) -> str:
     """The --storage as the first line shows it (a database URL's credentials hidden)."""
-    return plan.redact(plan.storage) if plan.storage else JOURNAL
+    return plan.redact(plan.storage) if plan.storage else runs.STUDY_JOURNAL
 
 
 def outcome(trial_dir: Path, returncode: int, metric: str) -> tuple[str, Optional[float], Optional[str], Optional[int]]:
@@ -429,14 +422,13 @@ def outcome(trial_dir: Path, returncode: int, metric: str) -> tuple[str, Optiona
     state: 'completed' (value: the final record's metric), 'pruned' (value: the last validation's), 'failed'
     (error: the one-line message it printed) or 'interrupted' (killed by a signal or Ctrl-C: to be resumed).
     """
-    from lazylab.experiments.metrics import read_metrics
-    from lazylab.runs import METRICS_JSONL as METRICS_FILE
     if returncode < 0 or returncode in (130, 143):
         return 'interrupted', None, None, None
     if returncode != 0:
-        return 'failed', None, _error_line(trial_dir / OUTPUT) or f'exit code {returncode}', None
-    info = _read_json(trial_dir / 'run.json')
-    records = read_metrics(trial_dir / METRICS_FILE) if (trial_dir / METRICS_FILE).is_file() else []
+        return 'failed', None, _error_line(trial_dir / runs.OUTPUT_LOG) or f'exit code {returncode}', None
+    info = runs.read_json(trial_dir / runs.RUN_JSON) or {}
+    metrics = trial_dir / runs.METRICS_JSONL
+    records = read_metrics(metrics) if metrics.is_file() else []
     status = info.get('status', 'completed')
     steps = info.get('steps')
     with_metric = [r for r in records if metric in r]
@@ -457,20 +449,3 @@ def _error_line(path: Path) -> Optional[str]:
         if x.startswith('lazylab: error: '):
             return x[len('lazylab: error: '):]
     return lines[-1] if lines else None
-
-
-def _now() -> str:
-    return time.strftime('%Y-%m-%dT%H:%M:%S')
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text(encoding='utf-8'))
-    except (OSError, ValueError):
-        return {}
-
-
-def _write_json(path: Path, record: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + f'.tmp{os.getpid()}')
-    tmp.write_text(json.dumps(record, indent=1) + '\n', encoding='utf-8')
-    os.replace(tmp, path)

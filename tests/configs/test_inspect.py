@@ -9,6 +9,7 @@ from annotated_types import Gt
 from lazylab.configs import (
     BadValueError,
     BaseConfigs,
+    CalculatorError,
     UnknownItemError,
     aggregate,
     apply_overrides,
@@ -357,3 +358,47 @@ def test_nearest_and_suggestion_for_messages():
     assert nearest('momentun', ['momentum', 'mode', 'scale']) == ['momentum']
     assert suggestion('momentun', ['momentum', 'scale']) == "; did you mean 'momentum'?"
     assert suggestion('zzz', ['momentum']) == ''
+
+
+def test_set_by_names_the_item_whose_computation_set_each_value():
+    conf = _computed_root()
+    # block's option sets width's default, assigns heads and gives activation an object, all while `block` is
+    # computed; d_model (given by the user) and optim.learning_rate (an override waiting for optim) are given
+    assert inspect.set_by(conf) == {'block.width': 'block', 'block.heads': 'block', 'block.activation': 'block'}
+    assert set(inspect.given(conf)) == {'d_model', 'optim.learning_rate'}
+    assert inspect.set_by(Root()) == {}
+
+
+def test_items_name_the_selectors_of_the_aggregates_that_can_set_them():
+    conf = Agg()
+    assert conf.act.name == 'relu'  # 'plain' selects no aggregate: the selector was not read …
+    found = {item.path: item for item in inspect.items(conf)}
+    assert found['act'].reads == ()
+    assert found['act'].selectors == ('variant',)  # … but it decides the value all the same
+    assert found['variant'].selectors == ()
+    block = {item.path: item.selectors for item in inspect.items(_computed_root())}
+    assert set(block.values()) == {()}  # no aggregate in Root, Optim or Block
+
+
+def test_reads_outside_records_what_the_block_reads_itself_not_what_calculators_read():
+    conf = Root()
+    with inspect.reads_outside(conf) as reads:
+        assert conf.n_layers == 4   # n_layers' option reads d_model: recorded on n_layers, not here
+        assert conf.d_model == 16   # read by the block itself
+        assert conf.block.width == 16
+        assert conf.n_layers == 4   # a second read is not listed again
+        conf.mode = 'slow'          # given inside the block: set by code ('')
+    assert reads == ['n_layers', 'd_model', 'block', 'block.width']
+    assert {i.path: i.reads for i in inspect.items(conf) if i.computed}['n_layers'] == ('d_model',)
+    assert inspect.set_by(conf)['mode'] == '' and 'mode' not in inspect.given(conf)
+    assert conf.backend.name == 'cpu'  # after the block: nothing more is recorded
+    assert reads == ['n_layers', 'd_model', 'block', 'block.width']
+
+
+def test_reads_outside_stops_recording_when_the_block_raises():
+    conf = Root()
+    with pytest.raises(CalculatorError, match='ratio'), inspect.reads_outside(conf) as reads:
+        assert conf.d_model == 16
+        assert conf.ratio  # its option divides by zero
+    assert conf.n_layers == 4
+    assert reads == ['d_model', 'ratio']

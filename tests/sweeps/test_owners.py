@@ -27,7 +27,7 @@ def half_claimed(tools, tmp_path: Path, keep_claim_record: bool) -> Path:
     assert trial.number == 0
     lock = sweep.owners.folder / sweep.token
     assert lock.read_text() == 'claiming 0\n'
-    sweep.owners.lock.close()  # the kernel lets go of a killed process's lock
+    sweep.owners.lock.release()  # the kernel lets go of a killed process's lock
     if not keep_claim_record:
         lock.unlink()
     running = sweep.study.trials((sweep.study.optuna.trial.TrialState.RUNNING,))

@@ -12,9 +12,10 @@ import yaml
 
 from lazylab import cli
 from lazylab.sweeps import points as points_module
+from lazylab.sweeps.grammar import Space, parse_value
 from lazylab.sweeps.plan import make_plan
 from lazylab.sweeps.points import PointChecker
-from lazylab.sweeps.spec import Space, check_points, parse_value, type_space
+from lazylab.sweeps.typed import check_points, type_space
 
 TINY_RETRIEVAL = ['max_steps=2', 'valid_interval=1', 'threads=1', 'device=cpu', 'update_rule=sum']
 
@@ -190,8 +191,8 @@ def test_a_dry_run_checks_the_whole_plan(tmp_path, capsys):
 
 def test_workers_are_at_most_the_trials_left_and_more_than_the_cores_is_a_warning(tools, tmp_path, capsys,
                                                                                   monkeypatch):
-    import lazylab.sweeps.plan as plan_module
-    monkeypatch.setattr(plan_module, 'cores', lambda: 1)  # (the warning, whatever this machine's cores)
+    import lazylab.sweeps.launcher as launcher_module
+    monkeypatch.setattr(launcher_module, 'cores', lambda: 1)  # (the warning, whatever this machine's cores)
     assert cli.main(['sweep', 'transformer', *tools.TINY, 'seed=0,1', '--workers', '100000',
                      f'runs_dir={tmp_path}', '--study', 'w']) == 0
     captured = capsys.readouterr()
@@ -206,11 +207,27 @@ def test_workers_are_at_most_the_trials_left_and_more_than_the_cores_is_a_warnin
 def test_the_workers_warning_names_the_cores_and_what_was_asked(monkeypatch):
     from types import SimpleNamespace
 
-    import lazylab.sweeps.plan as plan_module
-    monkeypatch.setattr(plan_module, 'cores', lambda: 4)
-    assert plan_module.workers_line(SimpleNamespace(workers=100), 4) is None
-    assert plan_module.workers_line(SimpleNamespace(workers=8), 8) == \
+    import lazylab.sweeps.launcher as launcher_module
+    monkeypatch.setattr(launcher_module, 'cores', lambda: 4)
+    assert launcher_module.workers_line(SimpleNamespace(workers=100), 4) is None
+    assert launcher_module.workers_line(SimpleNamespace(workers=8), 8) == \
         'lazylab: warning: 8 workers on 4 CPU cores: the trials share them and each runs slower'
-    assert plan_module.workers_line(SimpleNamespace(workers=100), 6) == \
+    assert launcher_module.workers_line(SimpleNamespace(workers=100), 6) == \
         'lazylab: warning: 6 workers (--workers 100, at most one per trial left) on 4 CPU cores: the trials share ' \
         'them and each runs slower'
+
+
+def test_the_sweep_of_an_experiment_file_goes_to_the_folder_of_its_stem(tmp_path, monkeypatch, capsys):
+    # RUNS_DIR/STEM/sweep-STUDY, as `lazylab train ./char_rnn.py` puts its runs in RUNS_DIR/STEM
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(['new', 'char_rnn']) == 0
+    capsys.readouterr()
+    before = _tree(tmp_path)
+    try:
+        assert cli.main(['sweep', './char_rnn.py', 'd_model=16,32', '--study', 's', '--dry-run']) == 0
+    finally:
+        sys.modules.pop('char_rnn', None)
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2:] == ['storage: journal file runs/char_rnn/sweep-s/study.journal',
+                        'sweep directory: runs/char_rnn/sweep-s (not made)']
+    assert _tree(tmp_path) == before

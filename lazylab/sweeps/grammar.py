@@ -1,4 +1,4 @@
-"""What to sweep: Hydra's multirun grammar, typed and checked against an experiment's declarations.
+"""What to sweep: Hydra's multirun grammar (the override grammar, apart from the sweeper, as Hydra keeps it).
 
     key=a,b,c                     a choice: every value (a grid), or one of them per trial (random, tpe)
     key=choice(a,b,c)             the same
@@ -9,7 +9,8 @@
     key=value                     fixed for every trial; [1,2] is one value (a list), 'a,b' (quoted) one string
 
 Values are text until typed by the item they are given to, exactly as `key=value` on `lazylab train` (so an int
-item's values stay ints, an option name stays a name, and `1e-3` for a float item is 0.001). Elements are
+item's values stay ints, an option name stays a name, and `1e-3` for a float item is 0.001): typing is
+`lazylab.sweeps.typed`'s, against an experiment's declarations; this module knows no experiment. Elements are
 separated by commas outside quotes and brackets, so `(0.9,0.99),(0.8,0.9)` is a choice of two tuples; a comma
 inside a value is written `\\,` or the value is quoted. glob(), shuffle(), sort() and the casts int()/float()/
 str()/bool() of Hydra's grammar are not supported (each is an error naming it).
@@ -17,6 +18,8 @@ str()/bool() of Hydra's grammar are not supported (each is an error naming it).
 `parse_value(text)` gives a `Fixed` or a `Dimension`; `Space` is the swept dimensions with their typed values and
 the zipped groups; `Space.grid()` lists the grid's points in a stable order (the keys in command-line order, the
 last one fastest; a zipped group moves together, at the place of its first key).
+
+Pure: it imports neither torch nor lazylab's configs or experiments (tests/sweeps/test_grammar.py checks it).
 
 Raises (everywhere): `lazylab.errors.UsageError` with a one-line message naming the key and the value.
 """
@@ -64,31 +67,32 @@ class Dimension:
 
     @property
     def discrete(self) -> bool:
+        """A choice of values (a list or a range), not an interval."""
         return self.kind == 'choice'
 
     def describe(self) -> dict[str, Any]:
         """The dimension as sweep.yaml records it."""
         if self.kind == 'choice':
-            return {'choice': [_plain(v) for v in self.values]}
+            return {'choice': [plain(v) for v in self.values]}
         return {'interval': [self.low, self.high], 'log': self.log, 'int': self.is_int}
 
     def text_of(self, value: Any) -> str:
         """The text of `value` for a key=value override of a trial (the text written, for a choice)."""
         if self.kind == 'choice':
             for v, t in zip(self.values, self.texts):
-                if _same(v, value):
+                if same(v, value):
                     return t
             raise ValueError(f'{value!r} is not a value of {self.key}')
         return str(int(value)) if self.is_int else repr(float(value))
 
 
-def _same(a: Any, b: Any) -> bool:
+def same(a: Any, b: Any) -> bool:
     """Equal as Optuna stores them, type included (1 is not 1.0)."""
-    pa, pb = _plain(a), _plain(b)
+    pa, pb = plain(a), plain(b)
     return type(pa) is type(pb) and pa == pb
 
 
-def _plain(v: Any) -> Any:
+def plain(v: Any) -> Any:
     """A value as Optuna can store it (None, bool, int, float, str); anything else as its text."""
     return v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
 
@@ -312,11 +316,12 @@ class Space:
         for d in dims:
             if d.discrete:
                 for i, v in enumerate(d.values):
-                    if any(_same(v, w) for w in d.values[:i]):
+                    if any(same(v, w) for w in d.values[:i]):
                         raise UsageError(f'{d.key}={d.written}: {d.texts[i]} is given twice')
 
     @property
     def discrete(self) -> bool:
+        """Every dimension a choice: the space is a grid."""
         return all(d.discrete for d in self.dims)
 
     def axes(self) -> list[list[str]]:
@@ -342,6 +347,7 @@ class Space:
         return len(self.grid()) if self.discrete else None
 
     def describe(self) -> dict[str, Any]:
+        """{key: its dimension as sweep.yaml records it}."""
         return {d.key: d.describe() for d in self.dims}
 
     def overrides(self, params: dict[str, Any]) -> list[str]:
@@ -358,164 +364,3 @@ class Space:
         keep, the full value)."""
         return [f'{d.key}={params[d.key]:.4g}' if d.kind == 'interval' and not d.is_int
                 else f'{d.key}={d.text_of(params[d.key])}' for d in self.dims]
-
-
-# --- typing against the experiment ----------------------------------------------------------------------------
-
-def full_key(conf: Any, key: str) -> str:
-    """The declared path that command-line `key` names in `conf` (a fresh Configs of the experiment): the key
-    itself, or the one declared path it is the end of (`ffn.glu_variant` → `transformer.ffn.glu_variant`), as
-    `lazylab train` reads it (`lazylab.configs.engine.overrides.expand_short_keys`); a key that names nothing is
-    returned as it is (typing it names the nearest items: `unknown_key`).
-
-    Raises:
-        UnknownItemError: an end that several declared paths have (the message lists them, as train's does).
-    """
-    from lazylab.configs.engine.overrides import expand_short_keys
-    return next(iter(expand_short_keys(conf, {key: None})))
-
-
-def unknown_key(name: str, conf: Any, key: str) -> str:
-    """`NAME has no config item 'KEY'; did you mean 'PATH'?` for a key experiment NAME (its Configs, or one of
-    them: `conf`) does not have: the engine's
-    nearest declared paths (by their ends of as many parts as the key has, so `glu_varant` finds
-    `transformer.ffn.glu_variant`), as the messages about a configs.yaml dump name the experiment."""
-    from lazylab.configs.engine.errors import nearest
-    from lazylab.configs.engine.overrides import declared_paths
-    paths = declared_paths(conf)
-    depth = key.count('.') + 1
-    ends: dict[str, list[str]] = {}
-    for p in paths:
-        parts = p.split('.')
-        if len(parts) >= depth:
-            ends.setdefault('.'.join(parts[-depth:]), []).append(p)
-    hits = []
-    for end in nearest(key, ends):  # a declared path is named as it is (a top-level item), another end in full
-        hits += [end] if end in paths else ends[end]
-    hint = '; did you mean ' + ' or '.join(repr(h) for h in hits[:3]) + '?' if hits else ''
-    return f'{name} has no config item {key!r}{hint}'
-
-
-def type_space(name: str, fixed: list[str], dims: list[Dimension], checker: Any = None) -> Any:
-    """Type and check every swept value against experiment NAME, as `lazylab train` would: each value is first
-    checked against its item's declaration (a fresh configuration with the fixed settings: `fixed` are key=value
-    tokens and --config FILE), then the first point's configuration is computed on the CPU (by `checker`, a
-    `lazylab.sweeps.points.PointChecker`, which keeps what later points can share; so that sub-configs exist and
-    every key is known) and each value is typed by its item's declared type, options and constraints. Fills each
-    dimension's `values` (or `low`, `high`, `is_int`); returns the computed configuration of the first point.
-
-    Every key a user can set can be swept, those other values are computed from included (`seq_len`, a warm-up's
-    `seq_len_start`): a value is only ever given to a configuration in which nothing is computed yet.
-
-    Raises:
-        UsageError, ConfigError, DataError: one line naming the key (and the value), before anything is written.
-    """
-    from lazylab.configs import ConfigError, parse_overrides
-    from lazylab.configs.engine.errors import UnknownItemError
-    from lazylab.experiments import configure, discovery
-    from lazylab.sweeps.points import PointChecker, make_configs
-    first = {d.key: d.texts[0] if d.discrete else d.low_text for d in dims}
-    conf = make_configs(name, fixed)
-    for d in dims:  # what the declarations can tell before anything is computed, with the sweep named
-        for text in (d.texts if d.discrete else (d.low_text, d.high_text)):
-            try:
-                parse_overrides([f'{d.key}={text}'], conf)
-            except ConfigError as e:
-                if isinstance(e, UnknownItemError) and e.path == d.key:
-                    raise UsageError(f'{d.key}={d.written}: {unknown_key(name, conf, d.key)}') from None
-                raise UsageError(f'{d.key}={d.written}: {str(e).splitlines()[0]}') from None
-    # the device (and the dashboard) as the trials will see them, with the first point's values (so that a
-    # warm-up's keys are checked together, swept or not); the points themselves are computed on the CPU
-    configure.check_values(make_configs(name, fixed + [f'{k}={t}' for k, t in first.items()]))
-    checker = checker or PointChecker(name, fixed, [d.key for d in dims])
-    try:
-        conf = checker.check(first)
-    except UnknownItemError as e:  # a key below a sub-config, known once the sub-config is made
-        d = next((d for d in dims if d.key == e.path), None)
-        if d is None:
-            raise
-        raise UsageError(f'{d.key}={d.written}: {unknown_key(name, discovery.load_experiment(name).Configs, d.key)}') \
-            from None
-    for d in dims:
-        _type_dimension(d, *_owner(conf, d.key, name))
-    return conf
-
-
-def _type_dimension(d: Dimension, view: Any, last: str) -> None:
-    """Type the values (or the bounds) of `d` by its item: `last` of the config object `view`."""
-    from lazylab.configs import ConfigError, parse_overrides
-
-    def typed(text: str) -> Any:
-        try:
-            return parse_overrides([f'{last}={text}'], view)[last]
-        except ConfigError as e:
-            raise UsageError(f'{d.key}={d.written}: {str(e).splitlines()[0]}') from None
-    if d.discrete:
-        d.values = [typed(t) for t in d.texts]
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in d.values):
-            d.int_step = None  # a range typed by a float item: drawn from its values
-        return
-    d.low, d.high = typed(d.low_text), typed(d.high_text)
-    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in (d.low, d.high)):
-        raise UsageError(f'{d.key}={d.written}: interval() needs a number item; {d.key} takes '
-                         f'{type(d.low).__name__} values')
-    d.is_int = d.is_int or isinstance(d.low, int) and isinstance(d.high, int)
-    if d.is_int:
-        d.low, d.high = int(d.low), int(d.high)
-    if not d.low < d.high:
-        raise UsageError(f'{d.key}={d.written}: the interval is empty (lo must be < hi)')
-    if d.log and d.low <= 0:
-        raise UsageError(f'{d.key}={d.written}: tag(log, …) needs lo > 0')
-
-
-def check_points(name: str, fixed: list[str], space: Space, grid: bool, checker: Any = None,
-                 say: Any = None) -> None:
-    """Check the sweep's other points as `type_space` checks its first (as `lazylab train` checks a run before it
-    writes anything, on the CPU), so that a point that would fail in its trial (a text file that does not exist, a
-    width its heads do not divide, a model too big for the memory) is an error before the sweep directory is made.
-    The grid: every point. A sampler's: each value of a list or range, and the high end of each interval, with the
-    other swept keys at their first values (what it will draw is not known yet). `checker`: the
-    `lazylab.sweeps.points.PointChecker` of `type_space` (what the points share: see that module); `say`: where
-    the progress lines go (`checking point 1,200 of 5,000…` every few seconds; stderr by default).
-
-    Raises:
-        UsageError: the first bad point, in one line: `grid point 2 of 4 (text=b.txt): text file not found: b.txt`.
-    """
-    import sys
-
-    from lazylab.sweeps.points import PointChecker, check_all
-    first = {d.key: d.texts[0] if d.discrete else d.low_text for d in space.dims}
-    if grid:
-        points = space.grid()[1:]
-        checks = [(f'grid point {i} of {len(points) + 1}', space.texts(p)) for i, p in enumerate(points, 2)]
-    else:
-        others = ' (the other swept keys at their first values)' if len(space.dims) > 1 else ''
-        checks = [(f'{d.key}={text}{others}', {**first, d.key: text})
-                  for d in space.dims for text in (d.texts[1:] if d.discrete else [d.high_text])]
-    checker = checker or PointChecker(name, fixed, [d.key for d in space.dims])
-    check_all(checker, checks, where=(lambda tokens: f' ({tokens})') if grid else (lambda tokens: ''),
-              say=say or (lambda line: print(line, file=sys.stderr, flush=True)))
-
-
-def _owner(conf: Any, key: str, name: str) -> tuple[Any, str]:
-    """A fresh config object of the class that holds `key` in the computed `conf`, with the dotted path of that
-    class in `conf` (so errors name the full key), and the key's last part.
-
-    Raises:
-        UsageError: no such key (a sub-config that the experiment does not have).
-    """
-    from lazylab.configs.engine.state import state_of
-    *parents, last = key.split('.')
-    obj = conf
-    for i, part in enumerate(parents):
-        child = state_of(obj).children.get(part)
-        if child is None:
-            raise UsageError(f'unknown key {key}: {".".join(parents[:i + 1])} is not a sub-config of {name} '
-                             f'(see: lazylab options {name})')
-        obj = child
-    try:
-        fresh = type(obj)()
-    except TypeError:
-        return conf, key
-    state_of(fresh).path = '.'.join(parents)
-    return fresh, last

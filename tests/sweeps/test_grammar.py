@@ -1,8 +1,12 @@
-"""The sweep grammar (Hydra's multirun overrides) and the grid, without running anything."""
+"""The sweep grammar (Hydra's multirun overrides) and the grid, without running anything; the grammar is pure."""
+import json
+import subprocess
+import sys
+
 import pytest
 
 from lazylab.errors import UsageError
-from lazylab.sweeps.spec import Dimension, Fixed, Space, parse_value
+from lazylab.sweeps.grammar import Dimension, Fixed, Space, parse_value
 
 
 @pytest.mark.parametrize('text, texts', [
@@ -104,3 +108,49 @@ def test_progress_lines_show_a_drawn_float_with_4_significant_digits_and_the_res
     assert space.overrides(params) == ['optimizer.learning_rate=0.0012345678901234', 'n_layers=3',
                                        'dropout=0.123456789']
     assert space.shown({**params, 'optimizer.learning_rate': 2.5e-05}) [0] == 'optimizer.learning_rate=2.5e-05'
+
+
+# --- pure: no torch, no configs, no experiments ------------------------------------------------------------------
+
+BLOCKED = ('torch', 'lazylab.configs', 'lazylab.experiments')
+PURE_SCRIPT = '''
+import json, sys
+
+class Block:
+    """A meta-path finder that refuses torch and lazylab's configs and experiments, so an import of any fails."""
+    def find_spec(self, name, path=None, target=None):
+        if any(name == b or name.startswith(b + '.') for b in %r):
+            raise ImportError(f'{name} is blocked in this test')
+        return None
+
+sys.meta_path.insert(0, Block())
+%s
+from lazylab.sweeps.grammar import Space, parse_value
+lr, glu = parse_value('lr', 'tag(log, interval(1e-4,1e-2))'), parse_value('glu', "none,'a,b'")
+width = parse_value('d_model', 'range(16,49,16)')
+width.values = [int(t) for t in width.texts]
+glu.values = list(glu.texts)
+space = Space([width, glu])
+print(json.dumps({'lr': [lr.kind, lr.low_text, lr.high_text, lr.log], 'grid': space.grid(),
+                  'loaded': sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or m.startswith(%r))}))
+'''
+
+
+def _pure_run(before: str = '') -> subprocess.CompletedProcess:
+    code = PURE_SCRIPT % (BLOCKED, before, ('lazylab.configs', 'lazylab.experiments'))
+    return subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120)
+
+
+def test_the_grammar_imports_and_works_with_torch_configs_and_experiments_blocked():
+    done = _pure_run()
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report['lr'] == ['interval', '1e-4', '1e-2', True]
+    assert report['grid'] == [{'d_model': w, 'glu': g} for w in (16, 32, 48) for g in ('none', 'a,b')]
+    assert report['loaded'] == []
+
+
+@pytest.mark.parametrize('blocked', BLOCKED)
+def test_the_blocker_of_the_grammar_test_catches_each_import(blocked):
+    done = _pure_run(f'import {blocked}')  # the guard itself must be able to fail
+    assert done.returncode != 0 and f'{blocked} is blocked in this test' in done.stderr
