@@ -9,6 +9,7 @@
                                                               run a labml experiment module on lazylab's engine
     lazylab sweep EXPERIMENT [key=value | key=a,b,c …] [--workers N] [--sampler grid|random|tpe] [--trials N] …
                                                               many runs of one experiment (lazylab sweep -h)
+    lazylab sweep --labml MODULE [key=a,b …] [--steps N] …     many runs of a labml experiment module
     lazylab sweep --resume SWEEP_DIR                          finish a sweep after a kill
     lazylab compare PATH … [--sort KEY] [--metric KEY] [--csv FILE] [--plot FILE.png]
                                                               runs and sweeps side by side: the keys that differ
