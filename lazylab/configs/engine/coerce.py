@@ -31,6 +31,14 @@ class TypeMismatch(ValueError):
 def coerce_text(text: str, annotation: Any) -> Any:
     """Parse ``text`` as a value of ``annotation``.
 
+    Args:
+        text: the text given, e.g. on the command line (``'0.5'``, ``'False'``, ``'[1, 2]'``, ``'none'``).
+        annotation: the declared type: a plain type, ``Optional``/``Union``, ``Literal``, an Enum, a list or
+            tuple type, or ``Annotated[T, constraint, …]`` (whose constraints are checked too).
+
+    Returns:
+        The typed value (``0.5``, ``False``, ``[1, 2]``, ``None``).
+
     Raises:
         TypeMismatch: the text is not a valid value of that type.
     """
