@@ -8,9 +8,10 @@ one scratch folder, so later blocks use what earlier ones made (a `lazylab resum
 - ```` ```python ```` blocks run in one namespace per page (`exec`), so a block uses the names of the ones before;
 - ```` ```bash ```` lines and ```` ```console ```` `$ ` lines are commands (comments dropped, continuation lines
   joined). `lazylab …` runs in this process through `lazylab.cli.main`, a `train` (or `sweep`) with tiny sizes put
-  before its own keys (as tests/test_readme_commands.py does for the README); a few plain shell commands (`printf … > FILE`, `ls`,
-  …) run in bash. A console block's other lines are the output: each must appear in what the command printed (`…`
-  stands for anything), and an output with a `lazylab: error:` line means the command must fail with exit code 2.
+  before its own keys (as tests/test_readme_commands.py does for the README); a few plain shell commands
+  (`printf … > FILE`, `ls`, …) run in bash. A console block's other lines are the output: each must appear in what
+  the command printed (`…` stands for anything), and an output with a `lazylab: error:` line means the command must
+  fail with exit code 2.
 - a command that cannot run in a test (several machines, a long run, a server) is in COVERED with the test that
   runs it, as in the README's test; a block the tests deliberately do not run has `<!-- not-run: REASON -->` on the
   line before it. A command in neither place fails `test_every_page_command_is_run_or_covered`.
@@ -85,6 +86,10 @@ COVERED = {
     'lazylab labml my_experiment.py --dashboard http://127.0.0.1:5005':
         ('tests/labml/test_labml_runs.py::test_run_appears_in_dashboard_with_its_configs',
          'a script file with --dashboard http://127.0.0.1:PORT of a `lazylab dashboard` it starts'),
+    # guide/models.md
+    'python scripts/retrieval_capacity.py':
+        ('tests/experiments/test_retrieval.py::test_capacity_script_runs_and_writes_the_figure_and_numbers',
+         'the script with --quick and one variant, writing its PNG and JSON (the whole sweep takes an hour)'),
     # guide/sweeps.md: its bash blocks are the sweep tests' commands (tests/sweeps/conftest.readme_commands reads
     # them, and tests/sweeps/test_sweep.py::test_every_readme_command_is_run_by_a_test checks each is run)
     'lazylab sweep transformer transformer.ffn.glu_variant=GEGLU,SwiGLU optimizer.learning_rate=3e-3,1e-2 d_model=64 '
