@@ -29,19 +29,13 @@ class TypeMismatch(ValueError):
 
 
 def coerce_text(text: str, annotation: Any) -> Any:
-    """Parse ``text`` as a value of ``annotation``.
+    """Parse ``text`` as a value of ``annotation`` (an ``Annotated`` type's constraints are checked too).
 
     Args:
-        text: the text given, e.g. on the command line (``'0.5'``, ``'False'``, ``'[1, 2]'``, ``'none'``).
-        annotation: the declared type: a plain type, ``Optional``/``Union``, ``Literal``, an Enum, a list or
-            tuple type, or ``Annotated[T, constraint, …]`` (whose constraints are checked too).
-
-    Returns:
-        The typed value (``0.5``, ``False``, ``[1, 2]``, ``None``).
+        text, annotation: the text given (``'0.5'``, ``'False'``, ``'[1, 2]'``, ``'none'``) and the declared type.
 
     Raises:
-        TypeMismatch: the text is not a valid value of that type.
-    """
+        TypeMismatch: the text is not a valid value of that type."""
     if is_any(annotation) or annotation is str:
         return text
     origin = get_origin(annotation)
