@@ -33,6 +33,7 @@ test: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache   # the architecture contracts in pyproject.toml
 	$(MAKE) --no-print-directory docs
 
 # The documentation site into site/, strictly: a broken link, a missing anchor or an unresolved reference fails the

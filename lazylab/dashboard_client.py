@@ -32,6 +32,8 @@ from urllib.parse import urlsplit
 from lazylab import labml_internals
 from lazylab.errors import DashboardError
 
+# late imports: PyYAML only when a run's configs are sent to the dashboard (the CLI's start-up)
+
 #: the port `lazylab dashboard` serves on by default
 DEFAULT_PORT = 5005
 #: the environment variable holding a dashboard's token: the server's default --token, and what a run sends

@@ -49,6 +49,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+# late imports: labml's private modules are imported where each is used: importing lazylab never imports labml (the
+# CLI's start-up), and a test can pin each one alone
+
 #: the labml version every assumption above is pinned to
 LABML_VERSION = '0.5.3'
 

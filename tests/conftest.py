@@ -22,6 +22,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from lazylab.testing import TINY, keep_threads
+
 os.environ.setdefault('LABML_DISABLE_GIT', '1')
 
 
@@ -36,19 +38,12 @@ def _patch_labml_tracker():
 
 _patch_labml_tracker()
 
-#: the short run's settings: 3 steps of 4 × 16 characters, a validation (and a checkpoint) after each
-SHORT_RUN = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_size=4', 'sample_tokens=5',
-             'valid_batches=1', 'final_valid_batches=1', 'device=cpu', 'threads=1', 'max_steps=3',
-             'valid_interval=1']
 
 
 @pytest.fixture(autouse=True)
 def _keep_threads():
-    import torch
-
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+    with keep_threads():
+        yield
 
 
 @pytest.fixture
@@ -68,7 +63,7 @@ def cli_error(capsys):
 
 @pytest.fixture(scope='session')
 def short_run(tmp_path_factory):
-    """A finished 3-step transformer run (SHORT_RUN): its folder, shared by the session's tests; copy it before
+    """A finished 3-step transformer run (TINY): its folder, shared by the session's tests; copy it before
     changing anything in it."""
     import torch
 
@@ -76,7 +71,7 @@ def short_run(tmp_path_factory):
     runs = tmp_path_factory.mktemp('short-run')
     threads = torch.get_num_threads()
     try:
-        assert cli.main(['train', 'transformer', *SHORT_RUN, f'runs_dir={runs}']) == 0
+        assert cli.main(['train', 'transformer', *TINY, f'runs_dir={runs}']) == 0
     finally:
         torch.set_num_threads(threads)  # the run's threads=1 would stay for the rest of the session
     run, = (runs / 'transformer').iterdir()

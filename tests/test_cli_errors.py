@@ -10,9 +10,9 @@ import torch
 
 from lazylab import cli
 from lazylab.experiments.trainer import load_checkpoint
+from lazylab.testing import tiny
 
-TINY = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_size=4', 'sample_tokens=5',
-        'valid_batches=1', 'final_valid_batches=1', 'device=cpu', 'threads=1', 'max_steps=3']
+TINY = tiny(drop=('valid_interval',))
 
 
 def _files(tmp_path):

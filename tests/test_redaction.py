@@ -79,11 +79,20 @@ def test_secret_query_parameters_of_any_characters_are_replaced(password, value,
 def test_a_command_line_redacted_argument_by_argument_holds_no_secret(password):
     url = f'postgresql://qa:{password}@127.0.0.1:5432/db'
     argv = ['transformer', 'd_model=16,32', '--storage', url, '--study', 'glu']
+    # a secret of 4+ characters is hidden wherever it appears, also inside another argument (d_mo in d_model):
+    # that case is the next test's
+    assume(not any(secret in a for secret in secrets(url) if len(secret) >= 4 for a in argv if a != url))
     redacted = [redact(a, [url]) for a in argv]
     assert redacted == ['transformer', 'd_model=16,32', '--storage', 'postgresql://qa:***@127.0.0.1:5432/db',
                         '--study', 'glu']
     command = 'lazylab sweep ' + shlex.join(redacted)
     assert shlex.split(command)[2:] == redacted
+
+
+def test_a_secret_that_also_appears_in_another_argument_is_hidden_there_too():
+    url = 'postgresql://qa:d_mo@127.0.0.1:5432/db'
+    assert [redact(a, [url]) for a in ['d_model=16,32', url]] == \
+        [f'{MASK}del=16,32', f'postgresql://qa:{MASK}@127.0.0.1:5432/db']
 
 
 def test_secrets_lists_both_forms_longest_first():

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-THREADS_AT_START = torch.get_num_threads()  # when this file is collected, before any of its tests ran
+from lazylab.testing import keep_threads
 
 
 def test_wait_for_a_port_returns_once_it_accepts_and_reports_a_server_that_died(ports):
@@ -44,10 +44,10 @@ def test_cli_error_returns_the_one_error_message_and_refuses_anything_else(cli_e
         cli_error(['options', 'transformer'])
 
 
-def test_a_test_that_leaves_one_thread_set():
-    # the autouse fixture restores it after each test; this test and the next see what the one before left
-    torch.set_num_threads(1)
-
-
-def test_the_thread_count_was_restored_after_the_test_before():
-    assert torch.get_num_threads() == THREADS_AT_START
+def test_keep_threads_puts_back_the_thread_count_a_block_changed():
+    # what the autouse fixture of tests/conftest.py wraps every test in
+    before = torch.get_num_threads()
+    with keep_threads():
+        torch.set_num_threads(2 if before == 1 else 1)
+        inside = torch.get_num_threads()
+    assert inside != before and torch.get_num_threads() == before

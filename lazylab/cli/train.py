@@ -29,9 +29,8 @@ def parser() -> Parser:
 
 
 def run(argv: list[str]) -> None:
-    # torch: only once a run starts (or an experiment's keys are listed)
-    from lazylab.experiments.lifecycle import train_main
-    from lazylab.experiments.listing import options_text
+    from lazylab.experiments.lifecycle import train_main  # torch: only once a run starts
+    from lazylab.experiments.listing import options_text  # torch: only once an experiment's keys are listed
     if argv and not argv[0].startswith('-') and asks_help(argv):  # `lazylab train EXPERIMENT --help`: its keys
         print(f'usage: lazylab train {argv[0]} [key=value …] [--config FILE.yaml] [--allow-changes]\n\n'
               + options_text(argv[0]))

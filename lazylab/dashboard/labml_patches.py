@@ -18,6 +18,9 @@ from typing import Optional
 
 from lazylab.dashboard.guard import RequestGuard
 
+# late imports: labml_app, labml_db and fastapi are the optional `dashboard` extra: imported only when the dashboard
+# starts
+
 # labml-app 0.5.14's catch-all route, which serves the web page's files.
 CATCH_ALL_PATH = '/{file_path:path}'
 

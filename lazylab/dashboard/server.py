@@ -27,6 +27,9 @@ from lazylab.dashboard.guard import DEFAULT_MAX_BODY_MB
 from lazylab.dashboard_client import DEFAULT_PORT, TOKEN_ENV
 from lazylab.errors import DashboardError
 
+# late imports: uvicorn and labml_app are the optional `dashboard` extra, and their logging set-up runs only when
+# serving
+
 DEFAULT_HOST = '127.0.0.1'
 DEFAULT_STORE = os.path.join('runs', '.dashboard')
 DEFAULT_RUNS_DIR = 'runs'  # the sweeps whose studies are served

@@ -43,6 +43,8 @@ from torch import nn
 
 from lazylab.errors import DistributedError
 
+# late imports: DistributedDataParallel only under torchrun: it pulls in torch.distributed's heavier modules
+
 __all__ = ['DistEnv', 'DistributedError', 'ReplicaMismatchError', 'environment', 'setup', 'teardown',
            'process_group', 'is_distributed', 'get_rank', 'get_world_size', 'is_main_process', 'wrap',
            'all_reduce_sum', 'broadcast_object', 'all_gather_object', 'batch_share',

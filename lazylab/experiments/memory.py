@@ -18,6 +18,8 @@ from typing import Any, NamedTuple, Optional
 from lazylab.configs import inspect
 from lazylab.errors import UsageError
 
+# late imports: torch only when the memory of a CUDA device is asked: `lazylab options` lists keys without it
+
 FLOAT = 4   # bytes of a float32
 LONG = 8    # bytes of an int64 (token and key ids)
 

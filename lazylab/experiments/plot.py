@@ -7,6 +7,8 @@ from lazylab.errors import UsageError
 from lazylab.experiments.metrics import read_metrics
 from lazylab.runs import METRICS_JSONL, RUN_JSON, read_json
 
+# late imports: matplotlib (and IPython in a notebook) only when a plot is made: the CLI starts without them
+
 
 def check_output(path: str, flag: str, figure: bool = False) -> Path:
     """The file a command is asked to write (`flag` names the option in messages), checked before anything is

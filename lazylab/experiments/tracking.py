@@ -24,6 +24,8 @@ from typing import Any
 from lazylab import labml_internals
 from lazylab.dashboard_client import configure_app_writer
 
+# late imports: labml only when a run starts tracking: importing the experiments imports no labml
+
 
 class LabmlRun:
     """One labml experiment whose files live in `run_dir / 'labml'`.

@@ -24,6 +24,9 @@ from lazylab import labml_internals
 from lazylab.configs import inspect
 from lazylab.labml import configs as served
 
+# late imports: labml and torch are imported where used: `lazylab.labml` is imported by the CLI before a module is
+# run, and labml's own import is heavy
+
 # The attributes install() replaced: (module, name) -> the original (None when the name was missing).
 _ORIGINAL: dict[tuple[Any, str], Any] = {}
 _SYS_MODULES = 'sys.modules'  # stands for sys.modules (a dict, so not a key) in _ORIGINAL

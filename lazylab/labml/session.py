@@ -39,6 +39,9 @@ from lazylab.errors import UsageError, user_error_message
 from lazylab.labml import adapter
 from lazylab.labml.console import Console
 
+# late imports: torch's optimizer hook is imported when a session starts: importing the session (the CLI) imports no
+# torch
+
 TINY_SHAKESPEARE = 'tiny_shakespeare.txt'  # the name labml_nn's `tiny_shakespeare` option looks for
 SOURCE_KIND = 'labml'  # run.json's source.kind of a `lazylab labml` run
 

@@ -3,14 +3,11 @@
 function over 80 lines and no file over 600; and `lazylab.errors` is the leaf the engine's errors build on (it
 imports nothing of lazylab, and no torch)."""
 import ast
-import io
 import json
 import subprocess
 import sys
 import textwrap
-import tokenize
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 
@@ -30,106 +27,9 @@ from lazylab.configs import (
     option,
 )
 from lazylab.errors import DataError, LazylabError, UsageError, WrapsUserError, user_error_message
+from lazylab.testing import find_cycle, import_graph, imports_of, module_name, package_imports
 
 ROOT = Path(lazylab.__file__).parent.parent  # the directory holding the `lazylab` package
-
-
-class Import(NamedTuple):
-    """One import statement of one module, resolved to the modules it names."""
-    module: str              # the importing module, dotted
-    targets: tuple[str, ...]  # the modules it imports (a package's name for a name defined in its __init__)
-    line: int
-    in_function: bool        # inside a def (runs when called) rather than at import time
-    commented: bool          # a comment on its line or on the line above
-
-
-def module_name(path: Path, root: Path) -> str:
-    parts = list(path.relative_to(root).with_suffix('').parts)
-    return '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
-
-
-def _is_module(name: str, root: Path) -> bool:
-    base = root.joinpath(*name.split('.'))
-    return base.with_suffix('.py').is_file() or (base / '__init__.py').is_file()
-
-
-def _comment_lines(source: str) -> set[int]:
-    return {tok.start[0] for tok in tokenize.generate_tokens(io.StringIO(source).readline)
-            if tok.type == tokenize.COMMENT}
-
-
-def imports_of(path: Path, root: Path) -> list[Import]:
-    """Every import in the file at `path`, with the modules under `root` it resolves to (others are dropped, but
-    the statement is kept, so that third-party function-level imports are checked for their comment too)."""
-    source = path.read_text(encoding='utf-8')
-    name = module_name(path, root)
-    package = name if path.name == '__init__.py' else name.rpartition('.')[0]
-    comments = _comment_lines(source)
-    found: list[Import] = []
-
-    def resolve(node) -> tuple[str, ...]:
-        if isinstance(node, ast.Import):
-            return tuple(a.name for a in node.names if _is_module(a.name, root))
-        if node.level:
-            base = package.rsplit('.', node.level - 1)[0] if node.level > 1 else package
-            base = f'{base}.{node.module}' if node.module else base
-        else:
-            base = node.module
-        if not _is_module(base, root):
-            return ()
-        # `from pkg import mod` imports the module pkg.mod; `from pkg import name` the package that defines name
-        return tuple(dict.fromkeys(f'{base}.{a.name}' if _is_module(f'{base}.{a.name}', root) else base
-                                   for a in node.names))
-
-    def visit(node, in_function: bool):
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.Import, ast.ImportFrom)):
-                found.append(Import(name, resolve(child), child.lineno, in_function,
-                                    child.lineno in comments or child.lineno - 1 in comments))
-            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
-
-    visit(ast.parse(source), False)
-    return found
-
-
-def package_imports(package_dir: Path, root: Path) -> list[Import]:
-    return [i for path in sorted(package_dir.rglob('*.py')) for i in imports_of(path, root)]
-
-
-def import_graph(imports: list[Import], prefix: str) -> dict[str, set[str]]:
-    """module -> the modules it imports, both inside `prefix` (a dotted package name)."""
-    inside = lambda m: m == prefix or m.startswith(prefix + '.')  # noqa: E731
-    graph: dict[str, set[str]] = {}
-    for i in imports:
-        graph.setdefault(i.module, set()).update(t for t in i.targets if inside(t))
-    return graph
-
-
-def find_cycle(graph: dict[str, set[str]]) -> list[str]:
-    """One import circle of `graph` as [a, b, …, a], or [] when there is none (depth-first search)."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
-
-    def dfs(node: str) -> list[str]:
-        state[node] = 1
-        path.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
-            if nxt not in state:
-                cycle = dfs(nxt)
-                if cycle:
-                    return cycle
-        path.pop()
-        state[node] = 2
-        return []
-
-    for node in sorted(graph):
-        if node not in state:
-            cycle = dfs(node)
-            if cycle:
-                return cycle
-    return []
 
 
 CONFIGS_DIR = ROOT / 'lazylab' / 'configs'

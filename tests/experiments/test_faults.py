@@ -24,10 +24,9 @@ from lazylab.errors import CheckpointError, UsageError
 from lazylab.experiments import checkpoint as checkpoint_module
 from lazylab.experiments.checkpoint import load_checkpoint, save_checkpoint
 from lazylab.runs import CHECKPOINT_PT as CHECKPOINT
+from lazylab.testing import TINY, tiny
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_size=4', 'sample_tokens=5',
-        'valid_batches=1', 'final_valid_batches=1', 'device=cpu', 'threads=1', 'max_steps=3', 'valid_interval=1']
 ENOSPC = os.strerror(errno.ENOSPC)  # 'No space left on device'
 
 
@@ -384,7 +383,7 @@ def test_three_lazylab_trains_started_together_on_a_new_runs_dir_all_complete(tm
     """The issue's case end to end: three `lazylab train` processes at once, one new runs_dir."""
     runs = tmp_path / 'runs'
     env = {**os.environ, 'PYTHONPATH': str(ROOT), 'OMP_NUM_THREADS': '1'}
-    one_step = [a for a in TINY if not a.startswith('max_steps=')] + ['max_steps=1']
+    one_step = tiny('max_steps=1')
     argv = [sys.executable, '-m', 'lazylab.cli', 'train', 'transformer', *one_step, f'runs_dir={runs}']
     procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(3)]

@@ -20,9 +20,7 @@ from lazylab.experiments.checkpoint import Position, load_checkpoint, save_check
 from lazylab.experiments.metrics import Progress, read_metrics
 from lazylab.models.sampling import MAX_NEW_TOKENS, NonFiniteLogitsError, check_generate_arguments, sample_next
 from lazylab.runs import CHECKPOINT_PT as CHECKPOINT
-
-TINY = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_size=4', 'sample_tokens=5',
-        'valid_batches=1', 'final_valid_batches=1', 'device=cpu', 'threads=1', 'max_steps=3', 'valid_interval=1']
+from lazylab.testing import TINY
 
 
 def _everything(folder: Path) -> set:

@@ -4,7 +4,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,23 +12,15 @@ import torch
 
 from lazylab.errors import Interrupted, run_cli
 from lazylab.experiments.metrics import read_metrics
+from lazylab.testing import start_lazylab, tiny
 
-ROOT = Path(__file__).resolve().parents[2]
 #: long enough (600 steps) not to end before the signal; a checkpoint every 5 steps
-SIZES = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_size=4', 'sample_tokens=4',
-         'valid_batches=1', 'final_valid_batches=1', 'device=cpu', 'threads=1', 'max_steps=600', 'valid_interval=5',
-         'log_interval=5']
-
-
-def _lazylab(*args: str, **kwargs) -> subprocess.Popen:
-    env = {**os.environ, 'PYTHONPATH': str(ROOT), 'PYTHONUNBUFFERED': '1'}
-    return subprocess.Popen([sys.executable, '-m', 'lazylab.cli', *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kwargs)
+SIZES = tiny('sample_tokens=4', 'max_steps=600', 'valid_interval=5', 'log_interval=5')
 
 
 def _train_then_signal(runs: Path, signum: int) -> tuple[Path, subprocess.CompletedProcess]:
     """Start a run; once it has a checkpoint, send it `signum`; returns its folder and how the process ended."""
-    proc = _lazylab('train', 'transformer', *SIZES, f'runs_dir={runs}')
+    proc = start_lazylab('train', 'transformer', *SIZES, f'runs_dir={runs}')
     deadline = time.monotonic() + 120
     while not list(runs.glob('transformer/*/checkpoint.pt')):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
@@ -61,7 +52,7 @@ def test_resume_finishes_a_run_that_sigterm_killed(tmp_path):
     run, done = _train_then_signal(tmp_path, signal.SIGTERM)
     assert done.returncode == 143, done.stderr
     killed = json.loads((run / 'run.json').read_text())
-    resumed = _lazylab('resume', str(run))
+    resumed = start_lazylab('resume', str(run))
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
     info = json.loads((run / 'run.json').read_text())

@@ -7,27 +7,14 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Optional
 
-ROOT = Path(__file__).resolve().parents[2]
+from lazylab.testing import run_lazylab, start_lazylab, tiny
+
 #: long enough (600 steps) to be still training while the other command runs; a checkpoint every 5 steps
-SIZES = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_size=4', 'sample_tokens=4',
-         'valid_batches=1', 'final_valid_batches=1', 'device=cpu', 'threads=1', 'max_steps=600', 'valid_interval=5',
-         'log_interval=5']
-ENV = {**os.environ, 'PYTHONPATH': str(ROOT), 'PYTHONUNBUFFERED': '1'}
-
-
-def _lazylab(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, '-m', 'lazylab.cli', *args], env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, '-m', 'lazylab.cli', *args], env=ENV, capture_output=True, text=True,
-                          timeout=300)
+SIZES = tiny('sample_tokens=4', 'max_steps=600', 'valid_interval=5', 'log_interval=5')
 
 
 def _wait_for(condition, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -52,15 +39,15 @@ def _files(run: Path) -> dict[str, bytes]:
 
 def test_resume_while_train_still_trains_the_run_is_refused_and_generate_reads_its_checkpoint(tmp_path):
     # a run far too long to end by itself, writing a checkpoint every 5 steps while the other commands read
-    train = _lazylab('train', 'transformer', *SIZES[:-3], 'max_steps=1000000', 'valid_interval=5',
-                     'log_interval=5', f'runs_dir={tmp_path}')
+    train = start_lazylab('train', 'transformer', *tiny('sample_tokens=4', 'max_steps=1000000', 'valid_interval=5',
+                                                        'log_interval=5'), f'runs_dir={tmp_path}')
     _wait_for(lambda: list(tmp_path.glob('transformer/*/checkpoint.pt')), train)
     run, = (tmp_path / 'transformer').iterdir()
     _wait_for(lambda: _labml_pid(run) == train.pid, train)
     run_json = (run / 'run.json').read_bytes()
 
-    resumed = _run('resume', str(run))
-    generated = _run('generate', str(run), '--prompt', 'a', '--tokens', '30', '--seed', '3')
+    resumed = run_lazylab('resume', str(run))
+    generated = run_lazylab('generate', str(run), '--prompt', 'a', '--tokens', '30', '--seed', '3')
     training = train.poll() is None
     after = (run / 'run.json').read_bytes()
     train.terminate()
@@ -78,18 +65,18 @@ def test_resume_while_train_still_trains_the_run_is_refused_and_generate_reads_i
 
 
 def test_a_second_resume_while_a_resume_trains_is_refused_and_writes_nothing(tmp_path):
-    train = _lazylab('train', 'transformer', *SIZES, f'runs_dir={tmp_path}')
+    train = start_lazylab('train', 'transformer', *SIZES, f'runs_dir={tmp_path}')
     _wait_for(lambda: list(tmp_path.glob('transformer/*/checkpoint.pt')), train)
     train.terminate()
     assert train.wait(timeout=60) == 143
     run, = (tmp_path / 'transformer').iterdir()
 
-    first = _lazylab('resume', str(run))
+    first = start_lazylab('resume', str(run))
     _wait_for(lambda: _labml_pid(run) == first.pid, first)
     first.send_signal(signal.SIGSTOP)  # nothing of the run changes while the second resume looks at it
     try:
         before = _files(run)
-        second = _run('resume', str(run))
+        second = run_lazylab('resume', str(run))
         after = _files(run)
     finally:
         first.send_signal(signal.SIGCONT)
@@ -108,7 +95,7 @@ def test_resume_of_a_finished_run_prints_only_that_there_is_nothing_to_do(short_
     run = tmp_path / 'run'
     shutil.copytree(short_run, run)
     before = _files(run)
-    done = _run('resume', str(run))
+    done = run_lazylab('resume', str(run))
     assert (done.returncode, done.stdout, done.stderr) == (
         0, f'nothing to do: the run in {run} has already finished\n', '')
     assert _files(run) == before
@@ -117,9 +104,8 @@ def test_resume_of_a_finished_run_prints_only_that_there_is_nothing_to_do(short_
 def test_train_whose_stdout_reader_goes_away_trains_to_the_end_without_its_output(tmp_path):
     # `lazylab train … | head -1`: the reader takes the start line and closes the pipe; every later progress
     # line and sample would meet a closed pipe
-    train = subprocess.Popen([sys.executable, '-m', 'lazylab.cli', 'train', 'transformer', *SIZES[:-3],
-                              'max_steps=60', 'valid_interval=5', 'log_interval=5', f'runs_dir={tmp_path}'],
-                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    train = start_lazylab('train', 'transformer', *tiny('sample_tokens=4', 'max_steps=60', 'valid_interval=5',
+                                                        'log_interval=5'), f'runs_dir={tmp_path}', text=False)
     first = train.stdout.readline()
     train.stdout.close()
     err = train.stderr.read()
@@ -141,17 +127,15 @@ def test_generate_streams_the_same_bytes_as_the_text_it_returns(short_run):
     pieces: list[str] = []
     assert generate(str(short_run), 'Th', 200, seed=11, on_text=pieces.append) == text
     assert pieces[0] == 'Th' and len(pieces) == 201 and ''.join(pieces) == text
-    done = subprocess.run([sys.executable, '-m', 'lazylab.cli', 'generate', str(short_run), '--prompt', 'Th',
-                           '--tokens', '200', '--seed', '11'], env=ENV, capture_output=True, timeout=300)
+    done = run_lazylab('generate', str(short_run), '--prompt', 'Th', '--tokens', '200', '--seed', '11', text=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout == (text + '\n').encode()
 
 
 def test_ctrl_c_during_generate_leaves_the_text_so_far_on_stdout(short_run):
     from lazylab.experiments.generation import generate
-    proc = subprocess.Popen([sys.executable, '-m', 'lazylab.cli', 'generate', str(short_run), '--prompt', 'Th',
-                             '--tokens', '1000000', '--seed', '11'], env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = start_lazylab('generate', str(short_run), '--prompt', 'Th', '--tokens', '1000000', '--seed', '11',
+                         text=False)
     seen, deadline = b'', time.monotonic() + 120
     while len(seen) < 2 + 64:  # the prompt and some tokens have come, long before the millionth
         assert select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0], 'nothing streamed'

@@ -20,9 +20,8 @@ from lazylab.experiments import checkpoint as checkpoint_module
 from lazylab.experiments.checkpoint import load_checkpoint
 from lazylab.experiments.nlp_autoregression import prompt_ids
 from lazylab.runs import CHECKPOINT_PT as CHECKPOINT
+from lazylab.testing import TINY
 
-TINY = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_size=4', 'sample_tokens=5',
-        'valid_batches=1', 'final_valid_batches=1', 'device=cpu', 'threads=1', 'max_steps=3', 'valid_interval=1']
 SHAKESPEARE = bundled_text_path().read_text(encoding='utf-8')[:20_000]
 
 

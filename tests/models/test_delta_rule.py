@@ -16,6 +16,7 @@ from lazylab.models.fast_weights.delta_rule import (
     delta_rule_step,
     unit_lower_inverse,
 )
+from lazylab.testing import assert_close
 
 
 def make_inputs(seq_len, batch, heads, d_dot, d_v, *, with_state, dtype=torch.float32, seed=0):
@@ -52,12 +53,6 @@ def step_loop(q, k, v, beta, state):
     return torch.stack(ys), state
 
 
-def assert_rel_close(actual, expected, rel, what):
-    """max |actual − expected| ≤ rel · max |expected| (relative to the tensor's scale)."""
-    scale = expected.abs().max().clamp_min(1e-12)
-    err = (actual - expected).abs().max()
-    assert err <= rel * scale, f"{what}: max error {err:.3g} > {rel} × {scale:.3g}"
-
 
 # The issue's grid: seq_len × chunk size × d_dot (= 2·d_k·ν with d_k = 8, ν ∈ {1, 2, 3}) × batch.
 GRID = list(itertools.product([1, 7, 64, 100, 257], [16, 32, 64], [16, 32, 48], [1, 3]))
@@ -77,7 +72,7 @@ def test_chunked_equals_loop_forward_and_backward(seq_len, chunk_size, d_dot, ba
     torch.testing.assert_close(y, y_ref, rtol=0, atol=1e-5)
     torch.testing.assert_close(s, s_ref, rtol=0, atol=1e-5)
     for name, a, b in zip(['q', 'k', 'v', 'beta', 'state'], g, g_ref):
-        assert_rel_close(a, b, 1e-4, f'grad {name}')
+        assert_close(a, b, 1e-4, f'grad {name}', floor=1e-12)
 
 
 @pytest.mark.parametrize('seq_len', [1, 7, 100])
@@ -89,7 +84,7 @@ def test_step_equals_loop_forward_and_backward(seq_len, with_state):
     torch.testing.assert_close(y, y_ref, rtol=0, atol=1e-5)
     torch.testing.assert_close(s, s_ref, rtol=0, atol=1e-5)
     for a, b in zip(g, g_ref):
-        assert_rel_close(a, b, 1e-4, 'grad')
+        assert_close(a, b, 1e-4, 'grad', floor=1e-12)
 
 
 @settings(max_examples=25, deadline=None)
@@ -161,8 +156,8 @@ def test_chunked_in_bf16_autocast_stays_close_to_float32():
         y16, s16 = delta_rule_chunked(q.bfloat16(), k.bfloat16(), v.bfloat16(), beta.bfloat16(), state,
                                       chunk_size=32)
     assert torch.isfinite(y16).all()
-    assert_rel_close(y16.float(), y32, 2e-2, 'bf16 output')
-    assert_rel_close(s16.float(), s32, 2e-2, 'bf16 state')
+    assert_close(y16.float(), y32, 2e-2, 'bf16 output', floor=1e-12)
+    assert_close(s16.float(), s32, 2e-2, 'bf16 state', floor=1e-12)
 
 
 @pytest.mark.parametrize('bad,match', [

@@ -13,6 +13,7 @@ import lazylab.models.fast_weights as fw
 import lazylab.models.fast_weights.token_wise as fw_tw
 from lazylab.models.autoregressive import AutoregressiveModel
 from lazylab.models.feed_forward import FeedForward
+from lazylab.testing import max_relative_error
 
 D_MODEL, HEADS, D_FF = 16, 2, 32  # d_k = 8, d_dot = 16·ν: small, so the token loops stay fast
 
@@ -35,9 +36,6 @@ def randomise(model, seed=0):
             p.copy_(1 + 0.2 * noise if 'norm' in name and name.endswith('weight') else 0.3 * noise)
     return model
 
-
-def rel_err(actual, expected):
-    return ((actual - expected).abs().max() / expected.abs().max().clamp_min(1e-12)).item()
 
 
 # ---- DPFP ----
@@ -180,7 +178,7 @@ def test_kernels_agree_on_outputs_and_parameter_gradients(seq_len, nu, batch):
         run = f'{kernel}/{chunk_size}'
         torch.testing.assert_close(y, y_ref, rtol=0, atol=1e-5, msg=lambda m, run=run: f'{run}: {m}')
         for name in g_ref:
-            assert rel_err(g[name], g_ref[name]) <= 1e-4, f'{run}: grad of {name}'
+            assert max_relative_error(g[name], g_ref[name], floor=1e-12) <= 1e-4, f'{run}: grad of {name}'
 
 
 # ---- carried state ----
@@ -382,7 +380,7 @@ def test_bf16_autocast_error_is_bounded_and_no_worse_than_the_loop():
         with torch.autocast('cpu', dtype=torch.bfloat16):
             y16 = model(x)
         assert torch.isfinite(y16).all()
-        errors[kernel] = rel_err(y16.float(), y32)
+        errors[kernel] = max_relative_error(y16.float(), y32, floor=1e-12)
     assert errors['chunked'] <= 0.1
     assert errors['chunked'] <= 1.5 * errors['loop'], errors
 

@@ -25,6 +25,7 @@ from lazylab.models.autoregressive import AutoregressiveModel
 from lazylab.models.fast_weights.delta_rule import delta_rule_chunked, delta_rule_loop, delta_rule_step
 from lazylab.models.fast_weights.sum_rule import sum_rule_chunked, sum_rule_loop, sum_rule_step
 from lazylab.models.feed_forward import FeedForward
+from lazylab.testing import assert_close
 
 D_MODEL, HEADS = 8, 2  # d_k = 4: small, so that the token loops and gradcheck stay quick
 D_K = D_MODEL // HEADS
@@ -93,11 +94,6 @@ def run(module, x, state):
     return y.detach(), new_state.detach(), grads
 
 
-def assert_rel_close(actual, expected, tol, what, floor=1e-30):
-    scale = expected.abs().max().clamp_min(floor)
-    err = (actual - expected).abs().max()
-    assert err <= tol * scale, f"{what}: max error {err:.3g} > {tol} × {scale:.3g}"
-
 
 @functools.cache
 def loop_reference(combo, seq_len, dtype):
@@ -131,14 +127,14 @@ def test_chunked_and_step_kernels_equal_the_loop_forward_and_backward(combo, seq
     for kernel, chunk_size in [('chunked', 16), ('chunked', 3), ('step', 16)]:
         y, s, g = run(attention(combo, dtype, kernel=kernel, chunk_size=chunk_size), x, state)
         what = f'{kernel}/{chunk_size}'
-        assert_rel_close(y, y_ref, TOL[dtype], f'{what} y')
-        assert_rel_close(s, s_ref, TOL[dtype], f'{what} state')
+        assert_close(y, y_ref, TOL[dtype], f'{what} y')
+        assert_close(s, s_ref, TOL[dtype], f'{what} state')
         assert set(g) == set(g_ref)
         # a gradient that is small by cancellation carries the rounding of the large terms that cancel: in float32
         # each is measured against at least 1 % of the largest gradient of the run
         floor = 0.01 * max(float(t.abs().max()) for t in g_ref.values()) if dtype == torch.float32 else 1e-30
         for name in g_ref:
-            assert_rel_close(g[name], g_ref[name], TOL[dtype], f'{what} grad {name}', floor)
+            assert_close(g[name], g_ref[name], TOL[dtype], f'{what} grad {name}', floor)
 
 
 @pytest.mark.parametrize('kernel', ['chunked', 'step'])
@@ -159,8 +155,8 @@ def test_carried_state_over_segments_equals_one_pass(combo):
     for a, b in [(0, 1), (1, 11), (11, 12), (12, 30)]:
         y, state = module.forward_with_state(x[a:b], state)
         pieces.append(y)
-    assert_rel_close(torch.cat(pieces), y_full, 1e-10, 'y')
-    assert_rel_close(state, s_full, 1e-10, 'state')
+    assert_close(torch.cat(pieces), y_full, 1e-10, 'y')
+    assert_close(state, s_full, 1e-10, 'state')
 
 
 def language_model(combo, n_layers=2):
@@ -186,7 +182,7 @@ def test_generation_is_one_step_per_token_and_equals_rerunning_the_prefix(combo)
         for t in range(4, length):  # the step function's path (eval, no autograd), one token at a time
             logits, state = lm.forward_with_state(tokens[t:t + 1], state)
             stepped.append(logits)
-    assert_rel_close(torch.cat(stepped), full, 1e-4 if expansive(combo) else 1e-5, 'logits')
+    assert_close(torch.cat(stepped), full, 1e-4 if expansive(combo) else 1e-5, 'logits')
     # the step function is bit for bit the module path (autograd on takes the modules)
     with torch.no_grad():
         lean, lean_state = lm.forward_with_state(tokens[:1], state)
@@ -209,8 +205,8 @@ def test_token_wise_variant_equals_the_whole_sequence_module(rule, attn_norm):
     for x_i in x:
         y, state = token_wise(x_i, state)
         ys.append(y)
-    assert_rel_close(torch.stack(ys), y_whole, 1e-5, 'y')
-    assert_rel_close(state, s_whole, 1e-5, 'state')
+    assert_close(torch.stack(ys), y_whole, 1e-5, 'y')
+    assert_close(state, s_whole, 1e-5, 'state')
 
 
 def test_sum_rule_has_no_beta_keeps_the_other_names_and_weights_and_loads_delta_state_dicts():
@@ -395,12 +391,12 @@ def test_kernels_in_bf16_autocast_keep_float32_state_and_match_float64_at_seq_le
         assert s.dtype == torch.float32 and y.dtype == torch.bfloat16
         # backward() inside the autocast block
         ((y.float() * cot_y.float()).sum() + (s * cot_s.float()).sum()).backward()
-    assert_rel_close(s.double(), s_ref, 1e-4, 'state')
-    assert_rel_close(y.double(), y_ref, 1e-2, 'y')
+    assert_close(s.double(), s_ref, 1e-4, 'state')
+    assert_close(y.double(), y_ref, 1e-2, 'y')
     used = 4 if rule == 'delta' else 3
     for name, a, b in zip('qkvb', inputs[:used], ref_inputs[:used]):
         assert a.grad.dtype == torch.bfloat16
-        assert_rel_close(a.grad.double(), b.grad, 1e-2, f'grad {name}')
+        assert_close(a.grad.double(), b.grad, 1e-2, f'grad {name}')
 
 
 def norm_rel(actual, expected):
