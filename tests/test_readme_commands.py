@@ -17,13 +17,13 @@ import pytest
 import torch
 
 from lazylab import cli
+from lazylab.testing import tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / 'README.md'
 
-TINY = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_size=4', 'max_steps=2',
-        'valid_interval=1', 'valid_batches=1', 'final_valid_batches=1', 'sample_tokens=5', 'device=cpu',
-        'threads=1']
+#: the shared tiny sizes (lazylab.testing), two steps long
+TINY = tiny('max_steps=2')
 
 #: README command → the test that runs it (file::function), for the commands that do not run here, and why that
 #: test is the command.

@@ -31,6 +31,7 @@ import pytest
 import torch
 
 from lazylab import cli
+from lazylab.testing import tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / 'docs'
@@ -38,9 +39,8 @@ DOCS = ROOT / 'docs'
 #: pages whose code is documentation of the measurements, not steps to follow (see the module docstring)
 NOT_TUTORIAL = ('reference/', 'results.md')
 
-TINY = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_size=4', 'max_steps=2',
-        'valid_interval=1', 'valid_batches=1', 'final_valid_batches=1', 'sample_tokens=5', 'device=cpu',
-        'threads=1']
+#: the shared tiny sizes (lazylab.testing), two steps long
+TINY = tiny('max_steps=2')
 
 #: the plain shell commands a page may run (in bash, in the scratch folder): they only write files there
 SHELL = ('printf', 'echo', 'cat', 'ls', 'mkdir', 'cp')
