@@ -173,7 +173,9 @@ class TokenAndPositionEmbeddings(nn.Module):
     sinusoids, 2.36 with unscaled zero-initialised learned positions, 2.10 with unscaled sinusoids.
 
     Args:
-        d_model: width; n_vocab: vocabulary size; max_len: number of positions (the training seq_len).
+        d_model: width.
+        n_vocab: vocabulary size.
+        max_len: number of positions (the training seq_len).
 
     Shapes:
         x: LongTensor [seq_len, batch_size] with seq_len ≤ max_len → [seq_len, batch_size, d_model]

@@ -44,6 +44,10 @@ def subsequent_mask(seq_len: int, device: Optional[torch.device] = None) -> torc
     Returns a bool tensor of shape [seq_len, seq_len, 1] (the batch axis broadcasts), equal to labml-nn's
     `labml_nn.transformers.utils.subsequent_mask`.
 
+    Args:
+        seq_len: the sequence length (≥ 0).
+        device: where to make the mask (None: the default device).
+
     Raises:
         ValueError: seq_len is negative.
     """

@@ -31,6 +31,10 @@ def get_positional_encoding(d_model: int, max_len: int = 5000) -> torch.Tensor:
     Equal, bit for bit, to labml-nn's `get_positional_encoding`; an odd d_model (which labml-nn rejects) gets one
     more sine than cosine column.
 
+    Args:
+        d_model: the encoding's width.
+        max_len: the number of positions.
+
     Raises:
         ValueError: d_model or max_len is not positive.
     """
@@ -59,6 +63,11 @@ class EmbeddingsWithPositionalEncoding(nn.Module):
     The encodings are a buffer `positional_encodings` [max_len, 1, d_model] that is saved in the state dict
     (persistent), as in labml-nn.
 
+    Args:
+        d_model: token width.
+        n_vocab: vocabulary size.
+        max_len: number of positions (the longest sequence it takes).
+
     Shapes:
         x: LongTensor [seq_len, batch_size] → [seq_len, batch_size, d_model]
 
@@ -81,6 +90,11 @@ class EmbeddingsWithPositionalEncoding(nn.Module):
 class EmbeddingsWithLearnedPositionalEncoding(nn.Module):
     """Token embeddings scaled by √d_model plus a learned vector per position (parameter `positional_encodings`
     [max_len, 1, d_model], initialised to zero).
+
+    Args:
+        d_model: token width.
+        n_vocab: vocabulary size.
+        max_len: number of positions (the longest sequence it takes).
 
     Shapes:
         x: LongTensor [seq_len, batch_size] → [seq_len, batch_size, d_model]
@@ -164,6 +178,10 @@ class TransformerLayer(nn.Module):
 class Encoder(nn.Module):
     """`n_layers` independent copies of `layer` (self-attention only) and a final LayerNorm.
 
+    Args:
+        layer: the encoder `TransformerLayer` to copy.
+        n_layers: the number of copies (≥ 1).
+
     Shapes:
         x: [seq_len, batch_size, d_model], mask: [seq_len or 1, seq_len, batch_size or 1] or None
         → [seq_len, batch_size, d_model]
@@ -186,6 +204,10 @@ class Encoder(nn.Module):
 
 class Decoder(nn.Module):
     """`n_layers` independent copies of a decoder `layer` (self- and source attention) and a final LayerNorm.
+
+    Args:
+        layer: the decoder `TransformerLayer` (with `src_attn`) to copy.
+        n_layers: the number of copies (≥ 1).
 
     Shapes:
         x: [tgt_len, batch_size, d_model], memory: [src_len, batch_size, d_model],
@@ -212,6 +234,10 @@ class Decoder(nn.Module):
 class Generator(nn.Module):
     """Projection to logits over the vocabulary (no softmax; pair with cross-entropy).
 
+    Args:
+        n_vocab: vocabulary size.
+        d_model: token width.
+
     Shapes:
         x: [..., d_model] → [..., n_vocab]
     """
@@ -229,6 +255,13 @@ class EncoderDecoder(nn.Module):
     Xavier uniform (as labml-nn and the Annotated Transformer do); biases and norms keep their defaults.
 
     `forward` returns the decoder's output [tgt_len, batch_size, d_model]; apply `generator` for logits.
+
+    Args:
+        encoder: the `Encoder`.
+        decoder: the `Decoder`.
+        src_embed: embeds the source token ids, [src_len, batch_size] → [src_len, batch_size, d_model].
+        tgt_embed: embeds the target token ids, [tgt_len, batch_size] → [tgt_len, batch_size, d_model].
+        generator: the projection to logits (a `Generator`), kept for the caller.
 
     Shapes:
         src: [src_len, batch_size] token ids, tgt: [tgt_len, batch_size] token ids, src_mask and tgt_mask as in

@@ -7,10 +7,11 @@ one scratch folder, so later blocks use what earlier ones made (a `lazylab resum
 
 - ```` ```python ```` blocks run in one namespace per page (`exec`), so a block uses the names of the ones before;
 - ```` ```bash ```` lines and ```` ```console ```` `$ ` lines are commands (comments dropped, continuation lines
-  joined). `lazylab …` runs in this process through `lazylab.cli.main`, a `train` with tiny sizes put before its own
-  keys (as tests/test_readme_commands.py does for the README); a few plain shell commands (`printf … > FILE`, `ls`,
-  …) run in bash. A console block's other lines are the output: each must appear in what the command printed (`…`
-  stands for anything), and an output with a `lazylab: error:` line means the command must fail with exit code 2.
+  joined). `lazylab …` runs in this process through `lazylab.cli.main`, a `train` (or `sweep`) with tiny sizes put
+  before its own keys (as tests/test_readme_commands.py does for the README); a few plain shell commands
+  (`printf … > FILE`, `ls`, …) run in bash. A console block's other lines are the output: each must appear in what
+  the command printed (`…` stands for anything), and an output with a `lazylab: error:` line means the command must
+  fail with exit code 2.
 - a command that cannot run in a test (several machines, a long run, a server) is in COVERED with the test that
   runs it, as in the README's test; a block the tests deliberately do not run has `<!-- not-run: REASON -->` on the
   line before it. A command in neither place fails `test_every_page_command_is_run_or_covered`.
@@ -30,6 +31,7 @@ import pytest
 import torch
 
 from lazylab import cli
+from lazylab.testing import tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / 'docs'
@@ -37,9 +39,8 @@ DOCS = ROOT / 'docs'
 #: pages whose code is documentation of the measurements, not steps to follow (see the module docstring)
 NOT_TUTORIAL = ('reference/', 'results.md')
 
-TINY = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_size=4', 'max_steps=2',
-        'valid_interval=1', 'valid_batches=1', 'final_valid_batches=1', 'sample_tokens=5', 'device=cpu',
-        'threads=1']
+#: the shared tiny sizes (lazylab.testing), two steps long
+TINY = tiny('max_steps=2')
 
 #: the plain shell commands a page may run (in bash, in the scratch folder): they only write files there
 SHELL = ('printf', 'echo', 'cat', 'ls', 'mkdir', 'cp')
@@ -85,6 +86,37 @@ COVERED = {
     'lazylab labml my_experiment.py --dashboard http://127.0.0.1:5005':
         ('tests/labml/test_labml_runs.py::test_run_appears_in_dashboard_with_its_configs',
          'a script file with --dashboard http://127.0.0.1:PORT of a `lazylab dashboard` it starts'),
+    # guide/models.md
+    'python scripts/retrieval_capacity.py':
+        ('tests/experiments/test_retrieval.py::test_capacity_script_runs_and_writes_the_figure_and_numbers',
+         'the script with --quick and one variant, writing its PNG and JSON (the whole sweep takes an hour)'),
+    # guide/sweeps.md: its bash blocks are the sweep tests' commands (tests/sweeps/conftest.readme_commands reads
+    # them, and tests/sweeps/test_sweep.py::test_every_readme_command_is_run_by_a_test checks each is run)
+    'lazylab sweep transformer transformer.ffn.glu_variant=GEGLU,SwiGLU optimizer.learning_rate=3e-3,1e-2 d_model=64 '
+    'n_layers=2 max_minutes=0 max_steps=400 valid_interval=50 --workers 2':
+        ('tests/sweeps/test_sweep.py::test_grid_sweep_with_two_workers_runs_every_point_once',
+         'the same grid with tiny sizes, 2 workers (a sweep of four 400-step runs takes minutes)'),
+    'lazylab compare runs/transformer/sweep-ID --plot docs/sweep_glu.png':
+        ('tests/sweeps/test_sweep.py::test_compare_shows_exactly_the_swept_keys', 'compare --plot of that sweep'),
+    'lazylab diff runs/transformer/sweep-ID/trial-0000 runs/transformer/sweep-ID/trial-0003':
+        ('tests/sweeps/test_sweep.py::test_diff_names_the_keys_both_values_and_their_sources',
+         'diff of trials 0000 and 0003 of that sweep'),
+    "lazylab sweep transformer 'optimizer.learning_rate=tag(log, interval(1e-4, 3e-2))' --sampler tpe --trials 20 "
+    '--prune median --workers 2 max_minutes=2':
+        ('tests/sweeps/test_sweep.py::test_readme_tpe_sweep_draws_log_uniform_learning_rates',
+         'the same command with tiny sizes and fewer trials'),
+    'lazylab sweep --resume runs/transformer/sweep-ID':
+        ('tests/sweeps/test_sweep.py::test_sigkill_of_the_sweep_then_resume_runs_every_point_once',
+         'a sweep killed with SIGKILL, then --resume'),
+    'lazylab sweep transformer transformer.ffn.glu_variant=GEGLU,SwiGLU optimizer.learning_rate=3e-3,1e-2 d_model=64 '
+    'n_layers=2 max_minutes=0 max_steps=400 valid_interval=50 --storage postgresql://USER@HOST/DB --study glu '
+    '--workers 2':
+        ('tests/sweeps/test_sweep.py::test_two_sweeps_on_one_postgresql_study_split_the_grid',
+         'two sweeps at once on one study of a throw-away PostgreSQL on 127.0.0.1'),
+    'lazylab sweep transformer transformer.ffn.glu_variant=GEGLU,SwiGLU optimizer.learning_rate=3e-3,1e-2 d_model=64 '
+    'n_layers=2 max_minutes=0 max_steps=400 valid_interval=50 --storage /shared/glu.journal --study glu --workers 2':
+        ('tests/sweeps/test_sweep.py::test_two_sweeps_on_one_journal_file_split_the_grid',
+         'two sweeps at once on one journal file'),
     # guide/notebooks.md
     'make notebooks':
         ('tests/test_notebooks.py::test_notebook_equals_jupytext_conversion_of_its_py_source',
@@ -220,7 +252,7 @@ def test_every_page_command_is_run_or_covered():
 
 def _argv(command: str) -> list[str]:
     """The command's arguments as a shell gives them, with RUN_ID and globs resolved in the working folder and
-    tiny sizes put before a `train` command's own keys."""
+    tiny sizes put before a `train` or `sweep` command's own keys."""
     words = shlex.split(command)[1:]
     resolved = []
     for w in words:
@@ -230,8 +262,8 @@ def _argv(command: str) -> list[str]:
             assert found, f'{command}: no run matches {head}* (an earlier block should have made it)'
             w = w.replace('RUN_ID', Path(found[0]).name)
         resolved += sorted(glob.glob(w)) if '*' in w else [w]
-    if resolved[0] == 'train':
-        resolved = resolved[:2] + _tiny_for(resolved[1]) + resolved[2:]
+    if resolved[0] == 'train' or (resolved[0] == 'sweep' and not resolved[1].startswith('-')):
+        resolved = resolved[:2] + _tiny_for(resolved[1]) + resolved[2:]  # a sweep's fixed settings, for every trial
     return resolved
 
 

@@ -1,4 +1,4 @@
-"""What the sweep tests share: tiny sizes, the README's commands, running `lazylab`, a throw-away PostgreSQL.
+"""What the sweep tests share: tiny sizes, the sweeps guide's commands, running `lazylab`, a throw-away PostgreSQL.
 
 The PostgreSQL fixture starts a real server for one test module: `initdb` and `pg_ctl` (on PATH, or in
 /usr/lib/postgresql/N/bin where Debian's postgresql package puts them; .ci/run installs it when missing) run as the
@@ -29,12 +29,12 @@ TINY = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_s
 
 
 def readme_commands() -> list[str]:
-    """Every `lazylab …` command in the README's "Sweeps and comparisons" section (continuation lines joined,
-    comments dropped)."""
-    text = (ROOT / 'README.md').read_text(encoding='utf-8')
-    section = text.split('## Sweeps and comparisons', 1)[1].split('\n## ', 1)[0]
+    """Every `lazylab …` command in the bash blocks of the sweeps guide, docs/guide/sweeps.md (continuation lines
+    joined, comments dropped): the page that documents the sweep (it was the README's section before the docs
+    site; its console blocks are run by tests/docs/test_docs_code.py)."""
+    text = (ROOT / 'docs' / 'guide' / 'sweeps.md').read_text(encoding='utf-8')
     commands = []
-    for block in re.findall(r'```bash\n(.*?)```', section, re.S):
+    for block in re.findall(r'```bash\n(.*?)```', text, re.S):
         for line in block.replace('\\\n', ' ').splitlines():
             line = re.sub(r'\s+#.*$', '', line).strip()
             if line.startswith('lazylab '):

@@ -116,6 +116,11 @@ class BaseConfigs:
 
         Ranks below overrides and assignments and above aggregates and the class default.
 
+        Args:
+            item: the item, as ``Cls.item`` (or its name).
+            value: the default value (used when ``func`` is not given).
+            func: a function of no arguments that computes the default when the item is first read.
+
         Raises:
             UnknownItemError: the item is not declared here.
             AlreadyComputedError: the item was already computed.
@@ -126,6 +131,10 @@ class BaseConfigs:
 
     def _set_values(self, values: dict[str, Any]):
         """Override items from a dict (dotted keys reach sub-configs); all-or-nothing.
+
+        Args:
+            values: ``{key: value}``; a key may be dotted (``'optimizer.learning_rate'``), and a string value for
+                an item with options names one of them.
 
         Raises:
             UnknownItemError: an undeclared key (a KeyError, with nearest names).

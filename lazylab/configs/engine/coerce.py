@@ -29,11 +29,13 @@ class TypeMismatch(ValueError):
 
 
 def coerce_text(text: str, annotation: Any) -> Any:
-    """Parse ``text`` as a value of ``annotation``.
+    """Parse ``text`` as a value of ``annotation`` (an ``Annotated`` type's constraints are checked too).
+
+    Args:
+        text, annotation: the text given (``'0.5'``, ``'False'``, ``'[1, 2]'``, ``'none'``) and the declared type.
 
     Raises:
-        TypeMismatch: the text is not a valid value of that type.
-    """
+        TypeMismatch: the text is not a valid value of that type."""
     if is_any(annotation) or annotation is str:
         return text
     origin = get_origin(annotation)

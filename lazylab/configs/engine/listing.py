@@ -22,6 +22,9 @@ def describe(configs_or_class: Any) -> list[dict[str, Any]]:
 
     Items of sub-configs appear under dotted names: for a class, those whose annotation is a config class; for an
     object, the sub-configs created so far (or annotated ones not created yet).
+
+    Args:
+        configs_or_class: a config class (its declarations) or a config object (also its values so far).
     """
     rows: list[dict[str, Any]] = []
     if isinstance(configs_or_class, type):
@@ -143,6 +146,10 @@ def format_description(rows: list[dict[str, Any]], defaults: Optional[dict[str, 
 
     ``defaults``: dotted name → the text to show after ``=`` instead of the row's default (an experiment's own
     default for a sub-config's item, e.g. ``'128 (follows d_model)'``).
+
+    Args:
+        rows: what :func:`describe` returned.
+        defaults: dotted name → the default text to show instead of the row's (see above).
     """
     lines = []
     defaults = defaults or {}

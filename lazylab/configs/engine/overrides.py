@@ -274,6 +274,14 @@ def parse_overrides(argv: Sequence[str], configs: Optional[Any] = None) -> dict[
     against its declared items (nothing is applied); dotted keys for sub-configs not created yet stay text
     when their class is not known.
 
+    Args:
+        argv: the tokens, e.g. ``['d_model=256', 'optimizer.learning_rate=1e-3']`` (a leading ``--`` on a key is
+            dropped).
+        configs: a config object to type and check the values against, or ``None`` to keep them as text.
+
+    Returns:
+        ``{dotted key: value}``.
+
     Raises:
         OverrideSyntaxError: a token without ``=`` or with an empty key.
         UnknownItemError, UnknownOptionError, BadValueError, AlreadyComputedError: with ``configs``.
@@ -307,6 +315,10 @@ def apply_overrides(configs: Any, values: Mapping[str, Any]):
 
     Strings are parsed by each item's declared type (an option name stays a string); other values are fitted
     to it (an int for a float item, a list for a tuple item).
+
+    Args:
+        configs: the config object to apply them to.
+        values: ``{dotted key: value}``, e.g. from :func:`parse_overrides` or a YAML mapping.
 
     Raises:
         UnknownItemError: an undeclared key (names the nearest declared ones); nothing is applied.

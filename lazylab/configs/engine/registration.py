@@ -34,6 +34,14 @@ def option(items: Any, *args: Any) -> Callable[[Callable], Callable]:
     takes the config object, nothing, or (with pass_params) the values of those items; for a list of items it
     returns a tuple/list with one value per item.
 
+    Args:
+        items: the item the option computes (``Configs.item``), or a list of items it computes together.
+        *args: optionally the option's name (a ``str``; default: the function's name) and a list of items whose
+            values are passed to the function instead of the config object (labml's ``pass_params``).
+
+    Returns:
+        The decorator; it registers the function and returns it unchanged.
+
     Raises:
         DeclarationError: no config items given, or a function with an unusable signature.
     """
@@ -52,6 +60,15 @@ def calculate(items: Any, *args: Any) -> Callable:
     Forms: ``calculate(item, func)``, ``calculate(item, 'name', func)``, ``calculate(item, [params], func)``,
     ``calculate(item, 'name', [params], func)``. ``func`` may be a class (constructed with the config object
     when its constructor takes one argument). Returns ``func``.
+
+    Args:
+        items: the item ``func`` computes (``Configs.item``), or a list of items it computes together.
+        *args: ``func`` last; before it, optionally the option's name (a ``str``; default: ``func``'s name) and
+            a list of items whose values are passed to ``func`` (labml's ``pass_params``).
+
+    Raises:
+        DeclarationError: no function given, an argument that is neither a name, a list nor a function, or no
+            config items.
     """
     option_name, pass_params, func = _split_args(args, allow_func=True)
     if func is None:
@@ -79,6 +96,11 @@ def aggregate(selector: ItemRef, option_name: str, *pairs: tuple[ItemRef, Any]):
 
     When the selector's value equals ``option_name`` and an implied item was not set explicitly (override,
     assignment or ``set_default``), that item takes the value given here.
+
+    Args:
+        selector: the item whose value selects (``Configs.glu_variant``).
+        option_name: the selector's value this aggregate applies to (``'SwiGLU'``).
+        *pairs: ``(Configs.item, value)`` pairs: the values implied for other items of the same class.
 
     Raises:
         DeclarationError: no pairs, or a pair that is not ``(Configs.item, value)``.
@@ -108,12 +130,22 @@ def _flag(items: tuple[Any, ...], attribute: str, value: bool, what: str):
 
 
 def hyperparams(*items: Any, is_hyperparam: bool = True):
-    """Mark items as hyperparameters (``is_hyperparam=False`` unmarks); the flag is kept in dumps."""
+    """Mark items as hyperparameters (``is_hyperparam=False`` unmarks); the flag is kept in dumps.
+
+    Args:
+        *items: the items to mark (``Configs.d_model``, …).
+        is_hyperparam: ``True`` marks them, ``False`` unmarks them.
+    """
     _flag(items, 'hyperparams', is_hyperparam, 'hyperparams')
 
 
 def meta_config(*items: Any, is_meta: bool = True):
-    """Mark items as meta configuration (not part of the experiment's identity); kept in dumps."""
+    """Mark items as meta configuration (not part of the experiment's identity); kept in dumps.
+
+    Args:
+        *items: the items to mark.
+        is_meta: ``True`` marks them, ``False`` unmarks them.
+    """
     _flag(items, 'meta', is_meta, 'meta_config')
 
 

@@ -122,6 +122,12 @@ def explain(configs: Any) -> dict[str, dict[str, Any]]:
     ``detail`` (option name; ``'selector=option'`` for an aggregate; ``'value'``/``'func'`` for set_default),
     ``selected_by`` (for an option: what named it, e.g. ``default``, ``override``, ``first option``),
     ``reads`` (dotted paths its calculator read), and ``value`` (a plain rendering).
+
+    Args:
+        configs: a config object; only the items computed so far are reported (nothing is computed).
+
+    Returns:
+        ``{dotted path: entry}``.
     """
     rows = []
     for path, s, key in walk(state_of(configs)):
@@ -136,7 +142,14 @@ def explain(configs: Any) -> dict[str, dict[str, Any]]:
 
 
 def format_explain(report: dict[str, dict[str, Any]]) -> str:
-    """Text table of :func:`explain`'s report, one item a line."""
+    """Text table of :func:`explain`'s report, one item a line.
+
+    Args:
+        report: what :func:`explain` returned.
+
+    Returns:
+        The table: each path, its source (with detail and what selected it) and the paths it read.
+    """
     lines: list[str] = []
     width = max((len(p) for p in report), default=0)
     for path, row in report.items():

@@ -111,6 +111,7 @@ def to_dict(configs: Any, run_values: Optional[dict[str, Any]] = None) -> dict[s
     docstring).
 
     Args:
+        configs: the config object; only what was computed so far is recorded (nothing is computed).
         run_values: {path: value} of computed items the run changed after the configuration computed them
             (e.g. ``{'total_steps': 617}``): ``values`` records these, ``computed_before_run`` the configuration's
             own values. Ignored for given paths (replay must give the same value again).
@@ -160,7 +161,16 @@ _HEADER = ('# lazylab configuration. Replay: lazylab train NAME --config THIS_FI
 def dump(configs: Any, path: Optional[Union[str, os.PathLike]] = None,
          run_values: Optional[dict[str, Any]] = None) -> str:
     """The YAML text of :func:`to_dict`; also written to ``path`` when given (through a temporary file and a
-    rename, so a reader never sees half a file)."""
+    rename, so a reader never sees half a file).
+
+    Args:
+        configs: the config object to dump (what was computed so far).
+        path: the file to write, or ``None`` to only return the text.
+        run_values: computed values the run changed afterwards, as for :func:`to_dict`.
+
+    Returns:
+        The YAML text, with a header comment saying how to replay it.
+    """
     import yaml  # PyYAML only when a dump is written: importing lazylab.configs stays quick
     text = _HEADER + yaml.safe_dump(to_dict(configs, run_values), sort_keys=False, default_flow_style=False,
                                     allow_unicode=True)
@@ -212,6 +222,12 @@ def load(configs: Any, source: Union[str, os.PathLike, dict[str, Any]], label: O
     ``values`` section is accepted too). With a ``given`` section only the given values are applied (labelled as
     the dump labels them, or ``label``), and the computed ones are remembered for :func:`replay_changes`;
     without one every value is applied.
+
+    Args:
+        configs: a fresh config object of the dump's class (nothing given or computed yet).
+        source: the dump: a file path, YAML text, or a dict.
+        label: what the applied values are labelled as given by (``'--config FILE'``), instead of the dump's own
+            labels.
 
     Raises:
         BadValueError: the YAML is malformed or not a mapping.
@@ -275,7 +291,13 @@ def load(configs: Any, source: Union[str, os.PathLike, dict[str, Any]], label: O
 def label_given(configs: Any, keys, label: str) -> None:
     """Say where given values came from (``'user'``, ``'preset labml_nn'``, ``'--config FILE'``): the dump's
     ``given`` section and ``lazylab diff`` show it. ``keys`` are dotted paths given to ``configs`` (keys not given
-    are ignored)."""
+    are ignored).
+
+    Args:
+        configs: the config object the values were given to.
+        keys: dotted paths of given values.
+        label: where they came from.
+    """
     labels = state_of(configs).__dict__.setdefault('given', {})
     for k in keys:
         if k in labels:

@@ -72,8 +72,11 @@ def delta_product_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
     """One token: the optional decay, n_h delta-rule writes in order, one read (see the module docstring).
 
     Args:
-        q: [batch, heads, d_dot]; k: [n_h, batch, heads, d_dot]; v: [n_h, batch, heads, d_v].
-        beta: [n_h, batch, heads] (or with a trailing 1); g: [batch, heads], the log decay (≤ 0), or None.
+        q: [batch, heads, d_dot].
+        k: [n_h, batch, heads, d_dot].
+        v: [n_h, batch, heads, d_v].
+        beta: [n_h, batch, heads] (or with a trailing 1).
+        g: [batch, heads], the log decay (≤ 0), or None.
         state: W [batch, heads, d_v, d_dot]; None means zeros.
 
     Returns:
@@ -105,7 +108,19 @@ def delta_product_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """DeltaProduct token by token and step by step, written as the equations (the reference).
 
-    Args / Returns / Raises: see the module docstring; ValueError names the shapes that do not fit, or n_h < 1.
+    Args:
+        q: [seq_len, batch, heads, d_dot].
+        k: [seq_len, n_h, batch, heads, d_dot].
+        v: [seq_len, n_h, batch, heads, d_v].
+        beta: [seq_len, n_h, batch, heads].
+        g: [seq_len, batch, heads], the log decays (≤ 0), or None for no decay.
+        state: the fast weights before the first token, [batch, heads, d_v, d_dot]; None means zeros.
+
+    Returns:
+        y: [seq_len, batch, heads, d_v] and the final state [batch, heads, d_v, d_dot].
+
+    Raises:
+        ValueError: shapes that do not fit together (named), or n_h < 1.
     """
     beta = _check(q, k, v, beta, g, state, token=False)
     seq_len, batch, heads, d_dot = q.shape

@@ -113,7 +113,17 @@ def delta_rule_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     """The delta rule token by token, written as the paper's equations (the reference the fast form is tested
     against). O(seq_len) sequential steps.
 
-    Args / Returns / Raises: see the module docstring (sequence-first q, k, v, beta; state [batch, heads, d_v, d_dot]).
+    Args:
+        q, k: [seq_len, batch, heads, d_dot] (after the feature map φ').
+        v: [seq_len, batch, heads, d_v].
+        beta: [seq_len, batch, heads] (or with a trailing 1), the write strengths βᵢ.
+        state: the fast weights before the first token, [batch, heads, d_v, d_dot]; None means zeros.
+
+    Returns:
+        y: [seq_len, batch, heads, d_v] and the final state [batch, heads, d_v, d_dot].
+
+    Raises:
+        ValueError: if the shapes do not fit together.
     """
     beta = _check(q, k, v, beta, state, token=False)
     seq_len, batch, heads, d_dot = q.shape
@@ -141,6 +151,12 @@ def unit_lower_inverse(a: torch.Tensor) -> torch.Tensor:
     chunk size from 8 to 64: at c = 16 a fifth of the time of the product series (I − A)(I + A²)(I + A⁴)…,
     at c = 64 a thirteenth. Exact up to rounding; with the sum-normalised keys of DPFP the entries of A are at
     most β kᵢ·kⱼ ≤ 1.
+
+    Args:
+        a: strictly lower-triangular [..., c, c] (its diagonal and upper part are not read).
+
+    Returns:
+        (I + A)⁻¹, [..., c, c], unit lower-triangular.
     """
     c = a.shape[-1]
     eye = torch.eye(c, dtype=a.dtype, device=a.device).expand(a.shape)

@@ -47,7 +47,15 @@ FEATURE_MAPS = ('dpfp', 'linear', 'favor', 'l2')
 
 
 def sum_normalise(phi: torch.Tensor, eps: float) -> torch.Tensor:
-    """φ' = φ / (Σⱼ φⱼ + eps) over the last axis (the paper's sum normalisation, section 4.1 / eq. 26)."""
+    """φ' = φ / (Σⱼ φⱼ + eps) over the last axis (the paper's sum normalisation, section 4.1 / eq. 26).
+
+    Args:
+        phi: features φ, [..., d_dot], non-negative.
+        eps: added to the sum to avoid dividing by zero.
+
+    Returns:
+        φ', the same shape, whose entries sum to (almost) one.
+    """
     # times the reciprocal: one division per row instead of per feature, and a cheaper backward pass
     return phi * (phi.sum(dim=-1, keepdim=True) + eps).reciprocal()
 
@@ -118,6 +126,10 @@ class LinearElu(nn.Module):
     """φ(x) = ELU(x) + 1 (Katharopoulos et al. 2020), positive for every x; d_dot = d_key. Sum-normalised,
     φ' = φ / (Σ φ + eps), unless `sum_normalization=False`.
 
+    Args:
+        eps: added to the sum to avoid dividing by zero.
+        sum_normalization: divide by the sum (default) or not.
+
     Shapes:
         k: [..., d_key] → [..., d_key]
     """
@@ -151,6 +163,15 @@ def orthogonal_random_features(d_key: int, features: int, generator: Optional[to
     normal d_key-vector, so that every ωᵢ is marginally N(0, I) as the estimator needs.
 
     Draws from `generator` (None: torch's global generator, which `lazylab train` seeds with `seed`).
+
+    Args:
+        d_key: the size of the keys the features are of.
+        features: m, the number of random directions (rows of Ω).
+        generator: the random generator to draw from, or None for torch's global one.
+        dtype: the dtype of the result (the draws themselves are made in float64).
+
+    Returns:
+        Ω, [features, d_key].
     """
     blocks = []
     for _ in range(-(-features // d_key)):
@@ -254,6 +275,9 @@ class L2NormSiLU(nn.Module):
     Computed in float32 (float64 for float64 inputs), also under autocast: the squared length would lose too much
     in bfloat16.
 
+    Args:
+        eps: added to the squared length before the square root.
+
     Shapes:
         k: [..., d_key] → [..., d_key]
     """
@@ -277,6 +301,14 @@ def make_feature_map(name: str, d_key: int, *, nu: int = 1, features: int = 64, 
                      eps: float = 1e-6) -> nn.Module:
     """The feature map φ' called `name` ('dpfp' with `nu`, 'linear', 'favor' with `features`, 'l2') for keys of
     size d_key (only FAVOR+ needs it). `sum_normalization` applies to the first three ('l2' is L2-normalised).
+
+    Args:
+        name: one of `FEATURE_MAPS`: 'dpfp', 'linear', 'favor', 'l2'.
+        d_key: the size of the keys (used by 'favor' only).
+        nu: ν of DPFP.
+        features: m, the random features of FAVOR+.
+        sum_normalization: whether φ is divided by its sum ('dpfp', 'linear', 'favor').
+        eps: the small constant of the normalisation.
 
     Raises:
         ValueError: an unknown name.

@@ -81,8 +81,10 @@ def gated_delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bet
     """One token: W ← exp(g) W, then the delta rule's write and read (see the module docstring).
 
     Args:
-        q, k: [batch, heads, d_dot]; v: [batch, heads, d_v].
-        beta: [batch, heads] (or [batch, heads, 1]); g: [batch, heads], the log decay (≤ 0).
+        q, k: [batch, heads, d_dot].
+        v: [batch, heads, d_v].
+        beta: [batch, heads] (or [batch, heads, 1]).
+        g: [batch, heads], the log decay (≤ 0).
         state: W [batch, heads, d_v, d_dot]; None means zeros.
 
     Returns:
@@ -108,8 +110,18 @@ def gated_delta_rule_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bet
                           state: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule token by token, written as the equations (the reference). O(seq_len) sequential steps.
 
-    Args / Returns / Raises: see the module docstring (sequence-first q, k, v, beta, g; state [batch, heads, d_v,
-    d_dot]); ValueError names the shapes that do not fit.
+    Args:
+        q, k: [seq_len, batch, heads, d_dot] (after the feature map φ').
+        v: [seq_len, batch, heads, d_v].
+        beta: [seq_len, batch, heads] (or with a trailing 1), the write strengths.
+        g: [seq_len, batch, heads], the log decays (≤ 0).
+        state: the fast weights before the first token, [batch, heads, d_v, d_dot]; None means zeros.
+
+    Returns:
+        y: [seq_len, batch, heads, d_v] and the final state [batch, heads, d_v, d_dot].
+
+    Raises:
+        ValueError: shapes that do not fit together (the message names them).
     """
     beta, g = _check(q, k, v, beta, g, state, token=False)
     seq_len, batch, heads, d_dot = q.shape

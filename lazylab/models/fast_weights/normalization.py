@@ -31,9 +31,11 @@ def normalise_by_attention(y: torch.Tensor, q: torch.Tensor, k: torch.Tensor, z:
                            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """yᵢ / (zᵢ · qᵢ + eps) with zᵢ = z + Σ_{j≤i} kⱼ, for a sequence (a one-token step is a sequence of one).
 
-    Shapes:
-        y: [seq_len, batch, heads, d_v]; q, k: [seq_len, batch, heads, d_dot]; z (in, None = zeros) and the
-        returned z after the last token: [batch, heads, d_dot].
+    Args:
+        y: the read-out, [seq_len, batch, heads, d_v].
+        q, k: the queries and keys after the feature map, [seq_len, batch, heads, d_dot].
+        z: the sum of the keys before the first token, [batch, heads, d_dot]; None means zeros.
+        eps: added to the denominator.
 
     Returns:
         the normalised y (in y's dtype) and z after the last token (float32 or float64).

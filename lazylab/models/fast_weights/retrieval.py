@@ -66,6 +66,11 @@ class FastWeightsRetrieval(_PairInputs):
         kernel, chunk_size: how the rule is computed ('chunked', 'loop', 'step'; equal results).
         householder_steps, gated: DeltaProduct's n_h and its decay gate.
         negative_eigenvalues: β = 2σ(·) ∈ (0, 2) (Grazzi et al. 2025).
+        eps: added to the denominator of the attention normalisation.
+
+    Shapes:
+        pairs: LongTensor [n_pairs, batch, 2] (key id, value id).
+        queries: LongTensor [n_queries, batch] (key ids) → ŷ [n_queries, batch, n_values].
 
     Initialisation as the authors': W_k, W_q uniform in ±1/√hidden_size, E standard normal; biases PyTorch's; the
     gate's as Gated DeltaNet's (`DecayGate`).
@@ -149,7 +154,17 @@ def sum_of_writes(keys: torch.Tensor, value_ids: torch.Tensor, n_values: int) ->
 
 class SoftmaxRetrieval(_PairInputs):
     """The softmax-attention baseline: ŷ = Σⱼ softmax_j(kⱼ · q / √hidden_size) one_hot(vⱼ) (the authors'
-    `SoftmaxAttentionModel`; W_k, W_q Xavier-uniform)."""
+    `SoftmaxAttentionModel`; W_k, W_q Xavier-uniform).
+
+    Args:
+        n_keys, n_values: vocabulary sizes (the paper: both S).
+        embedding_size: size of the key embedding.
+        hidden_size: size of keys and queries.
+
+    Shapes:
+        pairs: LongTensor [n_pairs, batch, 2] (key id, value id).
+        queries: LongTensor [n_queries, batch] (key ids) → ŷ [n_queries, batch, n_values].
+    """
 
     def __init__(self, n_keys: int, n_values: int, embedding_size: int, hidden_size: int):
         super().__init__(n_keys, n_values, embedding_size)

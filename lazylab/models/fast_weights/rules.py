@@ -76,6 +76,19 @@ def run_update_rule(update_rule: str, kernel: str, chunk_size: int, q: torch.Ten
     SUM_RULE_CHUNK_SIZE; the gated delta rule needs g; DeltaProduct takes g or None; the others take no g.
 
     A single token always takes the recurrent step: it is the same computation, without the chunking set-up.
+
+    Args:
+        update_rule: one of `UPDATE_RULES`: 'delta', 'sum', 'gated_delta', 'delta_product'.
+        kernel: one of `KERNELS`: 'chunked', 'loop', 'step' (equal results).
+        chunk_size: tokens per chunk of the chunked kernel.
+        q, k: [seq_len, batch, heads, d_dot] (DeltaProduct's k: [seq_len, n_h, batch, heads, d_dot]).
+        v: [seq_len, batch, heads, d_v] (DeltaProduct's: with the n_h axis, as k).
+        beta: the write strengths, [seq_len, batch, heads] (DeltaProduct's with the n_h axis); None for 'sum'.
+        state: the fast weights before the first token, [batch, heads, d_v, d_dot]; None means zeros.
+        g: the log decays (≤ 0) of the gated rules, [seq_len, batch, heads]; None otherwise.
+
+    Returns:
+        y: [seq_len, batch, heads, d_v] and the final state.
     """
     rule = _RULES[update_rule]
     args = ((beta,) if rule.takes_beta else ()) + ((g,) if rule.takes_g else ())

@@ -51,7 +51,9 @@ def sum_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Opti
     """One token: W⁽ⁱ⁾ = W⁽ⁱ⁻¹⁾ + vᵢ ⊗ kᵢ, yᵢ = W⁽ⁱ⁾ qᵢ.
 
     Args:
-        q, k: [batch, heads, d_dot]; v: [batch, heads, d_v]; state: W⁽ⁱ⁻¹⁾ [batch, heads, d_v, d_dot] or None (zeros).
+        q, k: [batch, heads, d_dot] (after the feature map φ').
+        v: [batch, heads, d_v].
+        state: W⁽ⁱ⁻¹⁾ [batch, heads, d_v, d_dot], or None (zeros).
 
     Returns:
         y [batch, heads, d_v] and W⁽ⁱ⁾.
@@ -76,7 +78,19 @@ def sum_rule_step_unchecked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
 
 def sum_rule_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[torch.Tensor] = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sum rule token by token, as the equations (the reference). Shapes: the module docstring's."""
+    """The sum rule token by token, as the equations (the reference).
+
+    Args:
+        q, k: [seq_len, batch, heads, d_dot] (after the feature map φ').
+        v: [seq_len, batch, heads, d_v].
+        state: the fast weights before the first token, [batch, heads, d_v, d_dot]; None means zeros.
+
+    Returns:
+        y: [seq_len, batch, heads, d_v] and the final state [batch, heads, d_v, d_dot].
+
+    Raises:
+        ValueError: shapes that do not fit together.
+    """
     _check(q, k, v, state, token=False)
     seq_len, batch, heads, d_dot = q.shape
     exact, out_dtype = exact_dtype(v.dtype), v.dtype

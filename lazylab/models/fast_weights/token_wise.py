@@ -102,6 +102,10 @@ class FastWeightsAttentionTransformerLayer(PreNormLayer):
 class FastWeightsAttentionTransformer(nn.Module):
     """`n_layers` copies of the token-wise layer and a final LayerNorm, run token by token.
 
+    Args:
+        layer: the `FastWeightsAttentionTransformerLayer` to copy.
+        n_layers: the number of copies (≥ 1).
+
     Shapes:
         x_seq: [seq_len, batch_size, d_model] → [seq_len, batch_size, d_model]
         state (forward_with_state): list of n_layers tensors [batch_size, heads, d_k, d_dot], or None.

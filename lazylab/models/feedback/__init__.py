@@ -159,7 +159,14 @@ class FeedbackTransformerLayer(PreNormLayer):
 
 
 class FeedbackState:
-    """Opaque incremental state of a feedback transformer: the key/value memory of the steps seen so far."""
+    """Opaque incremental state of a feedback transformer: the key/value memory of the steps seen so far.
+
+    Made by the models' `forward_with_state`, not by hand.
+
+    Args:
+        memory: the memory buffer of the steps seen so far.
+        n: the number of those steps (``len(state)``).
+    """
 
     def __init__(self, memory: Memory, n: int):
         self.memory = memory
@@ -381,6 +388,22 @@ class FeedbackLanguageModel(AutoregressiveModel):
     """
 
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, *args, **kwargs) -> torch.Tensor:
+        """Sample `max_new_tokens` tokens after a prompt (`AutoregressiveModel.generate`), once the memory they need
+        is known to fit the relative positions.
+
+        Args:
+            prompt_ids: LongTensor [prompt_len] or [prompt_len, batch_size], prompt_len ≥ 1.
+            max_new_tokens: number of tokens to add (≥ 0).
+            *args, **kwargs: the rest of `AutoregressiveModel.generate`'s arguments (temperature, top_k,
+                use_state, generator, on_token).
+
+        Returns:
+            LongTensor with the prompt followed by the new tokens: [prompt_len + max_new_tokens(, batch_size)].
+
+        Raises:
+            DataError: the prompt and the new tokens need a memory longer than the layers' n_positions.
+            ValueError: as `AutoregressiveModel.generate` (an empty prompt, a negative count or temperature, …).
+        """
         core = self.transformer
         if max_new_tokens > 0 and prompt_ids.dim() >= 1:
             prompt_len = prompt_ids.shape[0]
