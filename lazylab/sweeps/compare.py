@@ -105,9 +105,16 @@ class Table:
 def compare(paths: list[str], metric: str = 'loss.valid', sort: Optional[str] = None) -> Table:
     """The comparison of the module docstring, as raw values.
 
+    Args:
+        paths: run directories, sweep directories (their trial-NNNN runs) or folders of those (RUNS_DIR/NAME).
+        metric: the metrics.jsonl key of the `final` and `best` columns, e.g. 'loss.valid', 'accuracy.valid'.
+        sort: the column to sort by (`-KEY`: descending; the metric's name stands for `final`); runs without a
+            value go last. None: by the final metric, best first (the direction a sweep among `paths` optimizes
+            it in, else maximize for accuracies and speeds).
+
     Raises:
         UsageError: no runs, a path that is not a run or sweep, a metric no run has (see `check_metric`), an
-            unknown --sort column.
+            unknown --sort column, a damaged configs.yaml or sweep.yaml.
     """
     runs = [load_run(p) for p in find_runs(paths)]
     if not runs:
@@ -213,6 +220,9 @@ def format_table(t: Table) -> str:
 
 def compare_text(paths: list[str], metric: str = 'loss.valid', sort: Optional[str] = None) -> str:
     """The table of `compare` as `lazylab compare` prints it.
+
+    Args:
+        paths, metric, sort: as `compare`'s.
 
     Raises:
         UsageError: see `compare`.
@@ -351,8 +361,12 @@ def _with_source(r: Run, k: str, v: Any) -> str:
 def diff_text(path_a: str, path_b: str) -> str:
     """`lazylab diff RUN_A RUN_B` (see the module docstring).
 
+    Args:
+        path_a: run directory A (the first values column).
+        path_b: run directory B (the second).
+
     Raises:
-        UsageError: a path that is not a run directory with a configs.yaml.
+        UsageError: a path that is not a run directory with a configs.yaml, or a damaged configs.yaml.
     """
     for p in (path_a, path_b):
         if not (Path(p) / 'configs.yaml').is_file():

@@ -51,6 +51,19 @@ class Dimension:
     kind 'choice': `texts`, the values as written (typed later into `values`).
     kind 'interval': `low_text`, `high_text` (typed into `low`, `high`), `log`, and `is_int` once typed.
     `written` is what the user wrote, for messages.
+
+    Args:
+        key: the config key swept (`lazylab.sweeps.plan` names it in full).
+        kind: 'choice' (a list, choice() or range()) or 'interval' (interval()).
+        written: the text after `key=` as the user wrote it, for messages.
+        texts: a choice's values as written (outer quotes removed, escapes undone), in order.
+        values: a choice's values typed by the item (`lazylab.sweeps.typed`), in the order of `texts`.
+        low_text, high_text: an interval's bounds as written.
+        low, high: an interval's typed bounds (ints or floats); for a range of ints, its least and greatest value.
+        log: drawn on a log scale (`tag(log, …)`).
+        is_int: an interval drawn as ints (an int item, or `tag(int, …)`).
+        int_step: a range of ints with a positive step: --sampler random or tpe draws it as an int with this step
+            (None otherwise, and for a range typed by a float item).
     """
     key: str
     kind: str
@@ -146,6 +159,10 @@ def element_text(raw: str) -> str:
 
 def parse_value(key: str, text: str) -> Union[Fixed, Dimension]:
     """The text after `key=`: a fixed value or a swept dimension (see the module docstring).
+
+    Args:
+        key: the key as written before `=` (the dimension's key, and the start of a message).
+        text: what follows `=`, e.g. `1,2,3`, `range(2,8,2)`, `tag(log, interval(1e-4,1e-2))` or a fixed value.
 
     Raises:
         UsageError: a bad sweep, e.g. `range(1,a)`, an unknown or unsupported function, an empty element.
@@ -351,16 +368,28 @@ class Space:
         return {d.key: d.describe() for d in self.dims}
 
     def overrides(self, params: dict[str, Any]) -> list[str]:
-        """The key=value tokens of a trial with these params (typed values, as Optuna holds them)."""
+        """The key=value tokens of a trial with these params (typed values, as Optuna holds them).
+
+        Args:
+            params: {key: typed value} for every swept key.
+        """
         return [f'{k}={t}' for k, t in self.texts(params).items()]
 
     def texts(self, params: dict[str, Any]) -> dict[str, str]:
-        """{key: the text a trial with these params is given}, in the dimensions' order."""
+        """{key: the text a trial with these params is given}, in the dimensions' order.
+
+        Args:
+            params: {key: typed value} for every swept key (a choice's value must be one of its values).
+        """
         return {d.key: d.text_of(params[d.key]) for d in self.dims}
 
     def shown(self, params: dict[str, Any]) -> list[str]:
         """The key=value tokens of a trial as its progress lines show them: `overrides`, but a float drawn from an
         interval with 4 significant digits (`optimizer.learning_rate=0.001235`; the trial gets, and its records
-        keep, the full value)."""
+        keep, the full value).
+
+        Args:
+            params: {key: typed value} for every swept key.
+        """
         return [f'{d.key}={params[d.key]:.4g}' if d.kind == 'interval' and not d.is_int
                 else f'{d.key}={d.text_of(params[d.key])}' for d in self.dims]

@@ -41,7 +41,7 @@ TRIAL_MODULE = 'lazylab.sweeps.trial'
 class TrialSpec:
     """One trial to start.
 
-    Attributes:
+    Args:
         number: the Optuna trial number.
         folder: its run directory, SWEEP_DIR/trial-NNNN (made already; its process writes there).
         args: the arguments of its process after `python -m lazylab.sweeps.trial`.
@@ -73,10 +73,17 @@ class TrialProcess(Protocol):
         """Its exit code once it has ended, else None (never blocks)."""
 
     def send_signal(self, sig: int) -> None:
-        """Pass a signal on (SIGINT when the sweep is stopped: the trial stops at its next step, to be resumed)."""
+        """Pass a signal on (SIGINT when the sweep is stopped: the trial stops at its next step, to be resumed).
+
+        Args:
+            sig: the signal's number, e.g. `signal.SIGINT`.
+        """
 
     def wait(self, timeout: Optional[float] = None) -> int:
         """Its exit code, once it has ended.
+
+        Args:
+            timeout: the most seconds to wait; None: until it ends.
 
         Raises:
             subprocess.TimeoutExpired: it did not end within `timeout` seconds.

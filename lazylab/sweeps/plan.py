@@ -60,7 +60,35 @@ def parser() -> argparse.ArgumentParser:
 
 @dataclass
 class Plan:
-    """A checked sweep: what to run and how (nothing written yet)."""
+    """A checked sweep: what to run and how (nothing written yet).
+
+    Args:
+        name: the experiment's name as given (NAME), or the module of a --labml script.
+        argv: the command's arguments, as given.
+        fixed: the key=value tokens every trial gets (keys as written).
+        config_file: --config's file, or None.
+        space: the swept dimensions, typed, and the --zip groups.
+        sampler: 'grid', 'random' or 'tpe'.
+        trials: how many trials: the grid's points, or --trials for a sampler.
+        metric: the validation record's key the study optimizes (--metric, e.g. 'loss.valid').
+        direction: 'minimize' or 'maximize' (--direction, else the metric's own).
+        prune: --prune: 'none', 'median' or 'halving'.
+        storage: the study's storage: a journal file's absolute path or a database URL; None: the journal file
+            SWEEP_DIR/study.journal.
+        study: the study name (--study, else a run id made of the time, `runs.new_run_id`); it names the sweep
+            directory.
+        seed: the sampler's seed (--seed).
+        workers: as given (--workers): the sweep runs at most one per trial left.
+        launcher: the words in front of `-m lazylab.sweeps.trial …` (the Python interpreter, or --launcher's).
+        runs_dir: the runs folder the sweep directory is made in (the experiment's runs_dir, or --runs-dir).
+        default_threads: the experiment's default `threads`, an upper bound on each trial's threads (0: none);
+            -1 when the command fixes threads= or for a --labml script (the sweep then gives no threads=).
+        points: the grid's points ({key: typed value}, in grid order), or one {} per trial for a sampler.
+        study_named: --study given (else a name made of the time).
+        folder: the runs' folder of the experiment (RUNS_DIR/FOLDER): its STEM ('': `name`).
+        labml: a labml script's sweep (--labml): its trials are `lazylab labml` runs.
+        steps: --steps of a --labml sweep: each trial ends after that many optimizer updates (None: the script's).
+    """
     name: str
     argv: list[str]                 # the command's arguments, as given
     fixed: list[str]                # key=value tokens for every trial
@@ -107,7 +135,11 @@ class Plan:
         return redact(text, [self.storage] if self.storage else [])
 
     def storage_shown(self, sweep_dir: Optional[Path] = None) -> str:
-        """The storage as messages and sweep.yaml show it: the journal file, or the database URL redacted."""
+        """The storage as messages and sweep.yaml show it: the journal file, or the database URL redacted.
+
+        Args:
+            sweep_dir: the folder of the default journal file (`storage` None); None: this plan's `sweep_dir`.
+        """
         if self.storage is None:
             return f'journal file {(sweep_dir or self.sweep_dir) / runs.STUDY_JOURNAL}'
         if '://' not in self.storage:
@@ -117,9 +149,16 @@ class Plan:
 
 def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional[str] = None,
               say: Optional[Callable[[str], None]] = None, check: bool = True) -> Plan:
-    """Parse and check a `lazylab sweep` command line (see the module docstring); writes nothing. `say`: where the
-    progress lines of checking many points go (stderr by default); `check=False`: the first point only (for
-    `--resume`, to find the sweep directory first).
+    """Parse and check a `lazylab sweep` command line (see the module docstring); writes nothing.
+
+    Args:
+        argv: the arguments after `lazylab sweep`: NAME (or `--labml MODULE`), the key=value and key=SWEEP settings,
+            the flags.
+        study: the study name, taken before --study (`--resume` gives the one sweep.yaml records).
+        storage: the study's storage (a journal file or a database URL), taken before --storage (`--resume`).
+        say: where the progress lines of checking many points go (stderr by default).
+        check: False: the first point only (for `--resume`, to find the sweep directory first); a --labml
+            script's values are then left as text.
 
     Raises:
         UsageError, ConfigError, DataError: the first mistake, in one line.

@@ -41,6 +41,10 @@ def load_optuna():
 def open_storage(url_or_file: str):
     """The storage for a journal file path or a database URL (anything with '://').
 
+    Args:
+        url_or_file: a journal file's path (made when missing; its folder must exist), or a database URL Optuna
+            accepts (`postgresql://…`, `mysql://…`, `sqlite:///…`).
+
     Raises:
         UsageError: the database cannot be reached or the URL is not one Optuna accepts (its credentials hidden:
             lazylab.redaction); the journal file is a folder or is not an Optuna journal.
@@ -133,7 +137,12 @@ def _with_driver(url: str) -> str:
 
 
 def make_sampler(kind: str, seed: int):
-    """Optuna's sampler for --sampler `kind` ('tpe', else random: a grid's params are fixed when enqueued)."""
+    """Optuna's sampler for --sampler `kind` ('tpe', else random: a grid's params are fixed when enqueued).
+
+    Args:
+        kind: 'grid', 'random' or 'tpe' (TPE with `constant_liar`, so that parallel workers spread out).
+        seed: the sampler's seed (--seed).
+    """
     optuna = load_optuna()
     if kind == 'tpe':
         # constant_liar: trials still running count as likely-bad, so parallel workers spread out
@@ -142,9 +151,13 @@ def make_sampler(kind: str, seed: int):
 
 
 def make_pruner(kind: str):
-    """none: never prunes; median: Optuna's MedianPruner once 2 trials have finished (a trial is stopped at a
-    validation where its metric is worse than the median of the finished trials' at that step); halving:
-    SuccessiveHalvingPruner (Optuna's defaults)."""
+    """Optuna's pruner for --prune `kind`.
+
+    Args:
+        kind: 'none': never prunes; 'median': Optuna's MedianPruner once 2 trials have finished (a trial is stopped
+            at a validation where its metric is worse than the median of the finished trials' at that step);
+            'halving': SuccessiveHalvingPruner (Optuna's defaults).
+    """
     optuna = load_optuna()
     if kind == 'median':
         return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0, interval_steps=1)
