@@ -37,6 +37,10 @@ README_RUN_BY = {
         'test_readme_tpe_sweep_draws_log_uniform_learning_rates',
     GRID_COMMAND + ' --storage postgresql': 'test_two_sweeps_on_one_postgresql_study_split_the_grid',
     GRID_COMMAND + ' --storage /shared': 'test_two_sweeps_on_one_journal_file_split_the_grid',
+    # a labml_nn experiment takes minutes a trial: a tiny labml script is swept the same way
+    'lazylab sweep --labml labml_nn.transformers.feedback.experiment':
+        'test_labml_sweeps.py::test_a_two_trial_sweep_of_a_labml_script_runs_each_trial_as_a_labml_run_that_compare_'
+        'and_diff_read',
 }
 
 
@@ -536,7 +540,8 @@ def test_every_readme_command_is_run_by_a_test(tools):
     for c in commands:
         assert any(c.startswith(start) for start in README_RUN_BY), f'no test runs the README command: {c}'
     for start, test in README_RUN_BY.items():
-        assert test in globals(), test
+        file, _, name = test.rpartition('::')
+        assert (f'def {name}(' in (Path(__file__).parent / file).read_text()) if file else test in globals(), test
         assert sum(c.startswith(start) for c in commands) == 1, start
 
 
