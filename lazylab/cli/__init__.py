@@ -32,7 +32,7 @@ import sys
 from typing import Optional
 
 from lazylab import __version__
-from lazylab.cli.parser import HelpShown
+from lazylab.command_line import HelpShown
 from lazylab.errors import UsageError, run_cli
 
 USAGE = __doc__.split('\n\n')[1]

@@ -1,5 +1,5 @@
 """`lazylab compare PATH … [--sort KEY] [--metric KEY] [--csv FILE] [--plot FILE.png]`: runs side by side."""
-from lazylab.cli.parser import Parser
+from lazylab.command_line import Parser
 from lazylab.sweeps.compare import compare_main  # torch-free: the command starts fast
 
 

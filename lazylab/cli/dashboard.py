@@ -3,7 +3,7 @@
 optional `dashboard` extra; lazylab.dashboard.server)."""
 import os
 
-from lazylab.cli.parser import Parser
+from lazylab.command_line import Parser
 from lazylab.dashboard import server
 from lazylab.dashboard.guard import DEFAULT_MAX_BODY_MB, TOKEN_COOKIE
 from lazylab.dashboard_client import TOKEN_ENV, TOKEN_HEADER

@@ -1,5 +1,5 @@
 """`lazylab diff RUN_A RUN_B`: the keys whose values differ between two runs, and where each value came from."""
-from lazylab.cli.parser import Parser
+from lazylab.command_line import Parser
 from lazylab.sweeps.compare import diff_text  # torch-free: the command starts fast
 
 

@@ -1,7 +1,7 @@
 """`lazylab generate RUN_DIR --prompt TEXT --tokens N …`: text sampled from a run's checkpoint, streamed."""
 import sys
 
-from lazylab.cli.parser import Parser
+from lazylab.command_line import Parser
 
 
 def parser() -> Parser:

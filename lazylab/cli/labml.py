@@ -3,7 +3,7 @@ run a labml experiment module on lazylab's engine (lazylab.labml.runner)."""
 from pathlib import Path
 from typing import Optional
 
-from lazylab.cli.parser import Parser, asks_help
+from lazylab.command_line import Parser, asks_help
 from lazylab.errors import UsageError
 from lazylab.labml.runner import run_labml
 

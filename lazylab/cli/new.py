@@ -1,5 +1,5 @@
 """`lazylab new NAME [--task text|custom]`: write NAME.py, an experiment of your own that trains as written."""
-from lazylab.cli.parser import Parser
+from lazylab.command_line import Parser
 from lazylab.experiments.templates import write_experiment  # torch-free
 
 

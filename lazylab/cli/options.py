@@ -1,5 +1,5 @@
 """`lazylab options EXPERIMENT`: every key with its type, default, rule, options and help, then the presets."""
-from lazylab.cli.parser import Parser
+from lazylab.command_line import Parser
 
 
 def parser() -> Parser:

@@ -1,5 +1,5 @@
 """`lazylab plot RUN_DIR … -o FILE.png`: training and validation loss against tokens seen, one colour per run."""
-from lazylab.cli.parser import Parser
+from lazylab.command_line import Parser
 
 
 def parser() -> Parser:

@@ -1,5 +1,5 @@
 """`lazylab resume RUN_DIR [--allow-changes]`: continue a run from its checkpoint, exactly where it stopped."""
-from lazylab.cli.parser import Parser
+from lazylab.command_line import Parser
 
 
 def parser() -> Parser:

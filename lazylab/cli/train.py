@@ -1,5 +1,5 @@
 """`lazylab train EXPERIMENT [key=value …] [--config FILE.yaml] [--allow-changes]`: train an experiment."""
-from lazylab.cli.parser import Parser, asks_help
+from lazylab.command_line import Parser, asks_help
 from lazylab.experiments.discovery import registered  # torch-free: names and entry points only
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from lazylab import runs
+from lazylab.command_line import Parser
 from lazylab.errors import UsageError
 from lazylab.experiments import discovery
 from lazylab.redaction import redact, redact_url
@@ -26,16 +27,10 @@ from lazylab.sweeps.grammar import Dimension, Fixed, Space, parse_value
 METRICS = runs.METRIC_KEYS
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse whose mistakes are one `UsageError` line."""
-
-    def error(self, message):
-        raise UsageError(f'lazylab sweep: {message}')
-
-
-def parser() -> argparse.ArgumentParser:
-    """The parser of `lazylab sweep` (its flags are described in lazylab.sweeps.sweep's docstring)."""
-    p = _Parser(prog='lazylab sweep', add_help=False, allow_abbrev=False)
+def parser() -> Parser:
+    """The parser of `lazylab sweep` (its flags are described in docs/guide/sweeps.md): the command's, and what a
+    sweep's `--resume` reads its recorded command line with. -h/--help is a flag here (sweep_main prints the help)."""
+    p = Parser('sweep', add_help=False)
     p.add_argument('settings', nargs='*')
     p.add_argument('--config')
     p.add_argument('--workers', type=int, default=1)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lazylab import runs
+from lazylab.command_line import Parser
 from lazylab.errors import UsageError, run_cli
 from lazylab.experiments import lifecycle
 from lazylab.labml import runner
@@ -94,6 +95,28 @@ def clear(run_dir: Path) -> None:
         shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
+def parser() -> Parser:
+    """The trial process's flags (before `--`; see the module docstring)."""
+    p = Parser('sweep', add_help=False)  # a trial's mistakes are the sweep's: `lazylab sweep --help` says more
+    p.add_argument('run_dir', nargs='?', type=Path)
+    p.add_argument('name', nargs='?')
+    p.add_argument('--check-labml', metavar='MODULE')
+    p.add_argument('--resume', action='store_true')
+    p.add_argument('--swept', type=lambda text: text.split(','), default=[])
+    p.add_argument('--info', type=json.loads, default={})
+    p.add_argument('--labml', action='store_true')
+    p.add_argument('--steps', type=int)
+    p.add_argument('--runs-dir', default=scripts.DEFAULT_RUNS_DIR)
+    p.add_argument('--config')
+    return p
+
+
+def settings_and_config(tokens: list[str]) -> tuple[list[str], Optional[str]]:
+    """(the key=value settings, the `--config FILE` among them) of the tokens after a trial's `--`."""
+    a, settings = parser().parse_with_settings(tokens)
+    return settings, a.config
+
+
 def run_trial(argv: list[str]) -> None:
     """The trial (or the check) `argv` describes (see the module docstring).
 
@@ -103,21 +126,15 @@ def run_trial(argv: list[str]) -> None:
     if '--' not in argv:
         raise UsageError(USAGE)
     cut = argv.index('--')
-    head, rest = argv[:cut], argv[cut + 1:]
-    if len(head) < 2:
-        raise UsageError(USAGE)
-    if head[0] == '--check-labml':
-        check_labml(head[1], rest, runs_dir=_option(head, '--runs-dir') or scripts.DEFAULT_RUNS_DIR,
-                    config=_option(head, '--config'))
+    a, rest = parser().parse(argv[:cut]), argv[cut + 1:]
+    if a.check_labml:
+        check_labml(a.check_labml, rest, runs_dir=a.runs_dir, config=a.config)
         return
-    run_dir, name, options = Path(head[0]), head[1], head[2:]
-    resume = '--resume' in options
-    swept = options[options.index('--swept') + 1].split(',') if '--swept' in options else []
-    info = json.loads(options[options.index('--info') + 1]) if '--info' in options else {}
-    if '--labml' in options:
-        steps = _option(options, '--steps')
-        run_script(run_dir, name, rest, resume=resume, info=info, steps=int(steps) if steps else None,
-                   runs_dir=_option(options, '--runs-dir') or scripts.DEFAULT_RUNS_DIR)
+    if a.name is None:
+        raise UsageError(USAGE)
+    run_dir, name, resume, swept, info = a.run_dir, a.name, a.resume, a.swept, a.info
+    if a.labml:
+        run_script(run_dir, name, rest, resume=resume, info=info, steps=a.steps, runs_dir=a.runs_dir)
         return
     # under a torchrun launcher every process runs this; rank 0 owns the folder and talks to the study, and the
     # others pass a hook that says nothing (the trainer asks rank 0's, and every process must take part)
@@ -185,21 +202,6 @@ def check_labml(module: str, tokens: list[str], *, runs_dir: str, config: Option
     for d in dims:
         type_dimension(d, conf, d.key)
     print(scripts.report_line(dims), flush=True)
-
-
-def _option(words: list[str], flag: str) -> Optional[str]:
-    """The value after `flag` in `words` (None when it is not there)."""
-    return words[words.index(flag) + 1] if flag in words and words.index(flag) + 1 < len(words) else None
-
-
-def settings_and_config(tokens: list[str]) -> tuple[list[str], Optional[str]]:
-    """(key=value tokens, the `--config FILE` among them) of a trial's command line (TODO(sweeps): the trial's
-    parser reads the flag)."""
-    tokens, config = list(tokens), None
-    if '--config' in tokens:
-        at = tokens.index('--config')
-        config, tokens = tokens[at + 1], tokens[:at] + tokens[at + 2:]
-    return tokens, config
 
 
 def _silent(step: int, record: dict[str, Any]) -> None:

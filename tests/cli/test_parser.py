@@ -6,7 +6,7 @@ import pytest
 
 import lazylab
 from lazylab import cli
-from lazylab.cli.parser import HelpShown, Parser
+from lazylab.command_line import HelpShown, Parser
 from lazylab.errors import UsageError
 
 

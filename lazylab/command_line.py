@@ -1,5 +1,9 @@
 """The one parser class of the command line, and its one `key=value` splitter.
 
+It lives below every layer (it imports only `lazylab.errors`), not in `lazylab.cli`: the commands parse with it, and
+so do the layers that read a command line back — a sweep's `--resume` re-reads the recorded `lazylab sweep`
+command (`lazylab.sweeps.plan`), and a sweep's trial process reads its own (`lazylab.sweeps.trial`).
+
 Every `lazylab` command parses its flags with a `Parser`: argparse, except that a mistake is a one-line
 `UsageError` (printed by `run_cli` as `lazylab: error: …`, exit 2; never argparse's usage block and exit code) and
 that `-h`/`--help` returns from the command (`HelpShown`) instead of ending the interpreter, so that a command can
