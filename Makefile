@@ -28,8 +28,12 @@ install: $(VENV)/.installed
 train: $(VENV)/.installed
 	$(VENV)/bin/lazylab train feedback
 
+# Two workers (pytest-xdist): most of the slow tests wait on the processes they start (trials, torchrun, servers),
+# so two workers on a 2-core machine take 2.4x less time than one (the sweeps and docs tests: 244 s against 595 s).
+# TEST_WORKERS=0 runs them in one process.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -87,7 +87,7 @@ def test_the_readme_is_at_most_150_lines_and_shows_the_two_commands_first():
 def test_make_targets_are_the_readme_commands():
     makefile = (ROOT / 'Makefile').read_text(encoding='utf-8')
     assert re.search(r'^train: .*\n\t\$\(VENV\)/bin/lazylab train feedback$', makefile, re.M)
-    assert re.search(r'^test: .*\n\t\$\(PY\) -m pytest -q$', makefile, re.M)
+    assert re.search(r'^test: .*\n\t\$\(PY\) -m pytest -q -n \$\(TEST_WORKERS\)$', makefile, re.M)
     assert re.search(r"install -e '\.\[test,dashboard(,\w+)*\]'", makefile)  # (and the postgres and docs extras)
 
 

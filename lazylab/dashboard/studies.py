@@ -32,7 +32,6 @@ from socketserver import ThreadingMixIn
 from typing import Any, Callable, Optional
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-import yaml
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
@@ -62,10 +61,12 @@ def sweep_storage(sweep_dir: Path) -> str:
         ValueError: sweep.yaml cannot be read, or hides the storage's password (the message shows it redacted).
     """
     try:
-        record = yaml.safe_load((sweep_dir / runs.SWEEP_YAML).read_text(encoding='utf-8'))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        record = runs.read_sweep_record(sweep_dir)
+    except OSError as e:
         raise ValueError(f'cannot read {sweep_dir / runs.SWEEP_YAML}: {type(e).__name__}') from None
-    url = record.get('storage_url') if isinstance(record, dict) else None
+    if record is None:
+        raise ValueError(f'cannot read {sweep_dir / runs.SWEEP_YAML}: not a YAML mapping')
+    url = record.get('storage_url')
     if not url:
         return str(sweep_dir / runs.STUDY_JOURNAL)
     url = str(url)
