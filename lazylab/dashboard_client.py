@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Optional
 from urllib.parse import urlsplit
 
-from lazylab import labml_internals
+from lazylab import labml_internals, safe_yaml
 from lazylab.errors import DashboardError
 
 # late imports: PyYAML only when a run's configs are sent to the dashboard (the CLI's start-up)
@@ -159,12 +159,11 @@ def configured_app_url(search_from: Optional[Path] = None) -> Optional[str]:
     env = os.environ.get('labml_app_url', '').strip()
     if env:
         return env
-    import yaml
     path = Path(search_from or os.getcwd()).resolve()
     for folder in [path, *path.parents]:
         f = folder / '.labml.yaml'
         if f.is_file():
-            conf = yaml.safe_load(f.read_text(encoding='utf-8')) or {}
+            conf = safe_yaml.load(f.read_text(encoding='utf-8')) or {}
             if conf.get('app_url'):
                 return str(conf['app_url'])
     return None

@@ -22,6 +22,7 @@ Not an error: `Interrupted` (a KeyboardInterrupt) is what Ctrl-C (SIGINT) and SI
 """
 import contextlib
 import os
+import reprlib
 import signal
 import sys
 import threading
@@ -30,15 +31,28 @@ from typing import Any, Callable, Optional
 
 __all__ = ['LazylabError', 'WrapsUserError', 'UsageError', 'DashboardError', 'DataError', 'DistributedError',
            'TrainingError', 'CheckpointError', 'NonFiniteLossError', 'Interrupted', 'signals_interrupt',
-           'signals_deferred', 'user_error_message', 'run_cli', 'plural']
+           'signals_deferred', 'user_error_message', 'run_cli', 'plural', 'shown']
 
 
 def plural(n: float, noun: str, nouns: Optional[str] = None) -> str:
     """`n` and the noun in the number it takes, for messages: plural(1, 'step') → '1 step', plural(1200, 'step')
     → '1,200 steps', plural(2, 'process', 'processes') → '2 processes'; a float as `:g` (plural(1.5, 'minute') →
     '1.5 minutes'). `nouns`: the plural when it is not `noun` + 's'."""
-    shown = f'{n:,}' if isinstance(n, int) else f'{n:g}'
-    return f'{shown} {noun if n == 1 else (nouns or noun + "s")}'
+    count = f'{n:,}' if isinstance(n, int) else f'{n:g}'
+    return f'{count} {noun if n == 1 else (nouns or noun + "s")}'
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxtuple, _SHOWN.maxdict = 3, 6, 6, 6
+_SHOWN.maxstring, _SHOWN.maxother = 60, 60
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut to a few dozen characters (``[1, 2, 3, 4, 5, 6, ...]``), for error messages: a message
+    names the value a user gave, and must stay one line however large that value is (a 10⁹-element list from a
+    YAML file is shown in the time of its first elements)."""
+    text = _SHOWN.repr(value)
+    return text if len(text) <= 120 else text[:117] + '...'
 
 
 class LazylabError(Exception):

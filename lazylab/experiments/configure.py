@@ -22,6 +22,7 @@ from typing import Any, Optional, Union
 import torch
 import yaml
 
+from lazylab import safe_yaml
 from lazylab.configs import apply_overrides, describe, inspect, label_given, load, parse_overrides, suggestion
 from lazylab.dashboard_client import track_url
 from lazylab.errors import UsageError
@@ -48,11 +49,9 @@ def read_config_file(path: str) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f'cannot read config file {path}: {e}') from None
     try:
-        doc = yaml.safe_load(text)
+        doc = safe_yaml.load(text)
     except yaml.YAMLError as e:
-        where = getattr(e, 'problem_mark', None)
-        at = f' at line {where.line + 1}' if where is not None else ''
-        raise UsageError(f'config file {path} is not valid YAML{at}') from None
+        raise UsageError(f'cannot read config file {path}: {safe_yaml.problem(e)}') from None
     if not isinstance(doc, (dict, type(None))):
         raise UsageError(f'config file {path} must hold a mapping of key: value')
     if empty_dump(doc):

@@ -15,6 +15,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import yaml
 
+from lazylab import safe_yaml
 from lazylab.configs import load, replay_changes
 from lazylab.errors import CheckpointError, UsageError
 from lazylab.experiments.configure import check_dump, empty_dump
@@ -135,6 +136,6 @@ def open_run(run_dir: str) -> tuple[str, Any, Path]:
 def _parsed_yaml(path: Path) -> Any:
     """The YAML document in `path`; the text itself when it cannot be parsed (`load` then says what is wrong)."""
     try:
-        return yaml.safe_load(path.read_text(encoding='utf-8'))
+        return safe_yaml.load(path.read_text(encoding='utf-8'))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return path

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from lazylab.errors import UsageError
+from lazylab.errors import UsageError, shown
 
 FUNCTIONS = ('choice', 'range', 'interval', 'tag')
 UNSUPPORTED = ('glob', 'shuffle', 'sort', 'int', 'float', 'str', 'bool', 'extend_list')
@@ -95,7 +95,7 @@ class Dimension:
             for v, t in zip(self.values, self.texts):
                 if same(v, value):
                     return t
-            raise ValueError(f'{value!r} is not a value of {self.key}')
+            raise ValueError(f'{shown(value)} is not a value of {self.key}')
         return str(int(value)) if self.is_int else repr(float(value))
 
 

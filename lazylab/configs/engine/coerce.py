@@ -16,6 +16,9 @@ import numbers
 from enum import Enum
 from typing import Annotated, Any, Literal, get_args, get_origin
 
+from lazylab import safe_yaml
+from lazylab.errors import shown
+
 from .constraints import rule_of
 from .typing_tools import UNION_ORIGINS, describe_type, is_any
 
@@ -115,7 +118,7 @@ def _checked(value: Any, annotated: Any) -> Any:
     rule = rule_of(annotated, 'value')
     why = None if rule is None else rule.violation(value)
     if why is not None:
-        raise TypeMismatch(f'{why}, got {value!r}')
+        raise TypeMismatch(f'{why}, got {shown(value)}')
     return value
 
 
@@ -207,7 +210,7 @@ def _parse_structured(text: str) -> Any:
     except ValueError:
         import yaml  # only for flow-style YAML mappings given on the command line
         try:
-            return yaml.safe_load(text)
+            return safe_yaml.load(text)
         except yaml.YAMLError as e:
             raise ValueError(str(e)) from None
 

@@ -20,6 +20,8 @@ import math
 from collections.abc import Sequence
 from typing import Annotated, Any, Callable, Optional, get_args, get_origin
 
+from lazylab.errors import shown
+
 from .errors import BadValueError, DeclarationError
 from .typing_tools import UNION_ORIGINS, admits_none
 
@@ -82,7 +84,7 @@ def check(rule: Rule, path: str, value: Any, how: str = ''):
     """
     why = rule.violation(value)
     if why is not None:
-        raise BadValueError(f'bad value for {path}: {why}, got {value!r}{how}', path)
+        raise BadValueError(f'bad value for {path}: {why}, got {shown(value)}{how}', path)
 
 
 def split(annotation: Any, where: str) -> tuple[Any, Optional[Rule]]:

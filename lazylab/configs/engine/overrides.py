@@ -21,6 +21,8 @@ list item is an error), and other values are fitted to the type or refused.
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Optional, get_args, get_origin
 
+from lazylab.errors import shown
+
 from .coerce import TypeMismatch, coerce_text, conform
 from .constraints import check
 from .declarations import AGGREGATE_MARKER, ItemRef, Spec, spec_of
@@ -79,7 +81,7 @@ def check_option_name(view: Any, key: str, value: Any):
     path = view.path_of(key)
     hint = suggestion(value, options)
     listing = f'options: {", ".join(options)}'
-    raise UnknownOptionError(f'unknown option {value!r} for {path} ({view.class_name})'
+    raise UnknownOptionError(f'unknown option {shown(value)} for {path} ({view.class_name})'
                              + (f'{hint} {listing}' if hint else f'; {listing}'), path)
 
 
@@ -117,7 +119,7 @@ def typed_value(view: Any, key: str, value: Any, from_text: bool = True) -> Any:
         path = view.path_of(key)
         why = f'expected one of its options ({", ".join(options)})' if options and not isinstance(value, str) \
             else str(e)
-        raise BadValueError(f'bad value for {path}: {why}, got {value!r}', path) from None
+        raise BadValueError(f'bad value for {path}: {why}, got {shown(value)}', path) from None
 
 
 def check_given(view: Any, key: str, value: Any):

@@ -39,6 +39,8 @@ import os
 from enum import Enum
 from typing import Any, NamedTuple, Optional, Union
 
+from lazylab import safe_yaml
+
 from .errors import BadValueError, UnknownItemError
 from .overrides import apply_overrides
 from .report import given_paths, type_name, walk
@@ -250,9 +252,9 @@ def load(configs: Any, source: Union[str, os.PathLike, dict[str, Any]], label: O
                 raise BadValueError(f'cannot read configuration YAML{where}: not UTF-8 text (invalid byte at '
                                     f'offset {e.start})') from None
         try:
-            doc = yaml.safe_load(text)
+            doc = safe_yaml.load(text)
         except yaml.YAMLError as e:
-            raise BadValueError(f'cannot read configuration YAML{where}: {" ".join(str(e).split())}') from None
+            raise BadValueError(f'cannot read configuration YAML{where}: {safe_yaml.problem(e)}') from None
         if doc is None:
             doc = {}
     if not isinstance(doc, dict):
