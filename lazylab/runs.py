@@ -40,6 +40,7 @@ from typing import Any, Optional, TypedDict
 
 import yaml
 
+from lazylab import safe_yaml
 from lazylab.errors import UsageError, plural
 
 try:  # POSIX; the one place lazylab asks whether there is a flock
@@ -65,6 +66,9 @@ SWEEP_CONFIG = 'config.yaml'
 OWNERS_DIR = '.owners'
 TRIAL_PREFIX = 'trial-'
 SWEEP_PREFIX = 'sweep-'
+#: the files lazylab writes in a run or sweep directory: no command writes a user's output (a CSV, a figure) over one
+OWN_FILES = frozenset({RUN_JSON, CONFIGS_YAML, METRICS_JSONL, SAMPLES_TXT, CHECKPOINT_PT, TRIAL_JSON, OUTPUT_LOG,
+                       SWEEP_YAML, STUDY_JOURNAL, SWEEP_CONFIG})
 
 #: the metric keys of a metrics.jsonl record (lazylab.experiments.metrics): what a sweep optimizes and compares
 METRIC_KEYS = ('loss.valid', 'accuracy.valid', 'loss.train', 'accuracy.train', 'tokens_per_s')
@@ -421,8 +425,8 @@ def load_run(path: Path) -> Run:
     """A run directory (or a sweep trial's folder, which may hold only trial.json and output.log when the trial
     failed before its run started), read back from its files alone.
 
-    Raises:
-        UsageError: a damaged configs.yaml (other damaged files are warnings: `Run.damage`).
+    A damaged file (run.json, configs.yaml, metrics.jsonl, trial.json) is a line in `Run.damage` and makes the
+    status 'damaged'; what could be read is kept (a damaged configs.yaml: no values).
     """
     path = Path(path)
     damage: list[str] = []
@@ -432,7 +436,11 @@ def load_run(path: Path) -> Run:
     run = Run(path, label, bool(trial) or (path / TRIAL_JSON).is_file(), info=_read_object(path / RUN_JSON, damage),
               trial=trial, damage=damage)
     if (path / CONFIGS_YAML).is_file():
-        doc = _read_dump(path / CONFIGS_YAML)
+        try:
+            doc = read_dump(path / CONFIGS_YAML)
+        except UsageError as e:
+            damage.append(f'{e}; its settings are not shown')
+            doc = {}
         run.values = dict(doc.get('values') or {})
         run.given = dict(doc.get('given') or {k: '' for k in run.values})  # an older dump: all count as given
         run.computed = dict(doc.get('computed') or {})
@@ -492,14 +500,14 @@ def _record(line: bytes) -> Optional[dict[str, Any]]:
     return record if isinstance(record, dict) else None
 
 
-def _read_dump(path: Path) -> dict[str, Any]:
+def read_dump(path: Path) -> dict[str, Any]:
     """A run's configs.yaml as a mapping.
 
     Raises:
         UsageError: the file is not UTF-8, not YAML, or not a mapping (it names the file).
     """
     try:
-        doc = yaml.safe_load(path.read_text(encoding='utf-8'))
+        doc = safe_yaml.load(path.read_text(encoding='utf-8'))
     except (UnicodeDecodeError, yaml.YAMLError):
         raise UsageError(f'{path} is damaged (not a YAML configuration dump)') from None
     sections = ('values', 'given', 'computed', 'objects')
@@ -559,7 +567,7 @@ def read_sweep_record(sweep_dir: Path) -> Optional[dict[str, Any]]:
         OSError: the file cannot be read (FileNotFoundError: there is none).
     """
     try:
-        record = yaml.safe_load((Path(sweep_dir) / SWEEP_YAML).read_text(encoding='utf-8'))
+        record = safe_yaml.load((Path(sweep_dir) / SWEEP_YAML).read_text(encoding='utf-8'))
     except (UnicodeDecodeError, yaml.YAMLError):
         return None
     return record if isinstance(record, dict) else None

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from lazylab.errors import UsageError
 from lazylab.experiments.metrics import read_metrics
-from lazylab.runs import METRICS_JSONL, RUN_JSON, read_json
+from lazylab.runs import CONFIGS_YAML, METRICS_JSONL, OWN_FILES, RUN_JSON, SWEEP_YAML, TRIAL_JSON, read_json
 
 # late imports: matplotlib (and IPython in a notebook) only when a plot is made: the CLI starts without them
 
@@ -13,7 +13,9 @@ from lazylab.runs import METRICS_JSONL, RUN_JSON, read_json
 def check_output(path: str, flag: str, figure: bool = False) -> Path:
     """The file a command is asked to write (`flag` names the option in messages), checked before anything is
     computed or written: a file name, not a folder, in a folder that exists; for a figure, a format matplotlib
-    writes (by the suffix: .png, .pdf, .svg, …).
+    writes (by the suffix: .png, .pdf, .svg, …). An existing file is overwritten only when it is of the kind the
+    command writes (a .csv for --csv, a figure's format for a figure) and not one of a run's or a sweep's own files
+    (`lazylab.runs.OWN_FILES` in a folder holding a run or a sweep): `--csv RUN/run.json` would destroy the run.
 
     Raises:
         UsageError: any of those is not so.
@@ -25,6 +27,14 @@ def check_output(path: str, flag: str, figure: bool = False) -> Path:
         raise UsageError(f'{flag} {path} is a folder; give a file name')
     if not out.parent.is_dir():
         raise UsageError(f'{flag} {path}: folder {out.parent} does not exist')
+    if out.exists():
+        if out.name in OWN_FILES and any((out.parent / f).is_file() for f in (RUN_JSON, CONFIGS_YAML, TRIAL_JSON,
+                                                                              SWEEP_YAML)):
+            raise UsageError(f'{flag} {path} is a file of the run or sweep in {out.parent}: writing there would '
+                             f'destroy it; give another file name')
+        if not figure and out.suffix.lower() != '.csv':
+            raise UsageError(f'{flag} {path} exists and is not a .csv file: refusing to overwrite it; give a new '
+                             f'file name or a .csv one')
     if figure:
         from matplotlib.backend_bases import FigureCanvasBase
         formats = FigureCanvasBase.get_supported_filetypes()

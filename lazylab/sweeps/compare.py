@@ -33,7 +33,16 @@ from typing import Any, Optional
 from lazylab.configs import suggestion
 from lazylab.errors import UsageError, plural
 from lazylab.experiments.plot import check_output, loss_label
-from lazylab.runs import METRIC_KEYS, POSITION_KEYS, Run, find_runs, load_run, read_sweep_record
+from lazylab.runs import (
+    CONFIGS_YAML,
+    METRIC_KEYS,
+    POSITION_KEYS,
+    Run,
+    find_runs,
+    load_run,
+    read_dump,
+    read_sweep_record,
+)
 
 _MISSING = object()
 FIXED_COLUMNS = ('final', 'best', 'steps', 'tok/s', 'params', 'time', 'status')
@@ -114,7 +123,7 @@ def compare(paths: list[str], metric: str = 'loss.valid', sort: Optional[str] = 
 
     Raises:
         UsageError: no runs, a path that is not a run or sweep, a metric no run has (see `check_metric`), an
-            unknown --sort column, a damaged configs.yaml or sweep.yaml.
+            unknown --sort column, a damaged sweep.yaml (a damaged run file is a warning: `Table.warnings`).
     """
     runs = [load_run(p) for p in find_runs(paths)]
     if not runs:
@@ -369,9 +378,12 @@ def diff_text(path_a: str, path_b: str) -> str:
         UsageError: a path that is not a run directory with a configs.yaml, or a damaged configs.yaml.
     """
     for p in (path_a, path_b):
-        if not (Path(p) / 'configs.yaml').is_file():
+        if not (Path(p) / CONFIGS_YAML).is_file():
             raise UsageError(f'{p} is not a run directory (no configs.yaml)')
+        read_dump(Path(p) / CONFIGS_YAML)  # a diff is of the configurations: a damaged one is an error, not a warning
     a, b = load_run(Path(path_a)), load_run(Path(path_b))
+    for warning in a.damage + b.damage:
+        print(f'lazylab: warning: {warning}', file=sys.stderr, flush=True)
     rows = diff_rows(a, b)
     lines = [f'lazylab diff {path_a} {path_b}: ' + (f'{plural(len(rows), "key")} differ{"s" * (len(rows) == 1)}'
                                                    if rows else 'the configurations are the same')]

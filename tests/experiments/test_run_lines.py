@@ -49,6 +49,11 @@ def test_the_last_line_says_max_steps_stopped_it(tmp_path, capsys):
     assert lines[-1].startswith('done: step 2, valid loss ') and '; stopped at max_steps=2; run dir ' in lines[-1]
 
 
+def test_the_last_line_says_a_given_total_steps_stopped_it_not_the_epochs(tmp_path, capsys):
+    lines = _run(capsys, ['train', 'transformer', *TINY, 'total_steps=3', 'valid_interval=1', f'runs_dir={tmp_path}'])
+    assert lines[-1].startswith('done: step 3, valid loss ') and '; stopped at total_steps=3; run dir ' in lines[-1]
+
+
 def test_the_last_line_says_the_epochs_stopped_it(tmp_path, capsys):
     text = tmp_path / 'small.txt'
     text.write_text('It is a truth universally acknowledged, that a single man in possession. ' * 12)

@@ -26,14 +26,31 @@ def make_run(folder: Path, d_model: int, losses: list[float]) -> Path:
 
 @pytest.mark.parametrize('content', [b'\xff\xfe not utf-8', b'values: [1, 2\n', b'- 1\n- 2\n', b'values: [1]\n'],
                          ids=['not UTF-8', 'not YAML', 'a list', 'values not a mapping'])
-def test_a_damaged_configs_yaml_is_one_error_line_naming_it(tmp_path, cli_error, content):
+def test_a_damaged_configs_yaml_is_a_diff_error_and_a_compare_warning_naming_it(tmp_path, cli_error, capsys,
+                                                                               content):
     a = make_run(tmp_path / 'a', 16, [2.0, 1.5])
     b = make_run(tmp_path / 'b', 32, [2.0, 1.4])
     (a / 'configs.yaml').write_bytes(content)
-    assert cli_error(['compare', str(a), str(b)]) == f'{a / "configs.yaml"} is damaged (not a YAML ' \
-                                                           f'configuration dump)'
     assert cli_error(['diff', str(b), str(a)]) == f'{a / "configs.yaml"} is damaged (not a YAML ' \
                                                         f'configuration dump)'
+    assert cli.main(['compare', str(a), str(b)]) == 0  # one damaged run of many must not hide the others
+    captured = capsys.readouterr()
+    assert _warnings(captured.err) == [f'lazylab: warning: {a / "configs.yaml"} is damaged (not a YAML configuration '
+                                       f'dump); its settings are not shown']
+    rows = {row['run']: row for row in compare.compare([str(a), str(b)]).rows}
+    assert [(rows[f'{tmp_path.name}/{r}']['final'], rows[f'{tmp_path.name}/{r}']['status']) for r in 'ab'] == \
+        [(1.5, 'damaged'), (1.4, 'completed')]
+
+
+def test_diff_warns_of_a_damaged_run_json(tmp_path, capsys):
+    a = make_run(tmp_path / 'a', 16, [2.0, 1.5])
+    b = make_run(tmp_path / 'b', 32, [2.0, 1.4])
+    (a / 'run.json').write_text('{"status": "comp')
+    assert cli.main(['diff', str(a), str(b)]) == 0
+    captured = capsys.readouterr()
+    assert _warnings(captured.err) == [f'lazylab: warning: {a / "run.json"} is damaged (not a JSON object); the '
+                                       f'run\'s status is not known']
+    assert captured.out.splitlines()[0] == f'lazylab diff {a} {b}: 1 key differs'
 
 
 def test_unreadable_lines_of_metrics_jsonl_are_skipped(tmp_path):
@@ -80,6 +97,30 @@ def test_a_bad_output_file_is_an_error_before_anything_is_written(tmp_path, caps
     assert len(err) == 1 and err[0].startswith('lazylab: error: ' + message.format(out=out)), err
     assert captured.out == ''  # not even the table
     assert sorted(p.name for p in out_dir.iterdir()) == ['folder'] and not list((out_dir / 'folder').iterdir())
+
+
+@pytest.mark.parametrize('name', ['run.json', 'configs.yaml', 'metrics.jsonl', 'checkpoint.pt'])
+def test_compare_never_writes_its_csv_over_a_runs_own_file(tmp_path, cli_error, name):
+    a = make_run(tmp_path / 'a', 16, [2.0, 1.5])
+    (a / 'checkpoint.pt').write_bytes(b'weights')
+    before = (a / name).read_bytes()
+    assert cli_error(['compare', str(a), '--csv', str(a / name)]) == (
+        f'--csv {a / name} is a file of the run or sweep in {a}: writing there would destroy it; give another file '
+        f'name')
+    assert (a / name).read_bytes() == before
+
+
+def test_compare_overwrites_an_existing_csv_but_no_other_file(tmp_path, cli_error, capsys):
+    a = make_run(tmp_path / 'a', 16, [2.0, 1.5])
+    script = tmp_path / 'train.py'
+    script.write_text('print("my experiment")\n')
+    assert cli_error(['compare', str(a), '--csv', str(script)]) == (
+        f'--csv {script} exists and is not a .csv file: refusing to overwrite it; give a new file name or a .csv one')
+    assert script.read_text() == 'print("my experiment")\n'
+    table = tmp_path / 'table.csv'
+    table.write_text('old\n')
+    assert cli.main(['compare', str(a), '--csv', str(table)]) == 0
+    assert table.read_text().splitlines()[0].startswith('run,')
 
 
 def test_compare_writes_a_pdf_when_asked(tmp_path, capsys):
