@@ -17,19 +17,21 @@ RUNS_DIR/STEM/RUN_ID, STEM being the built-in's or entry point's name, or the fi
 it); `Experiment.load` imports it. run.json records `Experiment.source`, from which `from_source` finds the same
 module again (resume, a sweep's trials): a file by its absolute path, with a warning when its sha256 changed.
 """
+import contextlib
 import difflib
 import hashlib
 import importlib
 import importlib.util
 import sys
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Optional
 
-from lazylab.errors import UsageError
+from lazylab.errors import LazylabError, UsageError
 
 #: the entry-point group an installed package registers its experiments in
 ENTRY_POINT_GROUP = 'lazylab.experiments'
@@ -96,12 +98,14 @@ class Experiment:
         """The module, imported (once) and checked to be an experiment.
 
         Raises:
-            UsageError: the module cannot be found, or defines no `Configs` subclass of TrainerConfigs (the message
-                says what an experiment needs). An exception raised by the module's own code while it is imported is
-                the user's bug and keeps its traceback.
+            UsageError: the module cannot be found, has a syntax error (file, line and what), or defines no
+                `Configs` subclass of TrainerConfigs (the message says what an experiment needs). An exception raised
+                by the module's own code while it is imported is the user's bug: one `lazylab: error:` line naming
+                it, then the exception with its traceback.
         """
         if self.module is None:
-            module = _import_file(self) if self.kind == 'file' else _import_module(self)
+            with _import_errors(self.written or self.module_name):
+                module = _import_file(self) if self.kind == 'file' else _import_module(self)
             check_experiment_module(module, self.written or self.name)
             self.module = module
         return self.module
@@ -237,6 +241,32 @@ def _spec_file(name: str) -> Optional[Path]:
     except (ImportError, ValueError):
         return None
     return Path(spec.origin).resolve() if spec is not None and spec.origin else None
+
+
+@contextlib.contextmanager
+def _import_errors(written: str) -> Iterator[None]:
+    """While an experiment is imported: a syntax error (in it or a module it imports) becomes one error line, as a
+    compiler would say it; any other exception its code raises is its bug, announced by one line naming the
+    experiment and then shown with its traceback (as `lifecycle.their_bugs` does for a failing option)."""
+    try:
+        yield
+    except SyntaxError as err:
+        where = err.filename or written
+        line = f', line {err.lineno}' if err.lineno else ''
+        raise UsageError(f'{where}{line}: {type(err).__name__}: {err.msg} (the experiment {written} cannot be '
+                         f'imported)') from None
+    except LazylabError:
+        raise
+    except Exception as err:
+        print(f"lazylab: error: importing {written} raised {type(err).__name__}: {shown_line(err)} (a bug in its "
+              f"code: its traceback follows)", file=sys.stderr, flush=True)
+        raise
+
+
+def shown_line(err: BaseException) -> str:
+    """The first line of an exception's message, cut to 200 characters."""
+    text = str(err).splitlines()[0] if str(err) else ''
+    return text if len(text) <= 200 else text[:197] + '...'
 
 
 def _import_file(e: Experiment) -> ModuleType:

@@ -425,6 +425,36 @@ def test_a_bug_in_the_users_own_code_is_a_line_naming_the_option_then_their_trac
     assert not (here / 'runs').exists()
 
 
+@pytest.mark.parametrize('command', [['train'], ['options'], ['sweep', 'hidden=8,16', '--dry-run']])
+@pytest.mark.parametrize('broken, helper, message', [
+    ('def f(:\n    pass\n', None, '{here}/syntax_q.py, line 1: SyntaxError: invalid syntax'),
+    ('import helper_q\n', 'x = (\n', "{here}/helper_q.py, line 1: SyntaxError: '(' was never closed"),
+    ('if True:\npass\n', None, "{here}/syntax_q.py, line 2: IndentationError: expected an indented block after "
+                               "'if' statement on line 1"),
+], ids=['its syntax', 'a neighbour it imports', 'indentation'])
+def test_a_syntax_error_in_an_experiment_file_is_one_line_naming_file_and_line(here, cli_error, command, broken,
+                                                                                helper, message):
+    _write(here / 'syntax_q.py', broken + GRU)
+    if helper is not None:
+        _write(here / 'helper_q.py', helper)
+    assert cli_error([command[0], 'syntax_q.py', *command[1:]]) == \
+        message.format(here=here) + ' (the experiment syntax_q.py cannot be imported)'
+    assert not (here / 'runs').exists()
+
+
+@pytest.mark.parametrize('command', [['train'], ['options'], ['sweep', 'hidden=8,16', '--dry-run']])
+def test_an_exception_an_experiment_raises_on_import_is_a_line_naming_it_then_its_traceback(here, command):
+    f = _write(here / 'raises_r.py', 'import os\n\nraise RuntimeError("no data at " + os.sep + "x")\n' + GRU)
+    done = subprocess.run([sys.executable, '-m', 'lazylab.cli', command[0], 'raises_r.py', *command[1:]], cwd=here,
+                          env=_env(), capture_output=True, text=True, timeout=300)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 1 and lines[0] == ('lazylab: error: importing raises_r.py raised RuntimeError: no data '
+                                                 'at /x (a bug in its code: its traceback follows)'), done.stderr
+    assert lines[1] == 'Traceback (most recent call last):' and lines[-1] == 'RuntimeError: no data at /x'
+    assert f'{f}", line 3, in <module>' in done.stderr  # their frame, with its line
+    assert not (here / 'runs').exists()
+
+
 def test_a_text_model_with_the_wrong_output_shape_is_refused_naming_both_shapes(here, cli_error):
     _write(here / 'wide_j.py', GRU.replace('nn.Linear(hidden, n_tokens)', 'nn.Linear(hidden, 7)'))
     assert cli_error(['train', 'wide_j.py', *TINY]) == (
