@@ -12,6 +12,7 @@ Beside it, on ``--studies-port`` (default the next port), optuna-dashboard serve
 
 The command line is read by :mod:`lazylab.cli.dashboard`, which calls :func:`run`.
 """
+import errno
 import ipaddress
 import os
 import re
@@ -221,8 +222,9 @@ def check(store: str, host: str, port: int, assets: Optional[str], max_body_mb: 
             raise DashboardError(f'--runs-dir {runs_dir!r}: ' + (f'{existing} is a file, not a folder' if runs_dir
                                                                  else 'give a folder'))
     for flag, value in (('--port', port), ('--studies-port', studies_port)):
-        if value is not None and not _port_is_free(host, value):
-            raise DashboardError(f'{host}:{value} is already in use; choose another {flag}')
+        problem = None if value is None else _bind_problem(host, value, flag)
+        if problem is not None:
+            raise DashboardError(problem)
     if assets is not None and missing_assets(Path(assets)):
         raise DashboardError(f'--assets {assets} lacks {", ".join(missing_assets(Path(assets)))}')
     if max_body_mb < 1:
@@ -258,12 +260,27 @@ def run(store: str = DEFAULT_STORE, host: str = DEFAULT_HOST, port: int = DEFAUL
     print('labml dashboard stopped', flush=True)
 
 
-def _port_is_free(host: str, port: int) -> bool:
+def _bind_problem(host: str, port: int, flag: str) -> Optional[str]:
+    """Why the server could not listen on host:port (a test bind, released at once), as one line; None if it can.
+    An address that is not one (``256.1.1.1``) is refused before any name lookup."""
+    if ':' in host or host.replace('.', '').isdigit():
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            return f'--host {host} is not an IP address'
     family = socket.AF_INET6 if ':' in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
-        except OSError:
-            return False
-    return True
+        except socket.gaierror as e:
+            return f'--host {host}: no such host ({e.strerror})'
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return f'{host}:{port} is already in use; choose another {flag}'
+            if e.errno == errno.EACCES:
+                return f'{host}:{port}: permission denied (ports below 1024 need root); choose another {flag}'
+            if e.errno in (errno.EADDRNOTAVAIL, errno.EINVAL):
+                return f'--host {host} is not an address of this machine'
+            return f'cannot listen on {host}:{port}: {e.strerror}'
+    return None

@@ -1,6 +1,7 @@
 """`lazylab dashboard`'s user errors, checked before anything is bound or written: one line, exit code 2 from the
 command line, a DashboardError (a ValueError) from `lazylab.cli.dashboard.run` (the parser's own mistakes are
 UsageErrors)."""
+import errno
 import socket
 import sys
 
@@ -24,6 +25,22 @@ def test_busy_port_is_a_one_line_error(capsys):
         assert lazylab_dashboard(['--port', str(port)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f'lazylab: error: 127.0.0.1:{port} is already in use; choose another --port']
+
+
+@pytest.mark.parametrize('host', ['256.1.1.1', '127.0.0.1.5', '::zz'])
+def test_a_host_that_is_not_an_address_is_named_as_such_not_as_a_busy_port(capsys, ports, host):
+    # refused before any name lookup: nothing leaves the machine
+    assert lazylab_dashboard(['--host', host, '--port', str(ports.free())]) == 2
+    assert capsys.readouterr().err == f'lazylab: error: --host {host} is not an IP address\n'
+
+
+def test_a_port_below_1024_without_root_says_permission_denied(capsys, monkeypatch, tmp_path):
+    def refuse(self, address):
+        raise PermissionError(errno.EACCES, 'Permission denied')
+    monkeypatch.setattr(socket.socket, 'bind', refuse)  # as for a user who is not root, on port 80
+    assert lazylab_dashboard(['--port', '80', '--store', str(tmp_path)]) == 2
+    assert capsys.readouterr().err == ('lazylab: error: 127.0.0.1:80: permission denied (ports below 1024 need '
+                                       'root); choose another --port\n')
 
 
 def test_missing_extra_says_what_to_install(monkeypatch, capsys, ports):
@@ -100,7 +117,7 @@ def started(monkeypatch):
     """`server.run` up to the point where it would serve: the port check and `serve` replaced (nothing is bound);
     returns the keyword arguments `serve` got, once it has been called."""
     got = {}
-    monkeypatch.setattr(server, '_port_is_free', lambda host, port: True)
+    monkeypatch.setattr(server, '_bind_problem', lambda host, port, flag: None)
     monkeypatch.setattr(server, 'serve', lambda store, host, port, assets, **kw: got.update(host=host, **kw))
     monkeypatch.delenv('LAZYLAB_DASHBOARD_TOKEN', raising=False)
     return got
