@@ -375,6 +375,11 @@ def test_lazylab_new_writes_an_experiment_that_trains_as_written_and_never_overw
     (['my-lstm'], "NAME must be a Python name (letters, digits and _, not starting with a digit), got 'my-lstm'"),
     (['feedback'], "'feedback' is the name of the builtin experiment lazylab.experiments.feedback; choose another "
                    "NAME"),
+    (['class'], "NAME 'class' is a Python keyword: a module cannot be named so; choose another NAME"),
+    (['torch.py'], "NAME 'torch' is the name of the Python module torch, which torch.py would hide from any code that "
+                   "imports it; choose another NAME"),
+    (['random'], "NAME 'random' is the name of the Python module random, which random.py would hide from any code "
+                 "that imports it; choose another NAME"),
     (['x', '--task', 'images'], "argument --task: invalid choice: 'images' (choose from 'text', 'custom') (see: "
                                 "lazylab new --help)"),
 ])

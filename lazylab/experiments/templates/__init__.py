@@ -8,7 +8,10 @@ Both are ordinary experiments (the tests train them as written); `EXPERIMENT_NAM
 name given.
 """
 import contextlib
+import importlib.util
+import keyword
 import os
+import sys
 from pathlib import Path
 
 from lazylab.errors import UsageError
@@ -27,17 +30,24 @@ def write_experiment(name: str, task: str = 'text', folder: Path = Path('.')) ->
         folder: where to write it (default: the current folder).
 
     Raises:
-        UsageError: NAME is not a Python name, or a built-in or installed experiment's; NAME.py exists already
+        UsageError: NAME is not a Python name, is a keyword, a module Python can import (torch, random: NAME.py
+            would hide it), or a built-in or installed experiment's; NAME.py exists already
             (nothing is overwritten); the file cannot be written.
     """
     stem = name[:-3] if name.endswith('.py') else name
     if not stem.isidentifier():
         raise UsageError(f'NAME must be a Python name (letters, digits and _, not starting with a digit), got '
                          f'{name!r}')
+    if keyword.iskeyword(stem):
+        raise UsageError(f'NAME {stem!r} is a Python keyword: a module cannot be named so; choose another NAME')
     taken = registered().get(stem)
     if taken is not None:
         raise UsageError(f"'{stem}' is the name of the {taken.kind.replace('_', ' ')} experiment "
                          f"{taken.module_name}; choose another NAME")
+    if stem in getattr(sys, "stdlib_module_names", ()) or importlib.util.find_spec(stem) is not None:  # (3.10+)
+        # its folder goes first on sys.path when it trains, so NAME.py would be imported in that module's place
+        raise UsageError(f"NAME {stem!r} is the name of the Python module {stem}, which {stem}.py would hide from "
+                         f"any code that imports it; choose another NAME")
     if task not in TEMPLATES:
         raise UsageError(f"--task must be one of {', '.join(TEMPLATES)}, got {task!r}")
     text = (Path(__file__).parent / TEMPLATES[task]).read_text(encoding='utf-8').replace('EXPERIMENT_NAME', stem)
