@@ -412,9 +412,20 @@ class Run:
         return int(self.records[-1]['step']) if self.records else None
 
     def tokens_per_s(self) -> Optional[float]:
-        """The mean training speed of its records."""
-        speeds = [r['tokens_per_s'] for r in self.records if 'tokens_per_s' in r]
-        return sum(speeds) / len(speeds) if speeds else None
+        """The run's training speed: its tokens over its training seconds, each record's speed weighted by the
+        tokens of its interval (what the last line of `lazylab train` reports); the plain mean of the records'
+        speeds when they do not count tokens (a `lazylab labml` run)."""
+        rated = [r for r in self.records if 'tokens_per_s' in r]
+        if not rated:
+            return None
+        tokens, seconds, before = 0.0, 0.0, 0.0
+        for r in rated:
+            if not isinstance(r.get('tokens'), (int, float)) or r['tokens'] <= before or r['tokens_per_s'] <= 0:
+                return sum(x['tokens_per_s'] for x in rated) / len(rated)
+            tokens += r['tokens'] - before
+            seconds += (r['tokens'] - before) / r['tokens_per_s']
+            before = r['tokens']
+        return tokens / seconds
 
     def seconds(self) -> Optional[float]:
         """Its wall-clock seconds over all resumes (the last record's)."""

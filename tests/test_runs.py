@@ -138,3 +138,26 @@ def test_removing_what_a_failed_start_made_keeps_a_run_started_beside_it(tmp_pat
     (other / 'run.json').write_text('{}')
     runs.remove_made(made, run_dir=mine)
     assert not mine.exists() and (other / 'run.json').is_file()
+
+
+def test_a_runs_speed_is_its_tokens_over_its_seconds_as_trains_last_line_says_it(tmp_path):
+    # by hand: 100 tokens at 100 tok/s (1 s), then 200 more at 50 tok/s (4 s): 300 tokens in 5 s = 60 tok/s, where
+    # the plain mean of the two speeds would say 75
+    (tmp_path / 'run.json').write_text('{"experiment": "transformer", "status": "completed"}')
+    (tmp_path / 'metrics.jsonl').write_text('{"step": 1, "tokens": 100, "tokens_per_s": 100.0}\n'
+                                            '{"step": 2, "tokens": 300, "tokens_per_s": 50.0, "loss.valid": 1.0}\n')
+    assert runs.load_run(tmp_path).tokens_per_s() == pytest.approx(60.0, rel=1e-12)
+    # records that count no tokens (a `lazylab labml` run): the mean of their speeds
+    (tmp_path / 'metrics.jsonl').write_text('{"step": 1, "tokens_per_s": 100.0}\n{"step": 2, "tokens_per_s": 50.0}\n')
+    assert runs.load_run(tmp_path).tokens_per_s() == pytest.approx(75.0, rel=1e-12)
+
+
+def test_compare_shows_the_speed_the_done_line_of_train_showed(tmp_path, capsys):
+    from lazylab import cli
+    assert cli.main(['train', 'transformer', 'd_model=16', 'n_layers=1', 'seq_len=16', 'batch_size=4', 'max_steps=30',
+                     'log_interval=7', 'valid_interval=15', 'device=cpu', 'threads=1', 'dashboard=',
+                     f'runs_dir={tmp_path}']) == 0
+    done = capsys.readouterr().out.splitlines()[-1]
+    speed = done.split(' tokens/s (the run')[0].rsplit(', ', 1)[1]
+    (run,) = (tmp_path / 'transformer').iterdir()
+    assert abs(runs.load_run(run).tokens_per_s() - float(speed.replace(',', ''))) <= 0.5 + 1e-6  # (it is rounded)

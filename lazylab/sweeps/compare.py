@@ -3,19 +3,18 @@
     lazylab compare PATH… [--sort KEY] [--metric KEY] [--csv FILE] [--plot FILE.png]
     lazylab diff RUN_A RUN_B
 
-A PATH is a run directory, a sweep directory (its trial-NNNN runs), or a folder of those (RUNS_DIR/NAME). The
-table has one row per run: the configuration keys whose values differ between the runs (only keys that some run
-was given — on the command line, in a preset, a --config file or by the sweep —, so the values computed from them
-do not crowd the table), the final and best value of the metric (`loss.valid` unless --metric), the steps taken,
-the training speed (mean tokens/s), the parameter count, the run's time and its status: completed, pruned, failed,
+A PATH is a run directory, a sweep directory (its trial-NNNN runs), or a folder of those (RUNS_DIR/NAME). The table
+has one row per run: the configuration keys whose values differ between the runs (only keys that some run was given
+— on the command line, in a preset, a --config file or by the sweep —, so the values computed from them do not crowd
+the table), the final and best value of the metric (`loss.valid` unless --metric), the steps taken, the training
+speed (tokens over training seconds), the parameter count, the run's time and its status: completed, pruned, failed,
 running, interrupted (a sweep trial whose process is gone: `lazylab sweep --resume` continues it), or damaged (a
-file of it cannot be read whole: a run.json or trial.json that is not a JSON object, a metrics.jsonl line that is
-not a record — its last line cut off by a crash, say —; a warning line on stderr names the file, and the table
-shows what could be read). Runs of several experiments get an `experiment` column, and their keys that differ
-include those set by each experiment's defaults. Rows are
-sorted by the final metric, best first (--sort KEY sorts by any column; --sort=-KEY descending). --csv writes every
-column at full precision; --plot draws the metric's curve of every run against tokens seen, one labelled line
-per run.
+file of it cannot be read whole: a run.json or trial.json that is not a JSON object, a configs.yaml that is not a
+dump, a metrics.jsonl line that is not a record — its last line cut off by a crash, say —; a warning line on stderr
+names the file, and the table shows what could be read). Runs of several experiments get an `experiment` column, and
+their keys that differ include those set by each experiment's defaults. Rows are sorted by the final metric, best
+first (--sort KEY sorts by any column; --sort=-KEY descending). --csv writes every column at full precision; --plot
+draws the metric's curve of every run against tokens seen, one labelled line per run.
 
 `lazylab diff RUN_A RUN_B` lists every key whose value differs (given and computed ones), both values and where
 each came from (user, preset, --config FILE, sweep, default, option NAME, assigned while computing ITEM, …), then
