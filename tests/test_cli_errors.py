@@ -24,6 +24,8 @@ def _files(tmp_path):
     (tmp_path / 'list.yaml').write_text('- 1\n- 2\n')
     (tmp_path / 'empty.yaml').write_text('# only a comment\n')
     (tmp_path / 'no_values.yaml').write_text('values: {}\ngiven: {}\n')
+    (tmp_path / 'sweep').mkdir()
+    (tmp_path / 'sweep' / 'sweep.yaml').write_text('command: lazylab sweep transformer d_model=8,16\n')
 
 
 CASES = [
@@ -66,6 +68,8 @@ CASES = [
     (['train', 'transformer', '--verbose'], r"unknown option '--verbose'"),
     (['options', 'fast_weight'], r"unknown experiment 'fast_weight'; did you mean 'fast_weights'"),
     (['resume', '{tmp}'], r'is not a lazylab run directory'),
+    (['resume', '{tmp}/sweep'], r'^\S+/sweep is a sweep directory, not a run: `lazylab sweep --resume \S+/sweep` '
+                                r'continues the sweep \(`lazylab resume \S+/sweep/trial-NNNN` one of its runs\)$'),
     (['generate', '{tmp}', '--prompt', 'a'], r'required: --tokens'),
     (['plot', '{tmp}', '-o', '{tmp}/x.png'], r'has no metrics.jsonl'),
     (['plot', '{tmp}', '-o', '{tmp}/x.txt'], r'x.txt: the file name must end in a figure format .*\.png'),

@@ -20,7 +20,7 @@ from lazylab.configs import load, replay_changes
 from lazylab.errors import CheckpointError, UsageError
 from lazylab.experiments.configure import check_dump, empty_dump
 from lazylab.experiments.discovery import Experiment, from_source
-from lazylab.runs import CONFIGS_YAML, RUN_JSON, RunRecord, read_record
+from lazylab.runs import CONFIGS_YAML, RUN_JSON, SWEEP_YAML, RunRecord, read_record
 
 ALLOW_CHANGES = '--allow-changes'
 
@@ -99,6 +99,9 @@ def reopen(run_dir: str, warn: Optional[Callable[[str], None]] = None) -> Reopen
     """
     path = Path(run_dir)
     if not (path / RUN_JSON).is_file() or not (path / CONFIGS_YAML).is_file():
+        if (path / SWEEP_YAML).is_file():
+            raise UsageError(f'{run_dir} is a sweep directory, not a run: `lazylab sweep --resume {run_dir}` '
+                             f'continues the sweep (`lazylab resume {path / "trial-NNNN"}` one of its runs)')
         raise UsageError(f'{run_dir} is not a lazylab run directory (no {RUN_JSON} and {CONFIGS_YAML})')
     record = read_record(path)
     source = record.get('source') if isinstance(record.get('source'), dict) else {}
