@@ -499,7 +499,8 @@ def _read_records(path: Path, damage: list[str], being_written: bool) -> list[di
         last = torn and not being_written and _record(lines[-1]) is None
         why = 'its last line is cut off (a crash while it was written?)' if bad == 1 and last else \
             f'{plural(bad, "line")} {"is" if bad == 1 else "are"} not a JSON record'
-        damage.append(f'{path} is damaged: {why}; the table shows its {plural(len(records), "whole record")}')
+        damage.append(f'{path} is damaged: {why}; only its {plural(len(records), "whole record")} '
+                      f'{"is" if len(records) == 1 else "are"} read')
     return records
 
 

@@ -4,8 +4,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lazylab.errors import UsageError
-from lazylab.experiments.metrics import read_metrics
-from lazylab.runs import CONFIGS_YAML, METRICS_JSONL, OWN_FILES, RUN_JSON, SWEEP_YAML, TRIAL_JSON, read_json
+from lazylab.runs import (
+    CONFIGS_YAML,
+    METRICS_JSONL,
+    OWN_FILES,
+    RUN_JSON,
+    SWEEP_YAML,
+    TRIAL_JSON,
+    load_run,
+    read_json,
+)
 
 # late imports: matplotlib (and IPython in a notebook) only when a plot is made: the CLI starts without them
 
@@ -62,7 +70,8 @@ def plot_runs(run_dirs: Sequence[str], output: str) -> Path:
     (nats/char)'), or 'loss' when the runs' tasks differ.
 
     A run directory (it has a run.json) without loss values yet — one that failed or was stopped before its first
-    record, as a glob like `runs/NAME/*` may take in — is left out with a warning on stderr.
+    record, as a glob like `runs/NAME/*` may take in — is left out with a warning on stderr; a damaged file (a
+    metrics.jsonl whose last line a crash cut off) is a warning too, and the whole records are drawn.
 
     Raises:
         UsageError: a bad output file (see `check_output`), a folder that is no run directory (neither
@@ -78,7 +87,9 @@ def plot_runs(run_dirs: Sequence[str], output: str) -> Path:
         path = Path(d) / METRICS_JSONL
         if not path.is_file() and not (Path(d) / RUN_JSON).is_file():
             raise UsageError(f'{d} has no {METRICS_JSONL} (is it a lazylab run directory?)')
-        records = read_metrics(path) if path.is_file() else []
+        run = load_run(Path(d))  # as compare reads it: a damaged file is a warning, a run being trained is not one
+        records = run.records
+        left_out += [f'lazylab: warning: {line}' for line in run.damage]
         if not any('loss.train' in r or 'loss.valid' in r for r in records):
             if len(run_dirs) == 1:
                 raise UsageError(f'{path} has no loss values yet' if path.is_file() else

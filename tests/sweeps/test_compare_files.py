@@ -173,7 +173,7 @@ def test_a_metrics_file_cut_off_mid_line_marks_the_run_damaged(tmp_path, capsys)
     assert cli.main(['compare', str(a), str(b)]) == 0
     captured = capsys.readouterr()
     assert _warnings(captured.err) == [f'lazylab: warning: {a / "metrics.jsonl"} is damaged: its last line is cut off '
-                                       f'(a crash while it was written?); the table shows its 2 whole records']
+                                       f'(a crash while it was written?); only its 2 whole records are read']
     rows = {row['run']: row for row in compare.compare([str(a), str(b)]).rows}
     assert (rows[f'{tmp_path.name}/a']['final'], rows[f'{tmp_path.name}/a']['status']) == (1.5, 'damaged')
     assert rows[f'{tmp_path.name}/b']['status'] == 'completed'
@@ -185,8 +185,8 @@ def test_lines_that_are_not_records_mark_the_run_damaged(tmp_path):
         f.write(b'\xff\xfe\n[1]\n{"step": 3, "loss.valid": 1.25}\n')
     t = compare.compare([str(a)])
     assert (t.rows[0]['final'], t.rows[0]['status']) == (1.25, 'damaged')
-    assert t.warnings == [f'{a / "metrics.jsonl"} is damaged: 2 lines are not a JSON record; the table shows its 3 '
-                          f'whole records']
+    assert t.warnings == [f'{a / "metrics.jsonl"} is damaged: 2 lines are not a JSON record; only its 3 whole records '
+                          f'are read']
 
 
 def test_a_run_json_that_is_not_json_marks_the_run_damaged(tmp_path, capsys):
@@ -255,3 +255,15 @@ def test_runs_of_two_experiments_show_the_experiment_and_the_keys_each_sets_itse
     assert (t.keys, t.columns[:2], t.only_some) == (['d_model'], ['run', 'd_model'], [])
     assert cli.main(['diff', str(a), str(b)]) == 0
     assert capsys.readouterr().out.splitlines()[0].endswith(': 4 keys differ')  # threads, model and the two of one
+
+
+def test_plot_of_a_metrics_file_cut_off_mid_line_warns_and_draws_the_whole_records(tmp_path, capsys):
+    a = make_run(tmp_path / 'a', 16, [2.0, 1.5, 1.2])
+    data = (a / 'metrics.jsonl').read_bytes()
+    (a / 'metrics.jsonl').write_bytes(data[:-12])  # a crash while the last record was written
+    out = tmp_path / 'loss.png'
+    assert cli.main(['plot', str(a), '-o', str(out)]) == 0
+    assert capsys.readouterr().err.splitlines() == [f'lazylab: warning: {a / "metrics.jsonl"} is damaged: its last '
+                                                    f'line is cut off (a crash while it was written?); only its 2 '
+                                                    f'whole records are read']
+    assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
