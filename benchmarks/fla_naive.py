@@ -8,6 +8,7 @@ For each seq_len, forward + backward of the kernel alone (loss = Σ y), rows tim
     lazylab delta rule chunked (C)     `delta_rule_chunked`: ours without the gate (what the gate costs)
     lazylab DeltaProduct n_h 2 (C)     `delta_product_chunked` with the gate, two writes per token (C per chunk)
     lazylab gated delta loop           `gated_delta_rule_loop`, the token loop (the reference), with --loop
+    lazylab DeltaProduct loop          `delta_product_loop` with the gate, its token loop, with --loop
 
 Inputs as Gated DeltaNet feeds them: L2-normalised q and k, β = σ(·), g = log σ(·) < 0; fla is called with
 scale = 1 (ours has no scaling of q) and its [batch, seq_len, heads, d] layout, made before the clock starts.
@@ -21,7 +22,7 @@ import argparse
 
 import torch
 
-from lazylab.models.fast_weights.delta_product import delta_product_chunked
+from lazylab.models.fast_weights.delta_product import delta_product_chunked, delta_product_loop
 from lazylab.models.fast_weights.delta_rule import delta_rule_chunked
 from lazylab.models.fast_weights.fla_reference import FlaMissing, load_naive
 from lazylab.models.fast_weights.gated_delta_rule import gated_delta_rule_chunked, gated_delta_rule_loop
@@ -73,6 +74,7 @@ def bench(seq_len, batch, heads, d, chunk_sizes, reps, naive, with_loop):
             lambda *a, c=c: delta_product_chunked(*a, chunk_size=c), (q, k_p, v_p, beta_p, g))
     if with_loop:
         fns['lazylab gated delta loop'] = fwd_bwd(gated_delta_rule_loop, (q, k, v, beta, g))
+        fns['lazylab DeltaProduct loop'] = fwd_bwd(delta_product_loop, (q, k_p, v_p, beta_p, g))
     rates = median_rates(fns, reps, seq_len * batch)
     report(f"gated delta rule forward+backward, seq_len {seq_len}, batch {batch}, {heads} heads, d {d} "
            f"{conditions(reps)}", rates, 'tok/s')
