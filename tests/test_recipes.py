@@ -1,0 +1,40 @@
+"""scripts/recipes.sh, the recipe searches of issue 29: each experiment's search is a sweep `lazylab sweep` accepts
+(checked with --dry-run: every swept value is typed and each is tried on a configuration; nothing is written)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAZYLAB = Path(sys.executable).with_name('lazylab')  # the environment's console script (make install puts it there)
+
+
+def recipes(*args: str, runs_dir: Path) -> subprocess.CompletedProcess:
+    assert LAZYLAB.is_file(), f'{LAZYLAB}: lazylab is not installed in this environment'
+    return subprocess.run(['bash', str(ROOT / 'scripts' / 'recipes.sh'), *args], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, 'LAZYLAB': str(LAZYLAB), 'OMP_NUM_THREADS': '1'},
+                          cwd=runs_dir)
+
+
+@pytest.mark.parametrize('experiment, own', [
+    ('feedback', ['seq_len']),
+    ('fast_weights', ['seq_len', 'fast_weights.update_rule', 'fast_weights.ffn.is_gated']),
+    ('transformer', ['seq_len', 'transformer.ffn.activation', 'transformer.ffn.is_gated']),
+])
+def test_each_recipe_search_is_a_tpe_sweep_that_lazylab_accepts(tmp_path, experiment, own):
+    done = recipes(experiment, '--dry-run', runs_dir=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert 'sampler tpe, 80 trials, metric loss.valid (minimize), pruning median' in done.stdout
+    assert 'every trial: max_minutes=2 threads=1 valid_interval=100' in done.stdout
+    swept = [line.split(':')[0].strip() for line in done.stdout.splitlines() if line.startswith('  ')]
+    assert swept == ['optimizer.learning_rate', 'optimizer.warmup', 'd_model', 'n_layers', 'heads', 'd_ff',
+                     'batch_size', 'dropout', *own]
+    assert list(tmp_path.iterdir()) == []  # a dry run makes no sweep directory
+
+
+def test_an_unknown_experiment_is_one_line_and_exit_2(tmp_path):
+    done = recipes('feedbak', runs_dir=tmp_path)
+    assert (done.returncode, done.stderr) == (2, "scripts/recipes.sh: unknown experiment 'feedbak' (feedback, "
+                                                 "fast_weights or transformer)\n")
