@@ -44,6 +44,9 @@ def write_experiment(name: str, task: str = 'text', folder: Path = Path('.')) ->
     if taken is not None:
         raise UsageError(f"'{stem}' is the name of the {taken.kind.replace('_', ' ')} experiment "
                          f"{taken.module_name}; choose another NAME")
+    path = Path(folder) / f'{stem}.py'
+    if path.exists():  # (before the module check: the file may be what makes the name importable)
+        raise _exists(path)
     if stem in getattr(sys, "stdlib_module_names", ()) or importlib.util.find_spec(stem) is not None:  # (3.10+)
         # its folder goes first on sys.path when it trains, so NAME.py would be imported in that module's place
         raise UsageError(f"NAME {stem!r} is the name of the Python module {stem}, which {stem}.py would hide from "
@@ -51,15 +54,18 @@ def write_experiment(name: str, task: str = 'text', folder: Path = Path('.')) ->
     if task not in TEMPLATES:
         raise UsageError(f"--task must be one of {', '.join(TEMPLATES)}, got {task!r}")
     text = (Path(__file__).parent / TEMPLATES[task]).read_text(encoding='utf-8').replace('EXPERIMENT_NAME', stem)
-    path = Path(folder) / f'{stem}.py'
     try:
         with open(path, 'x', encoding='utf-8') as f:  # 'x': never over a file that exists, even one made just now
             f.write(text)
     except FileExistsError:
-        raise UsageError(f'{path} exists already; lazylab new does not overwrite it (choose another NAME, or '
-                         f'remove the file)') from None
+        raise _exists(path) from None
     except OSError as e:
         with contextlib.suppress(OSError):  # a half-written file (a full disk) does not stay
             os.unlink(path)
         raise UsageError(f'cannot write {path}: {e.strerror or e}') from None
     return path
+
+
+def _exists(path: Path) -> UsageError:
+    return UsageError(f'{path} exists already; lazylab new does not overwrite it (choose another NAME, or remove the '
+                      f'file)')
