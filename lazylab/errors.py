@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 
 __all__ = ['LazylabError', 'WrapsUserError', 'UsageError', 'DashboardError', 'DataError', 'DistributedError',
            'TrainingError', 'CheckpointError', 'NonFiniteLossError', 'Interrupted', 'signals_interrupt',
-           'signals_deferred', 'user_error_message', 'run_cli', 'plural', 'shown']
+           'signals_deferred', 'signals_polled', 'user_error_message', 'run_cli', 'plural', 'shown']
 
 
 def plural(n: float, noun: str, nouns: Optional[str] = None) -> str:
@@ -138,6 +138,31 @@ def signals_interrupt() -> Iterator[None]:
     previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def signals_polled() -> Iterator[Callable[[], None]]:
+    """While the block runs, SIGINT and SIGTERM are only noted; the block calls the function it is given at points
+    of its own choosing (a streamed token), which raises `Interrupted` if one arrived. An exception raised by the
+    signal handler itself can land anywhere, inside a finalizer or a callback that swallows it, and then the
+    process goes on as if the signal never came; a raise from the block's own code cannot be lost. The previous
+    handlers are restored after. Outside the main thread it notes nothing (the check never raises)."""
+    arrived: list[int] = []
+
+    def check() -> None:
+        if arrived:
+            raise Interrupted(arrived[0])
+
+    if threading.current_thread() is not threading.main_thread():
+        yield check
+        return
+    previous = {s: signal.signal(s, lambda signum, frame: arrived.append(signum))
+                for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield check
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -2,6 +2,7 @@
 import sys
 
 from lazylab.command_line import Parser
+from lazylab.errors import signals_polled
 
 
 def parser() -> Parser:
@@ -20,8 +21,15 @@ def run(argv: list[str]) -> None:
     a = parser().parse(argv)
     from lazylab.experiments.generation import generate  # torch: only when text is generated
     out = Streamed(sys.stdout)
+
+    def on_text(text: str) -> None:
+        interrupted()  # Ctrl-C or SIGTERM stops the stream here, after a whole token, never inside torch
+        out.write(text)
+
     try:
-        generate(a.run_dir, a.prompt, a.tokens, a.temperature, a.top_k, a.seed, on_text=out.write)
+        with signals_polled() as interrupted:
+            generate(a.run_dir, a.prompt, a.tokens, a.temperature, a.top_k, a.seed, on_text=on_text)
+            interrupted()
     except Exception:
         if out.written:  # the error line (stderr) starts on a line of its own
             out.write('\n')

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lazylab.errors import Interrupted, run_cli
+from lazylab.errors import Interrupted, run_cli, signals_polled
 from lazylab.experiments.metrics import read_metrics
 from lazylab.testing import start_lazylab, tiny
 
@@ -93,3 +93,17 @@ def test_a_signal_in_the_middle_of_a_checkpoint_write_waits_for_the_whole_checkp
     assert e.value.signal_name == 'SIGTERM'
     assert torch.equal(torch.load(path, weights_only=True)['weights'], torch.arange(5000))
     assert [p.name for p in tmp_path.iterdir()] == ['checkpoint.pt']  # no temporary file left
+
+
+@pytest.mark.parametrize('signum, code', [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_polled_signal_is_raised_where_the_block_checks_and_nowhere_else(signum, code):
+    before = signal.getsignal(signum)
+    with signals_polled() as check:
+        check()  # nothing arrived: nothing raised
+        os.kill(os.getpid(), signum)
+        time.sleep(0.01)  # the handler runs here, and only notes it (a raise from it could be swallowed)
+        reached = True
+        with pytest.raises(Interrupted) as e:
+            check()
+    assert reached and e.value.exit_code == code
+    assert signal.getsignal(signum) is before  # the previous handler is back
