@@ -39,7 +39,8 @@ steps (memory slots, position tables, weights) are float32. The memory slots are
 each is written once and only read by products.
 """
 import copy
-from typing import Optional
+import functools
+from typing import Callable, NamedTuple, Optional
 
 import torch
 from torch import nn
@@ -232,21 +233,58 @@ def _activate(activation: nn.Module, u: torch.Tensor) -> torch.Tensor:
     return torch.relu(u) if type(activation) is nn.ReLU else activation(u)
 
 
+class _AttentionStep(NamedTuple):
+    """What the attention half of one layer at one attending step keeps for the backward."""
+    stat: tuple                      # LayerNorm 1's (mean, rstd) of the layer input x
+    z: torch.Tensor                  # LN1(x), in the matmul dtype [B, D]
+    q: torch.Tensor                  # the query [B, H·d]
+    a: torch.Tensor                  # the attention weights [B, H, n]
+    mask: Optional[torch.Tensor]     # attention dropout's keep mask (scaled), None without dropout
+    a_drop: torch.Tensor             # the weights after it
+    o: torch.Tensor                  # the attention's output before W_o [B, H·d]
+    drop: Optional[torch.Tensor]     # the layer dropout's keep mask on W_o o + b_o
+
+
+class _FfnStep(NamedTuple):
+    """What the FFN half of one layer at one step keeps for the backward (u … drop_h: an FFN computed here;
+    graph: a module FFN's (input, output), recorded by autograd)."""
+    h: torch.Tensor                  # the half's input (x after the attention half) [B, D]
+    stat: tuple                      # LayerNorm 2's (mean, rstd) of h
+    z: torch.Tensor                  # LN2(h), in the matmul dtype
+    drop: Optional[torch.Tensor]     # the layer dropout's keep mask on the FFN output
+    u: Optional[torch.Tensor] = None       # the first linear map's output [B, d_ff]
+    act: Optional[torch.Tensor] = None     # its activation
+    gate: Optional[torch.Tensor] = None    # the gate's linear map (gated FFNs)
+    hidden: Optional[torch.Tensor] = None  # the second map's input, after the gate and dropout
+    drop_h: Optional[torch.Tensor] = None  # hidden dropout's keep mask
+    graph: Optional[tuple] = None
+
+
 class _Saved:
-    """What the forward keeps for the backward: per step, or per layer a list over steps (None where not kept).
-    Lists of the attention (`stat1` … `drop1`) hold the attending steps only."""
+    """What the forward keeps for the backward: per step (the residual stream, the memory vector) and, per layer,
+    one record per step of each half (the attention's for the attending steps only)."""
 
     def __init__(self, n_layers: int):
-        def per_layer():
-            return [[] for _ in range(n_layers)]
         self.xs: list[torch.Tensor] = []      # per step: the layer inputs and the last output, [L+1, B, D]
         self.inputs: list[list[torch.Tensor]] = []  # the same, as the list of its L+1 tensors
         self.m: list[torch.Tensor] = []       # per step: the memory vector m_t [B, D]
-        (self.stat1, self.z1, self.q, self.a, self.attn_mask, self.a_drop, self.o, self.drop1) = (
-            per_layer() for _ in range(8))
-        (self.h, self.stat2, self.z2, self.u, self.act, self.gate, self.hidden, self.drop_h, self.drop2) = (
-            per_layer() for _ in range(9))
-        self.graphs = per_layer()             # module FFNs: (input, output) recorded by autograd
+        self.attention: list[list[_AttentionStep]] = [[] for _ in range(n_layers)]
+        self.ffn: list[list[_FfnStep]] = [[] for _ in range(n_layers)]
+
+    def over_steps(self, half: str, li: int, field: str) -> list:
+        """One field of layer li's records of `half` ('attention' or 'ffn'), as a list over steps."""
+        return [getattr(step, field) for step in getattr(self, half)[li]]
+
+
+class _Dims(NamedTuple):
+    """The sizes and dtype casts every half-step uses."""
+    B: int
+    H: int
+    d: int
+    sd: torch.dtype
+    to_cd: Callable[[torch.Tensor], torch.Tensor]  # into the matmul dtype (the identity when it is the state dtype)
+    to_sd: Callable[[torch.Tensor], torch.Tensor]  # from the matmul dtype into the state dtype
+    training: bool
 
 
 def _forward_weights(plan: SequencePlan, tensors) -> list[dict]:
@@ -270,108 +308,101 @@ def _forward(plan: SequencePlan, x_seq: torch.Tensor, tensors, saved: Optional[_
     """The step loop; returns the last layer's outputs [T, B, D] in the state dtype. `saved`: where to keep what
     the backward needs (None: keep nothing)."""
     T, B, D = x_seq.shape
-    H, d, L = plan.heads, plan.d_k, plan.n_layers
-    BH, HD = B * H, H * d
-    cd, sd, R, n0, training = plan.cd, plan.sd, plan.R, plan.n0, plan.training
+    L, cd, sd, R, n0 = plan.n_layers, plan.cd, plan.sd, plan.R, plan.n0
     mem = plan.memory
     kv_groups = mem.data.unbind(0)                                # per group [B·H, capacity, d]
     top, *ws = plan.forward_weights(tensors)
     w_row, proj_t, proj_b = top['mix'], top['proj'], top['proj_b']   # [1, L+1], [D, G·H·d], [G·H·d]
-    to_cd, to_sd = _caster(cd, cd != sd), _caster(sd, x_seq.dtype != sd)
+    dims = _Dims(B, plan.heads, plan.d_k, sd, _caster(cd, cd != sd), _caster(sd, cd != sd), plan.training)
+    to_sd = _caster(sd, x_seq.dtype != sd)  # (the input's dtype may be neither)
     record = saved is not None
     outputs = []
     for i in range(T):
         t = n0 + i
         lo, n = plan.window(t)
-        c0 = R - n                                                # this step's first position column
         x = to_sd(x_seq[i])
         xs = [x]
         for lp, w in zip(plan.layers, ws):
-            li = lp.index
-            # Attention half: h = x + drop1 ⊙ (W_o Attend(q', memory) + b_o)
             if n:
-                z1, mu1, rs1 = layer_norm_with_statistics(x, *w['ln1'])
-                z1 = to_cd(z1)
-                q = _linear(z1, w['wq'], w['bq'])                                       # [B, H·d]
                 k = kv_groups[lp.k_group].narrow(1, lo, n)                             # [B·H, n, d]
                 v = kv_groups[lp.v_group].narrow(1, lo, n)
-                # (q by head made contiguous first: baddbmm is several times slower on the strided view)
-                position = torch.baddbmm(w['pos_bias'].narrow(2, c0, n),
-                                         q.view(B, H, d).transpose(0, 1).contiguous(),
-                                         w['pos'].narrow(2, c0, n))                       # [H, B, n]
-                scores = torch.bmm(q.view(BH, 1, d), k.transpose(1, 2)).view(B, H, n) + position.transpose(0, 1)
-                a = torch.softmax(scores, dim=-1, dtype=sd)                               # [B, H, n]
-                a_drop, attn_mask = a, None
-                if training and lp.p_attn > 0:
-                    attn_mask = _keep_mask(a, lp.p_attn)
-                    a_drop = a * attn_mask
-                o = torch.bmm(to_cd(a_drop.view(BH, 1, n)), v).view(B, HD)
-                attn_out = _linear(o, w['wo'], w['bo'])
-                drop1 = None
-                if training and lp.p_layer > 0:
-                    drop1 = _keep_mask(attn_out, lp.p_layer)
-                    attn_out = attn_out * drop1
-                h = x + attn_out
+                h, step = _attention_forward(lp, w, x, k, v, R - n, dims)
                 if record:
-                    saved.stat1[li].append((mu1, rs1))
-                    saved.z1[li].append(z1)
-                    saved.q[li].append(q)
-                    saved.a[li].append(a)
-                    saved.attn_mask[li].append(attn_mask)
-                    saved.a_drop[li].append(a_drop)
-                    saved.o[li].append(o)
-                    saved.drop1[li].append(drop1)
+                    saved.attention[lp.index].append(step)
             else:
                 h = x
-            # FFN half: x' = h + drop2 ⊙ FFN(LN2(h))
-            z2, mu2, rs2 = layer_norm_with_statistics(h, *w['ln2'])
-            z2 = to_cd(z2)
-            if lp.by_hand:
-                u = _linear(z2, w['w1'], w['b1'])                                       # [B, d_ff]
-                act = hidden = _activate(lp.activation, u)
-                gate = drop_h = None
-                if lp.is_gated:
-                    gate = _linear(z2, w['wv'], w['bv'])
-                    hidden = act * gate
-                if training and lp.p_hidden > 0:
-                    drop_h = _keep_mask(hidden, lp.p_hidden)
-                    hidden = hidden * drop_h
-                ff_out = _linear(hidden, w['w2'], w['b2'])
-            else:
-                with torch.enable_grad() if record else torch.no_grad(), \
-                        torch.autocast(x.device.type, dtype=cd, enabled=plan.autocast):
-                    z_in = z2.detach().requires_grad_(record)
-                    ff_graph = lp.ff(z_in)
-                ff_out = ff_graph.detach()
-            drop2 = None
-            if training and lp.p_layer > 0:
-                drop2 = _keep_mask(ff_out, lp.p_layer)
-                ff_out = ff_out * drop2
-            x = h + ff_out
+            x, step = _ffn_forward(plan, lp, w, h, dims, record)
             xs.append(x)
             if record:
-                saved.h[li].append(h)
-                saved.stat2[li].append((mu2, rs2))
-                saved.z2[li].append(z2)
-                saved.drop2[li].append(drop2)
-                if lp.by_hand:
-                    saved.u[li].append(u)
-                    saved.act[li].append(act)
-                    saved.gate[li].append(gate)
-                    saved.hidden[li].append(hidden)
-                    saved.drop_h[li].append(drop_h)
-                else:
-                    saved.graphs[li].append((z_in, ff_graph))
+                saved.ffn[lp.index].append(step)
         # The memory vector and its keys and values, into slot t.
         stack = torch.stack(xs)                                                         # [L+1, B, D]
         m = torch.mm(w_row, stack.view(L + 1, B * D)).view(B, D)
-        mem.write(_linear(to_cd(m), proj_t, proj_b))
+        mem.write(_linear(dims.to_cd(m), proj_t, proj_b))
         if record:
             saved.xs.append(stack)
             saved.inputs.append(xs)
             saved.m.append(m)
         outputs.append(x)
     return torch.stack(outputs)
+
+
+def _attention_forward(lp: _Layer, w: dict, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c0: int,
+                       dims: _Dims) -> tuple[torch.Tensor, _AttentionStep]:
+    """The attention half of one layer at one step, h = x + drop ⊙ (W_o Attend(q', memory) + b_o), over the n
+    slots k, v [B·H, n, d] whose position columns start at c0; returns h and what the backward needs."""
+    B, H, d, sd, to_cd = dims.B, dims.H, dims.d, dims.sd, dims.to_cd
+    n = k.shape[1]
+    z1, mu1, rs1 = layer_norm_with_statistics(x, *w['ln1'])
+    z1 = to_cd(z1)
+    q = _linear(z1, w['wq'], w['bq'])                                                   # [B, H·d]
+    # (q by head made contiguous first: baddbmm is several times slower on the strided view)
+    position = torch.baddbmm(w['pos_bias'].narrow(2, c0, n), q.view(B, H, d).transpose(0, 1).contiguous(),
+                             w['pos'].narrow(2, c0, n))                                   # [H, B, n]
+    scores = torch.bmm(q.view(B * H, 1, d), k.transpose(1, 2)).view(B, H, n) + position.transpose(0, 1)
+    a = torch.softmax(scores, dim=-1, dtype=sd)                                           # [B, H, n]
+    a_drop, attn_mask = a, None
+    if dims.training and lp.p_attn > 0:
+        attn_mask = _keep_mask(a, lp.p_attn)
+        a_drop = a * attn_mask
+    o = torch.bmm(to_cd(a_drop.view(B * H, 1, n)), v).view(B, H * d)
+    attn_out = _linear(o, w['wo'], w['bo'])
+    drop1 = None
+    if dims.training and lp.p_layer > 0:
+        drop1 = _keep_mask(attn_out, lp.p_layer)
+        attn_out = attn_out * drop1
+    return x + attn_out, _AttentionStep((mu1, rs1), z1, q, a, attn_mask, a_drop, o, drop1)
+
+
+def _ffn_forward(plan: SequencePlan, lp: _Layer, w: dict, h: torch.Tensor, dims: _Dims, record: bool
+                 ) -> tuple[torch.Tensor, _FfnStep]:
+    """The FFN half of one layer at one step, x' = h + drop ⊙ FFN(LN2(h)); returns x' and what the backward
+    needs (`record`: a module FFN's graph is recorded by autograd)."""
+    z2, mu2, rs2 = layer_norm_with_statistics(h, *w['ln2'])
+    z2 = dims.to_cd(z2)
+    u = act = gate = hidden = drop_h = graph = None
+    if lp.by_hand:
+        u = _linear(z2, w['w1'], w['b1'])                                                 # [B, d_ff]
+        act = hidden = _activate(lp.activation, u)
+        if lp.is_gated:
+            gate = _linear(z2, w['wv'], w['bv'])
+            hidden = act * gate
+        if dims.training and lp.p_hidden > 0:
+            drop_h = _keep_mask(hidden, lp.p_hidden)
+            hidden = hidden * drop_h
+        ff_out = _linear(hidden, w['w2'], w['b2'])
+    else:
+        with torch.enable_grad() if record else torch.no_grad(), \
+                torch.autocast(h.device.type, dtype=plan.cd, enabled=plan.autocast):
+            z_in = z2.detach().requires_grad_(record)
+            ff_graph = lp.ff(z_in)
+        ff_out = ff_graph.detach()
+        graph = (z_in, ff_graph)
+    drop2 = None
+    if dims.training and lp.p_layer > 0:
+        drop2 = _keep_mask(ff_out, lp.p_layer)
+        ff_out = ff_out * drop2
+    return h + ff_out, _FfnStep(h, (mu2, rs2), z2, drop2, u, act, gate, hidden, drop_h, graph)
 
 
 class _Sequence(torch.autograd.Function):
@@ -464,12 +495,12 @@ def _backward(plan: SequencePlan, saved: _Saved, kv_data: torch.Tensor, tensors,
     """The reverse step loop: the gradients of x_seq, then (`_parameter_gradients`) of the node's tensors."""
     T, B, D = grad_y.shape
     H, d, L, G = plan.heads, plan.d_k, plan.n_layers, plan.groups
-    BH, HD = B * H, H * d
     cd, sd, R, n0, first = plan.cd, plan.sd, plan.R, plan.n0, plan.first_attending
     device = grad_y.device
     kv_groups = kv_data.unbind(0)
     grad_y = grad_y.to(sd)
-    to_cd, to_sd = _caster(cd, cd != sd), _caster(sd, cd != sd)
+    dims = _Dims(B, H, d, sd, _caster(cd, cd != sd), _caster(sd, cd != sd), plan.training)
+    slots = None
     if plan.reads_own_slots:
         mix, proj_w, _ = tensors[:3]
         w_mix = mix.tolist()
@@ -488,7 +519,7 @@ def _backward(plan: SequencePlan, saved: _Saved, kv_data: torch.Tensor, tensors,
         # ∂ of the position tables, pos and pos_bias in one [H, d+1, R]: the product of g_s with [q; 1]
         position_grad.append(torch.zeros(H, d + 1, R, dtype=sd, device=device) if attends else None)
         if attends:  # [q; 1] by head for every attending step: [steps, H, d+1, B]
-            q_all = torch.stack(saved.q[i]).to(sd).view(-1, B, H, d).permute(0, 2, 3, 1)
+            q_all = torch.stack(saved.over_steps('attention', i, 'q')).to(sd).view(-1, B, H, d).permute(0, 2, 3, 1)
             queries.append(torch.cat([q_all, q_all.new_ones(q_all.shape[0], H, 1, B)], dim=2).unbind(0))
         else:
             queries.append(None)
@@ -505,96 +536,110 @@ def _backward(plan: SequencePlan, saved: _Saved, kv_data: torch.Tensor, tensors,
     for i in reversed(range(T)):
         t = n0 + i
         lo, n = plan.window(t)
-        c0 = R - n
         g = grad_y[i]
         dm = None
-        if plan.reads_own_slots and (i == T - 1 or i == slots.s0 - 1):
+        if slots is not None and (i == T - 1 or i == slots.s0 - 1):
             slots.start_block(max(0, i + 1 - BLOCK), i + 1)
-        if plan.reads_own_slots and i < T - 1:
+        if slots is not None and i < T - 1:
             # Slot t is complete (every later step has added its share): through the projection into m_t.
-            g_kv = slots.slot(i).view(G, B, H, d).transpose(0, 1).reshape(B, G * HD)
-            dm = to_sd(torch.mm(to_cd(g_kv), proj))
+            g_kv = slots.slot(i).view(G, B, H, d).transpose(0, 1).reshape(B, G * H * d)
+            dm = dims.to_sd(torch.mm(dims.to_cd(g_kv), proj))
             g_slots.append(g_kv)
             g_mem.append(dm)
             g = torch.add(g, dm, alpha=w_mix[L])
         for lp, w in zip(reversed(plan.layers), reversed(ws)):
             li = lp.index
-            # FFN half
-            drop2 = saved.drop2[li][i]
-            g_f = g if drop2 is None else g * drop2
-            if lp.by_hand:
-                g_hidden = torch.mm(to_cd(g_f), w['w2'])                                 # [B, d_ff]
-                drop_h = saved.drop_h[li][i]
-                if drop_h is not None:
-                    g_hidden = g_hidden * drop_h
-                g_u = g_hidden if act_grad[li] is None else g_hidden * act_grad[li][i]    # (a list over steps)
-                g_z = torch.mm(g_u, w['w1'])
-                if lp.is_gated:
-                    g_gate = g_hidden * saved.act[li][i]
-                    g_z = torch.addmm(g_z, g_gate, w['wv'])
-                    grads['gate'][li].append(g_gate)
-                grads['ff_out'][li].append(g_f)
-                grads['u'][li].append(g_u)
-            else:
-                z_in, ff_graph = saved.graphs[li][i]
-                params = lp.extra
-                found = torch.autograd.grad(ff_graph, [z_in, *params], g_f.to(ff_graph.dtype), allow_unused=True)
-                g_z = found[0]
-                step_grads = [torch.zeros_like(p) if f is None else f for p, f in zip(params, found[1:])]
-                ff_param_grads[li] = step_grads if ff_param_grads[li] is None else [
-                    a + b for a, b in zip(ff_param_grads[li], step_grads)]
-            grads['z2'][li].append(g_z)
-            mu2, rs2 = saved.stat2[li][i]
-            g_h = g + layer_norm_backward(to_sd(g_z), saved.h[li][i], mu2, rs2, w['ln2_w'])
-            # Attention half
+            g_h = _ffn_backward(lp, w, g, saved.ffn[li][i], None if act_grad[li] is None else act_grad[li][i],
+                                grads, ff_param_grads, dims)
             if n:
                 j = i - first                                                            # attending-step index
-                drop1 = saved.drop1[li][j]
-                g_attn_out = g_h if drop1 is None else g_h * drop1
-                g_o = torch.mm(to_cd(g_attn_out), w['wo'])                               # [B, H·d]
                 k = kv_groups[lp.k_group].narrow(1, lo, n)                              # [B·H, n, d]
                 v = kv_groups[lp.v_group].narrow(1, lo, n)
-                g_o_bh = g_o.view(BH, 1, d)
-                g_a = torch.bmm(g_o_bh, v.transpose(1, 2)).view(B, H, n)
-                attn_mask = saved.attn_mask[li][j]
-                if attn_mask is not None:
-                    g_a = g_a * attn_mask
-                g_s = softmax_backward(to_sd(g_a), saved.a[li][j], -1)                  # [B, H, n]: ∂(c·A)
-                g_s_c = to_cd(g_s)
-                g_q = (torch.bmm(g_s_c.view(BH, 1, n), k).view(B, H, d)
-                       + torch.bmm(g_s_c.transpose(0, 1), w['posT'].narrow(1, c0, n)).transpose(0, 1))
-                g_q = g_q.reshape(B, HD)
-                q = saved.q[li][j]
-                # (into a new tensor, then added: a product into the strided slice would run per head)
-                position_grad[li].narrow(2, c0, n).add_(torch.bmm(queries[li][j], g_s.transpose(0, 1)))
-                if plan.reads_own_slots:
-                    slots.add_share(lp.k_group, lp.user, i, lo, g_s.view(BH, n), q.view(BH, d))
-                    slots.add_share(lp.v_group, lp.user, i, lo, saved.a_drop[li][j].view(BH, n), g_o.view(BH, d))
-                g_z = torch.mm(g_q, w['wq'])
-                mu1, rs1 = saved.stat1[li][j]
-                g = g_h + layer_norm_backward(to_sd(g_z), saved.inputs[i][li], mu1, rs1, w['ln1_w'])
-                grads['attn_out'][li].append(g_attn_out)
-                grads['q'][li].append(g_q)
-                grads['z1'][li].append(g_z)
+                step = saved.attention[li][j]
+                g, g_s, g_o = _attention_backward(lp, w, g_h, step, saved.inputs[i][li], k, v, R - n,
+                                                  queries[li][j], position_grad[li], grads, dims)
+                if slots is not None:  # this step's shares of the gradients of the slots it read
+                    slots.add_share(lp.k_group, lp.user, i, lo, g_s.view(B * H, n), step.q.view(B * H, d))
+                    slots.add_share(lp.v_group, lp.user, i, lo, step.a_drop.view(B * H, n), g_o.view(B * H, d))
             else:
                 g = g_h
             if dm is not None:
                 g = torch.add(g, dm, alpha=w_mix[li])
         grad_x[i] = g
-        if plan.reads_own_slots and i == slots.s0:
+        if slots is not None and i == slots.s0:
             slots.end_block()
 
     return (grad_x, *_parameter_gradients(plan, saved, tensors, grads, position_grad, ff_param_grads,
                                           g_slots, g_mem))
 
 
+def _ffn_backward(lp: _Layer, w: dict, g: torch.Tensor, step: _FfnStep, act_grad: Optional[torch.Tensor],
+                  grads: dict, ff_param_grads: list, dims: _Dims) -> torch.Tensor:
+    """The FFN half's backward at one step: from ∂x' (`g`) to ∂h; keeps the gradients at its linear maps' outputs
+    in `grads` (a module FFN's parameter gradients, summed over steps, in `ff_param_grads`)."""
+    li, to_cd, to_sd = lp.index, dims.to_cd, dims.to_sd
+    g_f = g if step.drop is None else g * step.drop
+    if lp.by_hand:
+        g_hidden = torch.mm(to_cd(g_f), w['w2'])                                         # [B, d_ff]
+        if step.drop_h is not None:
+            g_hidden = g_hidden * step.drop_h
+        g_u = g_hidden if act_grad is None else g_hidden * act_grad
+        g_z = torch.mm(g_u, w['w1'])
+        if lp.is_gated:
+            g_gate = g_hidden * step.act
+            g_z = torch.addmm(g_z, g_gate, w['wv'])
+            grads['gate'][li].append(g_gate)
+        grads['ff_out'][li].append(g_f)
+        grads['u'][li].append(g_u)
+    else:
+        z_in, ff_graph = step.graph
+        params = lp.extra
+        found = torch.autograd.grad(ff_graph, [z_in, *params], g_f.to(ff_graph.dtype), allow_unused=True)
+        g_z = found[0]
+        step_grads = [torch.zeros_like(p) if f is None else f for p, f in zip(params, found[1:])]
+        ff_param_grads[li] = step_grads if ff_param_grads[li] is None else [
+            a + b for a, b in zip(ff_param_grads[li], step_grads)]
+    grads['z2'][li].append(g_z)
+    mu2, rs2 = step.stat
+    return g + layer_norm_backward(to_sd(g_z), step.h, mu2, rs2, w['ln2_w'])
+
+
+def _attention_backward(lp: _Layer, w: dict, g_h: torch.Tensor, step: _AttentionStep, x: torch.Tensor,
+                        k: torch.Tensor, v: torch.Tensor, c0: int, query: torch.Tensor,
+                        position_grad: torch.Tensor, grads: dict, dims: _Dims
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The attention half's backward at one step: from ∂h to ∂x (the half's input `x`), adding to the position
+    tables' gradient and keeping the gradients at its linear maps' outputs in `grads`. Returns ∂x, and ∂ of the
+    scores [B, H, n] and of o [B, H·d], from which the caller takes the shares of the slots the step read."""
+    li, B, H, d, to_cd, to_sd = lp.index, dims.B, dims.H, dims.d, dims.to_cd, dims.to_sd
+    n = k.shape[1]
+    g_attn_out = g_h if step.drop is None else g_h * step.drop
+    g_o = torch.mm(to_cd(g_attn_out), w['wo'])                                           # [B, H·d]
+    g_a = torch.bmm(g_o.view(B * H, 1, d), v.transpose(1, 2)).view(B, H, n)
+    if step.mask is not None:
+        g_a = g_a * step.mask
+    g_s = softmax_backward(to_sd(g_a), step.a, -1)                                      # [B, H, n]: ∂(c·A)
+    g_s_c = to_cd(g_s)
+    g_q = (torch.bmm(g_s_c.view(B * H, 1, n), k).view(B, H, d)
+           + torch.bmm(g_s_c.transpose(0, 1), w['posT'].narrow(1, c0, n)).transpose(0, 1))
+    g_q = g_q.reshape(B, H * d)
+    # (into a new tensor, then added: a product into the strided slice would run per head)
+    position_grad.narrow(2, c0, n).add_(torch.bmm(query, g_s.transpose(0, 1)))
+    g_z = torch.mm(g_q, w['wq'])
+    mu1, rs1 = step.stat
+    grads['attn_out'][li].append(g_attn_out)
+    grads['q'][li].append(g_q)
+    grads['z1'][li].append(g_z)
+    return g_h + layer_norm_backward(to_sd(g_z), x, mu1, rs1, w['ln1_w']), g_s, g_o
+
+
 def _activation_derivative(lp: _Layer, saved: _Saved, li: int) -> Optional[torch.Tensor]:
     """∂hidden/∂u for all steps at once, [T, B, d_ff]: act'(u), times the gate when gated; None for the identity
     without a gate."""
-    gate = torch.stack(saved.gate[li]) if lp.is_gated else None
+    gate = torch.stack(saved.over_steps('ffn', li, 'gate')) if lp.is_gated else None
     if type(lp.activation) is nn.Identity:
         return gate
-    u = torch.stack(saved.u[li])
+    u = torch.stack(saved.over_steps('ffn', li, 'u'))
     if type(lp.activation) is nn.ReLU:
         deriv = (u > 0).to(u.dtype)
     else:
@@ -643,20 +688,22 @@ def _parameter_gradients(plan: SequencePlan, saved: _Saved, tensors, grads, posi
         g = dict.fromkeys(_LAYER_KEYS)
         if lp.attends:
             inputs = [saved.xs[s][i] for s in range(first, T)]
-            g['ln1_w'], g['ln1_b'] = norm(grads['z1'][i], inputs, saved.stat1[i], p['ln1_w'], p['ln1_b'])
-            g['wq'], g['bq'] = weight(grads['q'][i], saved.z1[i], p['wq']), bias(grads['q'][i], p['bq'])
-            g['wo'] = weight(grads['attn_out'][i], saved.o[i], p['wo'])
+            attention = functools.partial(saved.over_steps, 'attention', i)  # a field over the attending steps
+            g['ln1_w'], g['ln1_b'] = norm(grads['z1'][i], inputs, attention('stat'), p['ln1_w'], p['ln1_b'])
+            g['wq'], g['bq'] = weight(grads['q'][i], attention('z'), p['wq']), bias(grads['q'][i], p['bq'])
+            g['wo'] = weight(grads['attn_out'][i], attention('o'), p['wo'])
             g['bo'] = bias(grads['attn_out'][i], p['bo'])
             d = p['pos'].shape[1]
             g['pos'] = position_grad[i][:, :d].to(p['pos'].dtype)
             g['pos_bias'] = position_grad[i][:, d:].to(p['pos_bias'].dtype)
-        g['ln2_w'], g['ln2_b'] = norm(grads['z2'][i], saved.h[i], saved.stat2[i], p['ln2_w'], p['ln2_b'])
+        ffn = functools.partial(saved.over_steps, 'ffn', i)  # a field over the steps
+        g['ln2_w'], g['ln2_b'] = norm(grads['z2'][i], ffn('h'), ffn('stat'), p['ln2_w'], p['ln2_b'])
         if lp.by_hand:
-            g['w1'], g['b1'] = weight(grads['u'][i], saved.z2[i], p['w1']), bias(grads['u'][i], p['b1'])
-            g['w2'] = weight(grads['ff_out'][i], saved.hidden[i], p['w2'])
+            g['w1'], g['b1'] = weight(grads['u'][i], ffn('z'), p['w1']), bias(grads['u'][i], p['b1'])
+            g['w2'] = weight(grads['ff_out'][i], ffn('hidden'), p['w2'])
             g['b2'] = bias(grads['ff_out'][i], p['b2'])
             if lp.is_gated:
-                g['wv'], g['bv'] = weight(grads['gate'][i], saved.z2[i], p['wv']), bias(grads['gate'][i], p['bv'])
+                g['wv'], g['bv'] = weight(grads['gate'][i], ffn('z'), p['wv']), bias(grads['gate'][i], p['bv'])
         out += [g[k] for k in _LAYER_KEYS]
         out += ff_param_grads[i] or []
     return out
