@@ -502,3 +502,13 @@ def test_the_tutorials_code_is_what_lazylab_new_writes():
     assert blocks[0] == text
     task = blocks[1].split('\n\n\nclass SortDigits')[1]
     assert '\n\n\nclass SortDigits' + task in custom and 'def converged' in task
+
+
+def test_lazylab_new_is_not_fooled_by_a_folder_an_earlier_experiment_put_on_sys_path(here, tmp_path_factory,
+                                                                                     monkeypatch, capsys):
+    # training ../other/lstm_z.py in this process put its folder on sys.path: lstm_z is importable here, but it
+    # is not an installed module that a new lstm_z.py would hide
+    other = tmp_path_factory.mktemp('other')
+    _write(other / 'lstm_z.py', 'x = 1\n')
+    monkeypatch.syspath_prepend(str(other))
+    assert cli.main(['new', 'lstm_z']) == 0 and (here / 'lstm_z.py').is_file()

@@ -8,10 +8,10 @@ Both are ordinary experiments (the tests train them as written); `EXPERIMENT_NAM
 name given.
 """
 import contextlib
-import importlib.util
 import keyword
 import os
 import sys
+from importlib import metadata
 from pathlib import Path
 
 from lazylab.errors import UsageError
@@ -30,8 +30,8 @@ def write_experiment(name: str, task: str = 'text', folder: Path = Path('.')) ->
         folder: where to write it (default: the current folder).
 
     Raises:
-        UsageError: NAME is not a Python name, is a keyword, a module Python can import (torch, random: NAME.py
-            would hide it), or a built-in or installed experiment's; NAME.py exists already
+        UsageError: NAME is not a Python name, is a keyword, names a standard-library or installed module
+            (torch, random: NAME.py would hide it) or a built-in or installed experiment; NAME.py exists already
             (nothing is overwritten); the file cannot be written.
     """
     stem = name[:-3] if name.endswith('.py') else name
@@ -47,7 +47,7 @@ def write_experiment(name: str, task: str = 'text', folder: Path = Path('.')) ->
     path = Path(folder) / f'{stem}.py'
     if path.exists():  # (before the module check: the file may be what makes the name importable)
         raise _exists(path)
-    if stem in getattr(sys, "stdlib_module_names", ()) or importlib.util.find_spec(stem) is not None:  # (3.10+)
+    if stem in _installed_modules():
         # its folder goes first on sys.path when it trains, so NAME.py would be imported in that module's place
         raise UsageError(f"NAME {stem!r} is the name of the Python module {stem}, which {stem}.py would hide from "
                          f"any code that imports it; choose another NAME")
@@ -69,3 +69,13 @@ def write_experiment(name: str, task: str = 'text', folder: Path = Path('.')) ->
 def _exists(path: Path) -> UsageError:
     return UsageError(f'{path} exists already; lazylab new does not overwrite it (choose another NAME, or remove the '
                       f'file)')
+
+
+def _installed_modules() -> set[str]:
+    """The top-level modules of the standard library and of the installed distributions (torch, numpy, lazylab…):
+    the names a NAME.py would hide. Read from the environment, not from this process's sys.path, which an
+    experiment imported earlier in the same process may have extended. (Python 3.10+; empty before.)"""
+    names = set(getattr(sys, 'stdlib_module_names', ()))
+    if hasattr(metadata, 'packages_distributions'):
+        names.update(metadata.packages_distributions())
+    return names
