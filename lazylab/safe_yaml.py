@@ -35,11 +35,11 @@ def problem(e: Exception) -> str:
     """One line for a ``yaml.YAMLError``: ``line 3: found undefined alias 'x'`` (PyYAML's own text spans
     several lines and quotes the document)."""
     what = getattr(e, 'problem', None) or ' '.join(str(e).split())
-    if getattr(e, 'context', None) and 'constructor for the tag' not in what:
-        what = f'{e.context}: {what}'
     if 'could not determine a constructor for the tag' in what:
         what = what.replace('could not determine a constructor for the tag', 'not plain data: the tag') + \
             ' is refused (lazylab reads YAML as plain data only)'
+    elif getattr(e, 'context', None):
+        what = f'{e.context}: {what}'
     mark = getattr(e, 'problem_mark', None)
     return f'line {mark.line + 1}: {what}' if mark is not None else what
 

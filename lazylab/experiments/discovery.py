@@ -258,12 +258,12 @@ def _import_errors(written: str) -> Iterator[None]:
     except LazylabError:
         raise
     except Exception as err:
-        print(f"lazylab: error: importing {written} raised {type(err).__name__}: {shown_line(err)} (a bug in its "
+        print(f"lazylab: error: importing {written} raised {type(err).__name__}: {_first_line(err)} (a bug in its "
               f"code: its traceback follows)", file=sys.stderr, flush=True)
         raise
 
 
-def shown_line(err: BaseException) -> str:
+def _first_line(err: BaseException) -> str:
     """The first line of an exception's message, cut to 200 characters."""
     text = str(err).splitlines()[0] if str(err) else ''
     return text if len(text) <= 200 else text[:197] + '...'

@@ -52,10 +52,9 @@ def check_output(path: str, flag: str, figure: bool = False) -> Path:
     return out
 
 
-def _status_note(run_dir: Path) -> str:
-    """' (status failed: ERROR)' from the run's run.json, or '' when it has none."""
-    info = read_json(run_dir / RUN_JSON)
-    if info is None or 'status' not in info:
+def _status_note(info: dict) -> str:
+    """' (status failed: ERROR)' from a run's run.json (`info`), or '' when it has none."""
+    if 'status' not in info:
         return ''
     error = info.get('error')
     return f" (status {info['status']}{': ' + str(error) if error else ''})"
@@ -93,8 +92,8 @@ def plot_runs(run_dirs: Sequence[str], output: str) -> Path:
         if not any('loss.train' in r or 'loss.valid' in r for r in records):
             if len(run_dirs) == 1:
                 raise UsageError(f'{path} has no loss values yet' if path.is_file() else
-                                 f'{d} has no {METRICS_JSONL} yet{_status_note(Path(d))}')
-            left_out.append(f'lazylab: warning: {d} has no loss values yet{_status_note(Path(d))}; left out')
+                                 f'{d} has no {METRICS_JSONL} yet{_status_note(run.info)}')
+            left_out.append(f'lazylab: warning: {d} has no loss values yet{_status_note(run.info)}; left out')
             continue
         runs.append((_label(Path(d)), records))
         kept.append(d)

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import torch
 
-from lazylab.configs import explain
+from lazylab.configs import inspect
 from lazylab.errors import plural
 from lazylab.experiments import distributed
 from lazylab.experiments.configure import device
@@ -64,7 +64,7 @@ def stop_reason(conf, last: dict[str, Any], hook_reason: Optional[str] = None) -
         return f'stopped by the time budget (max_minutes={conf.max_minutes:g})'
     if stopped == 'max_steps':
         return f'stopped at max_steps={conf.max_steps:,}'
-    if stopped == 'epochs' and explain(conf).get('total_steps', {}).get('source') not in (None, 'option'):
+    if stopped == 'epochs' and inspect.selected_option(conf, 'total_steps') is None:
         return f'stopped at total_steps={conf.total_steps:,}'  # given: neither epochs nor max_steps decided
     if stopped == 'epochs':
         return f'stopped after {plural(conf.epochs, "epoch")} (epochs={conf.epochs})'
