@@ -76,7 +76,7 @@ METRIC_KEYS = ('loss.valid', 'accuracy.valid', 'loss.train', 'accuracy.train', '
 POSITION_KEYS = ('step', 'tokens', 'epoch', 'time')
 
 #: run.json's `status`: running, then how it ended
-STATUSES = ('running', 'completed', 'pruned', 'failed', 'interrupted', 'killed')
+STATUSES = ('running', 'completed', 'pruned', 'failed', 'interrupted', 'killed', 'preempted', 'cancelled')
 #: run.json's fields about how a run ended; a resume removes them (the run is running again)
 END_FIELDS = ('finished', 'error', 'signal', 'checkpoint_step')
 
@@ -200,6 +200,20 @@ def write_json(path: Path, doc: Any) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def remove_leftovers(folder: Path) -> list[str]:
+    """Remove the temporary files a writer killed mid-write left in a run directory (`checkpoint.pt.tmp1234`,
+    `run.json.tmp…`: see `write_json`, `save_checkpoint`); call it only while holding the run's training lock, so
+    that no live writer owns them. Returns their names."""
+    removed = []
+    for path in Path(folder).iterdir():
+        name = path.name
+        if path.is_file() and any(name.startswith(own + '.tmp') for own in OWN_FILES):
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed.append(name)
+    return sorted(removed)
 
 
 def read_json(path: Path) -> Optional[dict[str, Any]]:
