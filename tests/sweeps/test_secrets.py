@@ -72,30 +72,42 @@ def secret_url(plain_url: str) -> str:
     return f'{head}://{user}:{urllib.parse.quote(PASSWORD, safe="")}@{host}?sslpassword={TOKEN}&connect_timeout=10'
 
 
+def _as_admin(port: int, *statements: tuple) -> list:
+    """Run SQL statements (each (sql, args)) as the server's superuser; the last one's rows."""
+    import psycopg2
+    admin = psycopg2.connect(host='127.0.0.1', port=port, user='postgres', dbname='postgres')
+    admin.autocommit = True
+    try:
+        with admin.cursor() as c:
+            for sql, args in statements:
+                c.execute(sql, args)
+            return c.fetchall() if c.description else []
+    finally:
+        admin.close()
+
+
 @pytest.fixture(scope='module')
 def qauser_url(postgres_url):
     """postgresql://qauser@127.0.0.1:PORT/qadb on the module's server, where qauser logs in with PASSWORD only
-    (scram-sha-256, ahead of the server's `trust` lines), and a wrong password is refused."""
+    (scram-sha-256, ahead of the server's `trust` lines), and a wrong password is refused; rawuser likewise, on
+    rawdb, with RAW_PASSWORD as the URL means it (its %40 an @)."""
     import psycopg2
     port = int(postgres_url.rsplit(':', 1)[1].split('/')[0])
-    admin = psycopg2.connect(host='127.0.0.1', port=port, user='postgres', dbname='postgres')
-    admin.autocommit = True
-    with admin.cursor() as c:
-        c.execute('CREATE ROLE qauser LOGIN PASSWORD %s', (PASSWORD,))
-        c.execute('CREATE DATABASE qadb OWNER qauser')
-        c.execute('SHOW hba_file')
-        hba = Path(c.fetchone()[0])
-        hba.write_text('host qadb qauser 127.0.0.1/32 scram-sha-256\n' + hba.read_text())
-        c.execute('SELECT pg_reload_conf()')
-    admin.close()
+    hba = Path(_as_admin(port, ('CREATE ROLE qauser LOGIN PASSWORD %s', (PASSWORD,)),
+                         ('CREATE DATABASE qadb OWNER qauser', ()),
+                         ('CREATE ROLE rawuser LOGIN PASSWORD %s', (urllib.parse.unquote(RAW_PASSWORD),)),
+                         ('CREATE DATABASE rawdb OWNER rawuser', ()), ('SHOW hba_file', ()))[0][0])
+    hba.write_text('host qadb qauser 127.0.0.1/32 scram-sha-256\nhost rawdb rawuser 127.0.0.1/32 scram-sha-256\n'
+                   + hba.read_text())
+    _as_admin(port, ('SELECT pg_reload_conf()', ()))
     deadline = time.monotonic() + 60
     while True:  # the postmaster reloads its rules on a signal: wait until they refuse a wrong password
         try:
-            psycopg2.connect(host='127.0.0.1', port=port, user='qauser', dbname='qadb', password='wrong').close()
+            psycopg2.connect(host='127.0.0.1', port=port, user='rawuser', dbname='rawdb', password='wrong').close()
         except psycopg2.OperationalError as e:
             if 'password authentication failed' in str(e):
                 break
-        assert time.monotonic() < deadline, 'the server did not take the scram-sha-256 rule'
+        assert time.monotonic() < deadline, 'the server did not take the scram-sha-256 rules'
         time.sleep(0.1)
     return f'postgresql://qauser@127.0.0.1:{port}/qadb'
 
@@ -199,40 +211,36 @@ def test_the_dry_run_shows_the_storage_redacted(tmp_path, capsys, storage, monke
     assert all(s not in out for s in ('p@ss', 'S3c/ret', 'PWsecret', 'ss@127')) and not runs.exists()
 
 
-def test_the_issues_unencoded_password_connects_and_a_wrong_one_is_one_line(tmp_path, qauser_url, recorder):
+def test_the_issues_unencoded_password_runs_a_sweep_and_a_wrong_one_is_one_line(tools, tmp_path, qauser_url,
+                                                                                 recorder):
     """The password written as the issue did (an @ and a / unencoded, an encoded @) is read whole: the server
-    checks it, so the dry run's connection succeeds only with it; a wrong one is the server's one line."""
-    import psycopg2
+    checks it, so the sweep (its trials report to the study: a pruner) runs only with it; no piece of it in the
+    console, a file or a lookup; a wrong one is the server's one line."""
     port = int(qauser_url.rsplit(':', 1)[1].split('/')[0])
-    admin = psycopg2.connect(host='127.0.0.1', port=port, user='postgres', dbname='postgres')
-    admin.autocommit = True
-    with admin.cursor() as c:
-        c.execute("ALTER ROLE qauser PASSWORD %s", (urllib.parse.unquote(RAW_PASSWORD),))
-    admin.close()
     env, lookups = recorder
     runs = tmp_path / 'runs'
-    try:
-        for password, code in ((RAW_PASSWORD, 0), ('Sx7k@verylongsecretpart/wrongQ9z', 2)):
-            url = qauser_url.replace('qauser@', f'qauser:{password}@', 1)
-            done = lazylab_recorded(['sweep', 'transformer', 'd_model=16,32', f'runs_dir={runs}', '--storage', url,
-                                     '--dry-run'], env)
-            assert done.returncode == code, done.stdout + done.stderr
-            if code:
-                assert done.stderr.splitlines() == [
-                    f'lazylab: error: cannot open the study storage postgresql://qauser:***@127.0.0.1:{port}/qadb: '
-                    f'(psycopg2.OperationalError) connection to server at "127.0.0.1", port {port} failed: FATAL:  '
-                    f'password authentication failed for user "qauser"']
-            else:
-                assert 'storage: database postgresql://qauser:***@127.0.0.1:' in done.stdout
-            assert [p for p in PIECES + ['wrongQ9z'] if p in done.stdout + done.stderr] == [] and not runs.exists()
-        assert {name for kind, name in lookups() if kind == 'libpq host'} == {'127.0.0.1'}
-        assert [x for x in lookups() if any(p in x[1] for p in PIECES)] == []
-    finally:
-        admin = psycopg2.connect(host='127.0.0.1', port=port, user='postgres', dbname='postgres')
-        admin.autocommit = True
-        with admin.cursor() as c:
-            c.execute("ALTER ROLE qauser PASSWORD %s", (PASSWORD,))
-        admin.close()
+    url = f'postgresql://rawuser:{RAW_PASSWORD}@127.0.0.1:{port}/rawdb'
+    done = lazylab_recorded(['sweep', 'transformer', *tools.TINY, 'optimizer.learning_rate=3e-3,1e-2',
+                             f'runs_dir={runs}', '--storage', url, '--study', 'raw', '--prune', 'median'], env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f'(postgresql://rawuser:***@127.0.0.1:{port}/rawdb)' in done.stdout.splitlines()[0]
+    assert len(list((runs / 'transformer' / 'sweep-raw').glob('trial-*/run.json'))) == 2
+    found = [f'{p.relative_to(tmp_path)}: {s}' for p in runs.rglob('*') if p.is_file() for s in PIECES
+             if s.encode() in p.read_bytes()]
+    assert found == [] and [p for p in PIECES if p in done.stdout + done.stderr] == []
+
+    wrong = url.replace('w%40rdQ9z', 'wrongQ9z')
+    done = lazylab_recorded(['sweep', 'transformer', 'd_model=16,32', f'runs_dir={tmp_path / "none"}', '--storage',
+                             wrong, '--dry-run'], env)
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        f'lazylab: error: cannot open the study storage postgresql://rawuser:***@127.0.0.1:{port}/rawdb: '
+        f'(psycopg2.OperationalError) connection to server at "127.0.0.1", port {port} failed: FATAL:  '
+        f'password authentication failed for user "rawuser"'], done.stdout + done.stderr
+    assert [p for p in PIECES + ['wrongQ9z'] if p in done.stdout + done.stderr] == []
+    # the sweep, its trials and the dry run asked libpq for the URL's host only; no piece of the password looked up
+    hosts = [name for kind, name in lookups() if kind == 'libpq host']
+    assert set(hosts) == {'127.0.0.1'} and len(hosts) >= 4  # the sweep, two trials, the dry run
+    assert [x for x in lookups() if any(p in x[1] for p in PIECES)] == []
 
 
 @pytest.mark.parametrize('dry_run', [False, True], ids=['sweep', 'dry run'])
