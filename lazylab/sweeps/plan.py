@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from lazylab import runs
+from lazylab import runs, user_files
 from lazylab.command_line import Parser
 from lazylab.errors import UsageError
 from lazylab.experiments import discovery
@@ -116,7 +116,7 @@ class Plan:
         """What every process on one study must agree on (machines may differ in paths, threads, versions)."""
         config = None
         if self.config_file:
-            config = hashlib.sha256(Path(self.config_file).read_bytes()).hexdigest()
+            config = hashlib.sha256(user_files.read_bytes(self.config_file, 'config file')).hexdigest()
         fixed = [t for t in self.fixed if not t.startswith('runs_dir=')]  # each machine has its own runs folder
         signature = {'experiment': self.name, 'fixed': fixed, 'config_sha256': config,
                      'space': self.space.describe(), 'zip': self.space.zips, 'sampler': self.sampler,

@@ -41,7 +41,7 @@ def _everything(folder: Path) -> set:
     (['sample_tokens=1000001'], r'^bad value for sample_tokens: must be ≤ 1000000, got 1000001$'),
     (['device=meta'], r"^device 'meta' cannot train here; use auto, cpu, cuda, cuda:N or mps$"),
     (['n_tokens=3'], r'^n_tokens=3, but the text tiny_shakespeare has 65 characters; leave n_tokens out'),
-    (['text=/dev/null'], r'^text file is not a regular file: /dev/null$'),
+    (['text=/dev/null'], r'^text file /dev/null is a character device, not a regular file$'),
     (['seq_len_start=32'], r'^seq_len_start=32 is longer than seq_len=16'),
     (['seq_len_start=8'], r'^seq_len_start needs seq_len_warmup too'),
     (['seq_len_warmup=8'], r'^seq_len_warmup needs seq_len_start too'),

@@ -1,0 +1,115 @@
+"""Files, names and values a user gives on the command line, checked before anything reads, writes or makes them
+(issue 34): a `--config` that never ends (/dev/zero), blocks (a FIFO) or is huge, under train, sweep (with and
+without --dry-run) and labml; a text over its limit; a FIFO as compare's or plot's output; a run's configs.yaml over
+its limit. Each is one line `lazylab: error: …`, exit code 2, nothing written.
+
+The processes that would hang or grow without the checks run with a timeout and a cap on their data memory
+(RLIMIT_DATA): without the checks they end by the timeout or a MemoryError traceback, never by taking the machine.
+"""
+import os
+import resource
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from lazylab.testing import TINY, lazylab_argv, lazylab_env
+
+#: the data memory (heap and anonymous maps) a checked command may take: importing torch needs a few hundred MB;
+#: reading /dev/zero whole passes 2 GB within seconds
+DATA_LIMIT = 2 << 30
+#: a child that hangs (a FIFO opened for reading) fails the test at this timeout, not at pytest's
+TIMEOUT = 120
+
+
+def _capped():
+    resource.setrlimit(resource.RLIMIT_DATA, (DATA_LIMIT, DATA_LIMIT))
+
+
+def _lazylab(argv: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    """`lazylab ARGV` in a child process in `cwd`, with its data memory capped and a timeout."""
+    return subprocess.run(lazylab_argv(*argv), cwd=cwd, env=lazylab_env(**env), capture_output=True, text=True,
+                          timeout=TIMEOUT, preexec_fn=_capped)
+
+
+def _everything(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob('*')}
+
+
+def _one_line(done: subprocess.CompletedProcess) -> str:
+    """The message of the one `lazylab: error: …` line a process ended with (exit code 2, nothing on stdout)."""
+    assert (done.returncode, done.stdout) == (2, ''), done.stderr[-2000:]
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith('lazylab: error: '), done.stderr[-2000:]
+    return lines[0][len('lazylab: error: '):]
+
+
+CONFIG_COMMANDS = {
+    'train': ['train', 'transformer', '--config', '{config}'],
+    'sweep --dry-run': ['sweep', 'transformer', 'd_model=16,32', '--config', '{config}', '--dry-run'],
+    'sweep': ['sweep', 'transformer', 'd_model=16,32', '--config', '{config}'],
+    'labml': ['labml', 'script.py', '--config', '{config}'],
+}
+
+
+@pytest.mark.parametrize('command', CONFIG_COMMANDS)
+@pytest.mark.parametrize('config, what', [('/dev/zero', 'a character device'), ('fifo.yaml', 'a FIFO (named pipe)')])
+def test_a_config_that_never_ends_or_blocks_is_one_line_at_once_and_nothing_is_written(tmp_path, command, config,
+                                                                                        what):
+    """`--config /dev/zero` grew to 4.2 GB under train and 23.8 GB under sweep; `--config FIFO` blocked forever."""
+    if config == 'fifo.yaml':
+        os.mkfifo(tmp_path / config)  # no writer ever comes
+    before = _everything(tmp_path)
+    argv = [a.format(config=config) for a in CONFIG_COMMANDS[command]]
+    assert _one_line(_lazylab(argv, tmp_path)) == f'config file {config} is {what}, not a regular file'
+    assert _everything(tmp_path) == before
+
+
+def test_a_config_of_108_mb_is_refused_by_its_size_at_once(tmp_path):
+    """A 108 MB YAML file had not been read after 240 s (1.1 GB); its size alone refuses it now."""
+    with open(tmp_path / 'big.yaml', 'wb') as f:
+        f.truncate(108_000_000)  # sparse: the size is what is checked, before a byte is read
+    done = _lazylab(['train', 'transformer', '--config', 'big.yaml'], tmp_path)
+    assert _one_line(done) == ('config file big.yaml is 108.0 MB, more than the 1.0 MB lazylab reads (set '
+                               'LAZYLAB_MAX_CONFIG_MB to a larger number of megabytes to read it)')
+    assert _everything(tmp_path) == {'big.yaml'}
+
+
+def test_a_text_over_its_limit_is_refused_by_its_size_before_it_is_read(tmp_path):
+    with open(tmp_path / 'huge.txt', 'wb') as f:
+        f.truncate(300_000_000)
+    done = _lazylab(['train', 'transformer', *TINY, 'text=huge.txt', 'runs_dir=runs'], tmp_path)
+    assert _one_line(done) == ('text file huge.txt is 300.0 MB, more than the 256.0 MB lazylab reads (set '
+                               'LAZYLAB_MAX_TEXT_MB to a larger number of megabytes to read it)')
+    assert _everything(tmp_path) == {'huge.txt'}
+
+
+@pytest.mark.parametrize('argv, flag', [
+    (['compare', '{run}', '--csv', 'out.csv'], '--csv'),
+    (['compare', '{run}', '--plot', 'out.png'], '--plot'),
+    (['plot', '{run}', '-o', 'out.png'], '-o'),
+])
+def test_a_fifo_as_an_output_file_is_one_line_and_nothing_is_written_into_it(short_run, tmp_path, argv, flag):
+    """A FIFO as --csv's, --plot's or -o's target blocked the writer until a reader came (forever)."""
+    target = argv[-1]
+    os.mkfifo(tmp_path / target)
+    done = _lazylab([a.format(run=short_run) for a in argv], tmp_path)
+    assert _one_line(done) == (f'{flag} {target} is a FIFO (named pipe), not a regular file: give the name of a file '
+                               f'to write')
+    assert _everything(tmp_path) == {target} and stat.S_ISFIFO(os.stat(tmp_path / target).st_mode)
+
+
+@pytest.mark.parametrize('command', [['resume', '{run}'], ['generate', '{run}', '--prompt', 'a', '--tokens', '1']])
+def test_a_runs_configs_yaml_over_the_limit_is_one_line_for_resume_and_generate(short_run, tmp_path, cli_error,
+                                                                                command):
+    import shutil
+    run = tmp_path / 'run'
+    shutil.copytree(short_run, run)
+    with open(run / 'configs.yaml', 'r+b') as f:
+        f.truncate(5_000_000)  # the dump, then 5 MB of NULs
+    before = {p.name: p.stat().st_mtime_ns for p in run.iterdir()}
+    assert cli_error([a.format(run=run) for a in command]) == (
+        f'configs.yaml {run}/configs.yaml is 5.0 MB, more than the 1.0 MB lazylab reads (set LAZYLAB_MAX_CONFIG_MB '
+        f'to a larger number of megabytes to read it)')
+    assert {p.name: p.stat().st_mtime_ns for p in run.iterdir()} == before
