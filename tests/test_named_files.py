@@ -1,7 +1,8 @@
 """Files, names and values a user gives on the command line, checked before anything reads, writes or makes them
 (issue 34): a `--config` that never ends (/dev/zero), blocks (a FIFO) or is huge, under train, sweep (with and
 without --dry-run) and labml; a text over its limit; a FIFO as compare's or plot's output; a run's configs.yaml over
-its limit. Each is one line `lazylab: error: …`, exit code 2, nothing written.
+its limit; keys and paths with control characters. Each is one line `lazylab: error: …`, exit code 2, nothing
+written.
 
 The processes that would hang or grow without the checks run with a timeout and a cap on their data memory
 (RLIMIT_DATA): without the checks they end by the timeout or a MemoryError traceback, never by taking the machine.
@@ -13,7 +14,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from lazylab import cli
+from lazylab.configs import OverrideSyntaxError, parse_overrides
+from lazylab.errors import shown
 from lazylab.testing import TINY, lazylab_argv, lazylab_env
 
 #: the data memory (heap and anonymous maps) a checked command may take: importing torch needs a few hundred MB;
@@ -113,3 +119,63 @@ def test_a_runs_configs_yaml_over_the_limit_is_one_line_for_resume_and_generate(
         f'configs.yaml {run}/configs.yaml is 5.0 MB, more than the 1.0 MB lazylab reads (set LAZYLAB_MAX_CONFIG_MB '
         f'to a larger number of megabytes to read it)')
     assert {p.name: p.stat().st_mtime_ns for p in run.iterdir()} == before
+
+
+# ---- control characters in keys and paths --------------------------------------------------------------------------
+
+CONTROL = st.characters(categories=['Cc'])  # C0 (\n, \r, \t, NUL, ESC, …), DEL and C1
+KEYS = st.sampled_from(['d_model', 'heads', 'optimizer.learning_rate', 'ffn.glu_variant'])
+FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@st.composite
+def keys_with_a_control_character(draw) -> tuple[str, str]:
+    """(a key with control characters put in it, before, inside or after: 'd_model\\n'; its first one)."""
+    key = draw(KEYS)
+    at = draw(st.integers(0, len(key)))
+    put = draw(st.text(CONTROL, min_size=1, max_size=2))
+    return key[:at] + put + key[at:], put[0]
+
+
+@FUZZ
+@given(drawn=keys_with_a_control_character())
+def test_a_key_with_a_control_character_is_refused_naming_it_escaped(tmp_path, capsys, drawn):
+    """`$'d_model\\n'=16` was taken as d_model=16 (the key stripped); now every command refuses it, and so does
+    the engine's parser, with the key and the character escaped."""
+    key, bad = drawn
+    token = f'{key}=16'
+    message = f'bad key {key!r} in {shown(token)}: a key holds no control characters, and this one holds {bad!r}'
+    with pytest.raises(OverrideSyntaxError) as e:
+        parse_overrides([token])
+    assert str(e.value) == message
+    runs = tmp_path / 'runs'
+    for argv in (['train', 'transformer', *TINY, f'runs_dir={runs}', token],
+                 ['sweep', 'transformer', token, 'seed=1,2', '--dry-run'],
+                 ['labml', 'script.py', token]):
+        assert cli.main(argv) == 2
+        assert capsys.readouterr().err == f'lazylab: error: {message}\n'
+    assert not runs.exists()
+
+
+@FUZZ
+@given(key=st.sampled_from(['runs_dir', 'text']), bad=CONTROL, at=st.integers(0, 3))
+def test_a_path_setting_with_a_control_character_is_refused_and_nothing_is_made(tmp_path, monkeypatch, capsys, key,
+                                                                                 bad, at):
+    """`runs_dir=$'r\\nnl'` made a folder whose name held a newline (and split the "run dir" line in two)."""
+    monkeypatch.chdir(tmp_path)
+    value = 'runs'[:at] + bad + 'runs'[at:]
+    assert cli.main(['train', 'transformer', *TINY, f'{key}={value}']) == 2
+    assert capsys.readouterr().err == \
+        f'lazylab: error: bad value for {key}: must be free of control characters, got {shown(value)}\n'
+    assert list(tmp_path.iterdir()) == []
+
+
+@FUZZ
+@given(bad=CONTROL)
+def test_a_runs_dir_flag_with_a_control_character_is_refused(tmp_path, monkeypatch, capsys, bad):
+    monkeypatch.chdir(tmp_path)
+    value = f'r{bad}x'
+    assert cli.main(['labml', 'script.py', '--runs-dir', value]) == 2
+    assert capsys.readouterr().err == \
+        f'lazylab: error: --runs-dir {value!r}: a path holds no control characters, and this one holds {bad!r}\n'
+    assert list(tmp_path.iterdir()) == []

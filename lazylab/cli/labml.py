@@ -3,6 +3,7 @@ run a labml experiment module on lazylab's engine (lazylab.labml.runner)."""
 from pathlib import Path
 from typing import Optional
 
+from lazylab import user_files
 from lazylab.command_line import Parser, asks_help
 from lazylab.errors import UsageError
 from lazylab.labml.runner import run_labml
@@ -56,10 +57,11 @@ def _runs_dir(text: str) -> str:
     """--runs-dir, checked: a folder, or a path whose first existing parent is one.
 
     Raises:
-        UsageError: empty, or inside a file (naming the file).
+        UsageError: empty, inside a file (naming the file), or holding a control character.
     """
     if not text:
         raise UsageError('--runs-dir needs a folder')
+    user_files.check_path_text(text, '--runs-dir')  # a newline in a folder's name splits every line showing it
     runs_dir = Path(text)
     existing = next(p for p in (runs_dir, *runs_dir.parents) if p.exists())  # '.' or '/' at the latest
     if not existing.is_dir():

@@ -49,7 +49,14 @@ import torch
 from annotated_types import Ge, Lt
 
 from lazylab.configs import BaseConfigs, ConfigError, explain, to_dict
-from lazylab.configs.types import NonEmptyStr, NonNegativeFloat, NonNegativeInt, PositiveInt, ThreadCount
+from lazylab.configs.types import (
+    NonEmptyStr,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PathStr,
+    PositiveInt,
+    ThreadCount,
+)
 from lazylab.errors import CheckpointError, LazylabError, NonFiniteLossError, TrainingError
 from lazylab.experiments import distributed
 from lazylab.experiments.budget import CALIBRATION_STEPS, TimeBudget
@@ -110,7 +117,7 @@ class TrainerConfigs(BaseConfigs):
     log_interval: PositiveInt = 10                     # steps between metric records
     valid_batches: PositiveInt = 16                    # batches in each interleaved validation
     final_valid_batches: NonNegativeInt = 0            # batches in the final validation (0: the whole validation split)
-    runs_dir: NonEmptyStr = 'runs'                     # runs go to RUNS_DIR/NAME/RUN_ID/
+    runs_dir: PathStr = 'runs'                         # runs go to RUNS_DIR/NAME/RUN_ID/
     dashboard: str = ''                                # labml app URL ('' → .labml.yaml's app_url, if any)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from lazylab import runs, user_files
-from lazylab.command_line import Parser
+from lazylab.command_line import Parser, split_setting
 from lazylab.errors import UsageError
 from lazylab.experiments import discovery
 from lazylab.redaction import redact, redact_url
@@ -240,10 +240,7 @@ def _settings(tokens: list[str], full_key: Callable[[str], str]) -> tuple[list[s
     `full_key`."""
     fixed, dims, seen = [], [], set()
     for token in tokens:
-        key, eq, text = token.partition('=')
-        key = key.strip()
-        if not eq or not key:
-            raise UsageError(f'expected key=value or key=SWEEP, got {token!r}')
+        key, text = split_setting(token, 'key=value or key=SWEEP')
         value = parse_value(key, text)
         full = full_key(key)  # a key's unique end stands for it, as on `lazylab train`
         if full in seen:
