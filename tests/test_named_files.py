@@ -1,8 +1,8 @@
 """Files, names and values a user gives on the command line, checked before anything reads, writes or makes them
 (issue 34): a `--config` that never ends (/dev/zero), blocks (a FIFO) or is huge, under train, sweep (with and
 without --dry-run) and labml; a text over its limit; a FIFO as compare's or plot's output; a run's configs.yaml over
-its limit; keys and paths with control characters. Each is one line `lazylab: error: …`, exit code 2, nothing
-written.
+its limit; keys and paths with control characters; an int key given a float's spelling. Each is one line
+`lazylab: error: …`, exit code 2, nothing written.
 
 The processes that would hang or grow without the checks run with a timeout and a cap on their data memory
 (RLIMIT_DATA): without the checks they end by the timeout or a MemoryError traceback, never by taking the machine.
@@ -179,3 +179,26 @@ def test_a_runs_dir_flag_with_a_control_character_is_refused(tmp_path, monkeypat
     assert capsys.readouterr().err == \
         f'lazylab: error: --runs-dir {value!r}: a path holds no control characters, and this one holds {bad!r}\n'
     assert list(tmp_path.iterdir()) == []
+
+
+# ---- an int key given a float's spelling ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize('given_as, message', [
+    ('max_steps=1e3', "bad value for max_steps: expected int, got '1e3' (write 1000)"),
+    ('max_steps=2.0', "bad value for max_steps: expected int, got '2.0' (write 2)"),
+    ('max_steps=1.5e3', "bad value for max_steps: expected int, got '1.5e3' (write 1500)"),
+    ('max_steps=2.5', "bad value for max_steps: expected int, got '2.5'"),
+    ('max_steps: 1000.0', 'bad value for max_steps: expected int, got 1000.0 (write 1000)'),  # a YAML float
+    ('max_steps: 1e3', "bad value for max_steps: expected int, got '1e3' (write 1000)"),  # YAML 1.1: a string
+])
+def test_an_int_key_given_a_floats_spelling_is_refused_saying_what_to_write(tmp_path, cli_error, given_as, message):
+    """`max_steps=1e3` was taken as 1000: an int key takes an integer's spelling only, as int() and argparse do."""
+    runs = tmp_path / 'runs'
+    argv = ['train', 'transformer', *TINY, f'runs_dir={runs}']
+    if ': ' in given_as:
+        (tmp_path / 'c.yaml').write_text(given_as + '\n')
+        argv += ['--config', str(tmp_path / 'c.yaml')]
+    else:
+        argv.append(given_as)
+    assert cli_error(argv) == message
+    assert not runs.exists()

@@ -35,7 +35,7 @@ def _everything(folder: Path) -> set:
     (['dropout=nan'], r'^bad value for dropout: must be ≥ 0, got nan$'),
     (['seed=4294967296'], r'^bad value for seed: must be < 4294967296, got 4294967296$'),
     (['threads=100000'], r'^bad value for threads: must be ≤ 1024, got 100000$'),
-    (['n_layers=1e18'], r'^bad value for n_layers: expected int, got .1e18.$'),
+    (['n_layers=1e18'], r'^bad value for n_layers: expected int, got .1e18. \(write 1000000000000000000\)$'),
     (['n_layers=1000000000000000000'], r'^bad value for n_layers: must be ≤ 1024'),
     (['transformer.n_layers=5000'], r'^bad value for transformer.n_layers: must be ≤ 1024, got 5000$'),
     (['sample_tokens=1000001'], r'^bad value for sample_tokens: must be ≤ 1000000, got 1000001$'),

@@ -120,7 +120,7 @@ def typed_value(view: Any, key: str, value: Any, from_text: bool = True) -> Any:
         path = view.path_of(key)
         why = f'expected one of its options ({", ".join(options)})' if options and not isinstance(value, str) \
             else str(e)
-        raise BadValueError(f'bad value for {path}: {why}, got {shown(value)}', path) from None
+        raise BadValueError(f'bad value for {path}: {why}, got {shown(value)}{e.hint}', path) from None
 
 
 def check_given(view: Any, key: str, value: Any):
