@@ -1,8 +1,8 @@
 """Files, names and values a user gives on the command line, checked before anything reads, writes or makes them
 (issue 34): a `--config` that never ends (/dev/zero), blocks (a FIFO) or is huge, under train, sweep (with and
 without --dry-run) and labml; a text over its limit; a FIFO as compare's or plot's output; a run's configs.yaml over
-its limit; keys and paths with control characters; an int key given a float's spelling. Each is one line
-`lazylab: error: …`, exit code 2, nothing written.
+its limit; `lazylab new` with a name no file system holds; keys and paths with control characters; an int key
+given a float's spelling. Each is one line `lazylab: error: …`, exit code 2, nothing written.
 
 The processes that would hang or grow without the checks run with a timeout and a cap on their data memory
 (RLIMIT_DATA): without the checks they end by the timeout or a MemoryError traceback, never by taking the machine.
@@ -119,6 +119,33 @@ def test_a_runs_configs_yaml_over_the_limit_is_one_line_for_resume_and_generate(
         f'configs.yaml {run}/configs.yaml is 5.0 MB, more than the 1.0 MB lazylab reads (set LAZYLAB_MAX_CONFIG_MB '
         f'to a larger number of megabytes to read it)')
     assert {p.name: p.stat().st_mtime_ns for p in run.iterdir()} == before
+
+
+# ---- lazylab new ---------------------------------------------------------------------------------------------------
+
+def test_lazylab_new_refuses_a_name_longer_than_the_file_system_holds(tmp_path, monkeypatch, cli_error):
+    """300 characters: `OSError: [Errno 36] File name too long` and a traceback before."""
+    monkeypatch.chdir(tmp_path)
+    name = 'a' * 300
+    assert cli_error(['new', name]) == (f"NAME {shown(name)} is too long: aaaaaaaa….py would be a file name of 303 "
+                                        f"bytes, and the file system of . holds at most 255; choose a shorter NAME")
+    name = 'é' * 127  # 127 characters, 254 bytes, and 3 more for .py
+    assert 'would be a file name of 257 bytes' in cli_error(['new', name])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_lazylab_new_in_a_folder_it_cannot_write_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, cli_error):
+    """A read-only folder (EROFS: a remounted disk; as root, chmod would not stop the write, so open() says it)."""
+    import errno
+
+    from lazylab.experiments import templates
+
+    def read_only(path, mode='r', *args, **kwargs):
+        raise OSError(errno.EROFS, 'Read-only file system', str(path))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(templates, 'open', read_only, raising=False)
+    assert cli_error(['new', 'mine']) == 'cannot write mine.py: Read-only file system'
+    assert list(tmp_path.iterdir()) == []
 
 
 # ---- control characters in keys and paths --------------------------------------------------------------------------
