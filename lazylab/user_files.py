@@ -32,7 +32,7 @@ from typing import Optional, Union
 
 from lazylab.errors import LazylabError, UsageError
 
-__all__ = ['Limit', 'CONFIG', 'TEXT', 'read_bytes', 'read_text', 'check_output_file',
+__all__ = ['Limit', 'CONFIG', 'TEXT', 'check_file', 'read_bytes', 'read_text', 'check_output_file',
            'control_character', 'check_path_text', 'kind_of']
 
 PathLike = Union[str, os.PathLike]
@@ -118,6 +118,18 @@ def _check(st: os.stat_result, path: PathLike, what: str, limit: Optional[int], 
 def _too_large(path: PathLike, what: str, how: str, limit: int, variable: str) -> str:
     return (f'{what} {_shown(path)} {how} the {_size(limit)} lazylab reads (set {variable} to a larger number of '
             f'megabytes to read it)')
+
+
+def check_file(path: PathLike, what: str, limit: Optional[Limit] = CONFIG,
+               error: type[LazylabError] = UsageError) -> None:
+    """`read_bytes`' checks without the read: `path` is a regular file under `limit`'s size. For a command to refuse
+    a FIFO or /dev/zero before it imports torch (a second and more), and read the file, bounded, later.
+
+    Raises:
+        error: as `read_bytes`, but for what only reading shows (a file that grows; bytes that are not UTF-8).
+    """
+    most = None if limit is None else limit.bytes(error)
+    _check(_stat(path, what, error), path, what, most, '' if limit is None else limit.variable, error)
 
 
 def read_bytes(path: PathLike, what: str, limit: Optional[Limit] = CONFIG,

@@ -72,6 +72,17 @@ def test_a_config_that_never_ends_or_blocks_is_one_line_at_once_and_nothing_is_w
     assert _everything(tmp_path) == before
 
 
+@pytest.mark.parametrize('command', ['train', 'sweep --dry-run', 'labml'])
+def test_a_config_that_is_not_a_regular_file_is_refused_before_torch_is_imported(tmp_path, command):
+    """Within a moment, not after torch's import (a second and more): a torch that cannot be imported shows it."""
+    fake = tmp_path / 'no-torch'
+    (fake / 'torch').mkdir(parents=True)
+    (fake / 'torch' / '__init__.py').write_text('raise ImportError("torch was imported")\n')
+    argv = [a.format(config='/dev/zero') for a in CONFIG_COMMANDS[command]]
+    done = _lazylab(argv, tmp_path, PYTHONPATH=f'{fake}{os.pathsep}{lazylab_env()["PYTHONPATH"]}')
+    assert _one_line(done) == 'config file /dev/zero is a character device, not a regular file'
+
+
 def test_a_config_of_108_mb_is_refused_by_its_size_at_once(tmp_path):
     """A 108 MB YAML file had not been read after 240 s (1.1 GB); its size alone refuses it now."""
     with open(tmp_path / 'big.yaml', 'wb') as f:

@@ -4,6 +4,7 @@ control characters refused in keys and paths (in-process, no torch).
 The command-line cases (`--config /dev/zero`, a FIFO, a file of 108 MB under train, sweep and labml; --text;
 compare's and plot's targets) are in tests/test_named_files.py."""
 import os
+import re
 import socket
 import stat
 import unicodedata
@@ -14,7 +15,15 @@ from hypothesis import strategies as st
 
 from lazylab import user_files
 from lazylab.errors import DataError, UsageError
-from lazylab.user_files import CONFIG, TEXT, check_output_file, control_character, read_bytes, read_text
+from lazylab.user_files import (
+    CONFIG,
+    TEXT,
+    check_file,
+    check_output_file,
+    control_character,
+    read_bytes,
+    read_text,
+)
 
 
 @pytest.fixture
@@ -60,6 +69,19 @@ def test_a_file_over_the_limit_is_refused_by_its_size_without_being_read(tmp_pat
     assert str(e.value) == (f'config file {big} is 108.0 MB, more than the 1.0 MB lazylab reads (set '
                             f'LAZYLAB_MAX_CONFIG_MB to a larger number of megabytes to read it)')
     assert reads == []
+
+
+def test_check_file_says_what_read_bytes_would_without_opening_the_file(tmp_path, monkeypatch):
+    os.mkfifo(tmp_path / 'fifo.yaml')
+    with open(tmp_path / 'big.yaml', 'wb') as f:
+        f.truncate(2_000_000)
+    (tmp_path / 'fine.yaml').write_text('a: 1\n')
+    monkeypatch.setattr(os, 'open', lambda *args: pytest.fail('check_file opened a file'))
+    for name, message in (('fifo.yaml', 'is a FIFO (named pipe), not a regular file'),
+                          ('big.yaml', 'is 2.0 MB, more than the 1.0 MB lazylab reads')):
+        with pytest.raises(UsageError, match=f'^config file {tmp_path}/{name} {re.escape(message)}'):
+            check_file(tmp_path / name, 'config file', CONFIG)
+    check_file(tmp_path / 'fine.yaml', 'config file', CONFIG)
 
 
 def test_the_limit_is_set_by_its_environment_variable(tmp_path, monkeypatch):

@@ -6,7 +6,6 @@ from typing import Optional
 from lazylab import user_files
 from lazylab.command_line import Parser, asks_help
 from lazylab.errors import UsageError
-from lazylab.labml.runner import run_labml
 
 USAGE = 'lazylab labml MODULE [key=value …] [--config FILE] [--options] [--steps N] [--runs-dir DIR] [--dashboard URL]'
 DEFAULT_RUNS_DIR = 'runs/labml'
@@ -35,6 +34,9 @@ def run(argv: list[str]) -> None:
     if not asks_help(argv) and not any(not a.startswith('-') for a in argv):
         raise UsageError(f'usage: {USAGE}')
     args, settings = parser().parse_with_settings(argv)
+    if args.config:  # a FIFO, /dev/zero or a huge file: one line at once, not after torch's import (read later)
+        user_files.check_file(args.config, 'config file', user_files.CONFIG)
+    from lazylab.labml.runner import run_labml  # torch and labml: only once the flags and the --config file are fine
     run_labml(args.module, settings, config=args.config, options=args.options, steps=_steps(args.steps),
               runs_dir=_runs_dir(args.runs_dir), dashboard=args.dashboard, argv=tuple(argv))
 

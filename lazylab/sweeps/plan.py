@@ -168,6 +168,8 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
         if value is not None:
             raise UsageError(f'{flag} is for --labml sweeps (an experiment is set by its keys: max_steps=, runs_dir=)')
     name, tokens = a.settings[0], a.settings[1:]
+    if a.config:  # a FIFO, /dev/zero or a huge file: one line before torch's import (read later, bounded)
+        user_files.check_file(a.config, 'config file', user_files.CONFIG)
     from lazylab.sweeps import typed  # torch (the points are computed): the parser and `--help` load none
     found = discovery.find_experiment(name)
     defaults = found.Configs()  # (imported, and checked to be an experiment)
