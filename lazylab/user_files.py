@@ -60,7 +60,7 @@ class Limit:
             mb = float('nan')
         if not 0 < mb < float('inf'):
             raise error(f'{self.variable}={text!r}: expected a number of megabytes > 0')
-        return max(1, int(mb * 1e6))
+        return max(1, int(min(mb * 1e6, 2.0**62)))  # (1e308 MB: no limit, not an OverflowError)
 
 
 #: configuration files (--config, a run's configs.yaml and run.json, a sweep's sweep.yaml): a run's configs.yaml is

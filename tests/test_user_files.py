@@ -92,6 +92,8 @@ def test_the_limit_is_set_by_its_environment_variable(tmp_path, monkeypatch):
     monkeypatch.setenv('LAZYLAB_MAX_CONFIG_MB', '1.5')
     with pytest.raises(UsageError, match=r'is 2\.0 MB, more than the 1\.5 MB lazylab reads'):
         read_bytes(path, 'config file')
+    monkeypatch.setenv('LAZYLAB_MAX_CONFIG_MB', '1e308')  # as good as no limit
+    assert len(read_bytes(path, 'config file')) == 2_000_000
 
 
 @pytest.mark.parametrize('value', ['abc', '0', '-1', 'inf', 'nan'])
