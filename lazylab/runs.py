@@ -39,8 +39,8 @@ from typing import Any, Optional, TypedDict
 
 import yaml
 
-from lazylab import safe_yaml
-from lazylab.errors import UsageError, plural
+from lazylab import safe_yaml, user_files
+from lazylab.errors import LazylabError, UsageError, plural
 from lazylab.locks import HAS_FLOCK, lock_is_held
 
 # the files of a run directory
@@ -212,10 +212,11 @@ def remove_leftovers(folder: Path) -> list[str]:
 
 
 def read_json(path: Path) -> Optional[dict[str, Any]]:
-    """The JSON object in `path`; None when the file is missing, unreadable, not JSON or not an object."""
+    """The JSON object in `path`; None when the file is missing, unreadable, not JSON or not an object, or not a
+    regular file of at most `user_files.CONFIG`'s size (a FIFO put in a run's place would block the reader)."""
     try:
-        doc = json.loads(Path(path).read_text(encoding='utf-8'))
-    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
+        doc = json.loads(user_files.read_bytes(path, 'JSON file', user_files.CONFIG))
+    except (LazylabError, ValueError):  # UnicodeDecodeError is a ValueError
         return None
     return doc if isinstance(doc, dict) else None
 
@@ -424,7 +425,7 @@ def _read_object(path: Path, damage: list[str]) -> dict[str, Any]:
 def _read_records(path: Path, damage: list[str], being_written: bool) -> list[dict[str, Any]]:
     """The records of a metrics.jsonl file, each whole line that is a JSON object; a line in `damage` for the lines
     that are not (a last line cut off by a crash, say), but for the last line of a run still being written."""
-    lines = path.read_bytes().split(b'\n')
+    lines = user_files.read_bytes(path, METRICS_JSONL, None).split(b'\n')  # a FIFO: refused, not waited on
     torn = lines[-1] != b''
     records, bad = [], 0
     for i, line in enumerate(lines):
@@ -456,10 +457,12 @@ def read_dump(path: Path) -> dict[str, Any]:
     """A run's configs.yaml as a mapping.
 
     Raises:
-        UsageError: the file is not UTF-8, not YAML, or not a mapping (it names the file).
+        UsageError: the file is not UTF-8, not YAML, or not a mapping (it names the file); missing, not a regular
+            file or larger than `user_files.CONFIG` allows (`user_files.read_bytes`).
     """
+    raw = user_files.read_bytes(path, CONFIGS_YAML, user_files.CONFIG)
     try:
-        doc = safe_yaml.load(path.read_text(encoding='utf-8'))
+        doc = safe_yaml.load(raw.decode('utf-8'))
     except (UnicodeDecodeError, yaml.YAMLError):
         raise UsageError(f'{path} is damaged (not a YAML configuration dump)') from None
     sections = ('values', 'given', 'computed', 'objects')
@@ -522,10 +525,12 @@ def read_sweep_record(sweep_dir: Path) -> Optional[dict[str, Any]]:
     """The mapping in SWEEP_DIR/sweep.yaml; None when the file is not UTF-8, not YAML or not a mapping.
 
     Raises:
-        OSError: the file cannot be read (FileNotFoundError: there is none).
+        UsageError: the file is missing, unreadable, not a regular file or larger than `user_files.CONFIG` allows
+            (`user_files.read_bytes`).
     """
+    raw = user_files.read_bytes(Path(sweep_dir) / SWEEP_YAML, SWEEP_YAML, user_files.CONFIG)
     try:
-        record = safe_yaml.load((Path(sweep_dir) / SWEEP_YAML).read_text(encoding='utf-8'))
+        record = safe_yaml.load(raw.decode('utf-8'))
     except (UnicodeDecodeError, yaml.YAMLError):
         return None
     return record if isinstance(record, dict) else None

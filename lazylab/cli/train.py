@@ -1,4 +1,5 @@
 """`lazylab train EXPERIMENT [key=value …] [--config FILE.yaml] [--allow-changes]`: train an experiment."""
+from lazylab import user_files
 from lazylab.command_line import Parser, asks_help
 from lazylab.experiments.discovery import registered  # torch-free: names and entry points only
 
@@ -29,11 +30,13 @@ def parser() -> Parser:
 
 
 def run(argv: list[str]) -> None:
-    from lazylab.experiments.lifecycle import train_main  # torch: only once a run starts
-    from lazylab.experiments.listing import options_text  # torch: only once an experiment's keys are listed
     if argv and not argv[0].startswith('-') and asks_help(argv):  # `lazylab train EXPERIMENT --help`: its keys
+        from lazylab.experiments.listing import options_text  # torch: only once an experiment's keys are listed
         print(f'usage: lazylab train {argv[0]} [key=value …] [--config FILE.yaml] [--allow-changes]\n\n'
               + options_text(argv[0]))
         return
     a, settings = parser().parse_with_settings(argv)
+    if a.config:  # a FIFO, /dev/zero or a huge file: one line at once, not after torch's import (read later, bounded)
+        user_files.check_file(a.config, 'config file', user_files.CONFIG)
+    from lazylab.experiments.lifecycle import train_main  # torch: only once a run starts
     train_main(a.experiment, settings, config=a.config, allow_changes=a.allow_changes)
