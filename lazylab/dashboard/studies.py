@@ -20,23 +20,23 @@ the other.
 
     studies = SweepStudies(Path('runs'), labml_url='http://127.0.0.1:5005')
     app = optuna_dashboard.wsgi(studies)
+
+:class:`StudiesServer` serves it with the labml port's server and guard (:mod:`lazylab.dashboard.serving`).
 """
 import copy
-import socket
 import sys
 import threading
 import time
 from collections.abc import Container, Sequence
 from pathlib import Path
-from socketserver import ThreadingMixIn
 from typing import Any, Callable, Optional
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
 from lazylab import runs
-from lazylab.dashboard.guard import DEFAULT_MAX_BODY_MB, WsgiGuard
+from lazylab.dashboard.guard import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY_MB, RequestGuard
+from lazylab.dashboard.serving import ServerThread, WsgiApp
 from lazylab.redaction import redact, redact_url
 
 #: backends per id: an id is local_id * SLOTS + the backend's number
@@ -260,41 +260,35 @@ class SweepStudies(BaseStorage):
         storage.set_trial_system_attr(local, key, value)
 
 
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True  # a request still open does not keep the command from ending
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format, *args):  # no line per request on the terminal
-        pass
+#: the one key of the studies port's JSON errors, as optuna-dashboard's own ({"reason": "…"}: its page shows it)
+ERROR_KEY = 'reason'
 
 
 class StudiesServer:
     """optuna-dashboard (its own server API, ``optuna_dashboard.wsgi``) over :class:`SweepStudies`, on
-    ``host:port`` in a thread of this process, behind the same token and body limit as the labml dashboard
-    (:class:`lazylab.dashboard.guard.WsgiGuard`).
+    ``host:port`` in a thread of this process, with the labml port's server and guard
+    (:mod:`lazylab.dashboard.serving`: the same token, body limit and head deadline; errors as ``{"reason": …}``).
 
     Raises:
         OSError: the port cannot be bound.
     """
 
     def __init__(self, runs_dir: Path, host: str, port: int, *, labml_url: str = '',
-                 max_body_bytes: int = DEFAULT_MAX_BODY_MB << 20, token: Optional[str] = None):
+                 max_body_bytes: int = DEFAULT_MAX_BODY_MB << 20, token: Optional[str] = None,
+                 header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S):
         import optuna_dashboard  # the `dashboard` extra, checked by server.require_app
 
         self.storage = SweepStudies(runs_dir, labml_url)
         self.storage.scan(force=True)
-        app = WsgiGuard(optuna_dashboard.wsgi(self.storage), max_body_bytes, token)
-        server_class = type('Server', (_ThreadingServer,),
-                            {'address_family': socket.AF_INET6 if ':' in host else socket.AF_INET})
+        self.wsgi = WsgiApp(optuna_dashboard.wsgi(self.storage))
+        app = RequestGuard(self.wsgi, max_body_bytes, token, error_key=ERROR_KEY)
         bare = host.strip('[]')
-        self.httpd = make_server(bare, port, app, server_class=server_class, handler_class=_QuietHandler)
+        self.server = ServerThread(app, bare, port, header_timeout_s=header_timeout_s, error_key=ERROR_KEY)
         self.url = f'http://[{bare}]:{port}' if ':' in bare else f'http://{bare}:{port}'
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name='studies', daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        self.server.start()
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.server.stop()
+        self.wsgi.pool.shutdown(wait=False, cancel_futures=True)

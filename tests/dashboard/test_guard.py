@@ -6,7 +6,9 @@ as bytes on a socket (no client library to normalise the path in between).
 - A malformed JSON body, on every labml-app 0.5.14 route that parses one, is a 400 with a short JSON body; its
   traceback is in the server's log, once.
 - A body over the limit is a 413, before it is read (Content-Length) or as soon as it passes the limit (chunked),
-  and the server's memory does not grow by it.
+  on both ports, and the server reads no more of it: its memory does not grow by it (issue 34).
+- A request whose head does not come within --header-timeout is answered 408 and closed, on both ports, while
+  other requests are served; a slow answer and a kept-alive connection are not cut (issue 34).
 - With ``--token``, a request without it is a 401; a browser passes it once as ``?token=``, which sets a cookie.
 """
 import json
@@ -18,6 +20,7 @@ import sys
 import threading
 import time
 import urllib.request
+from http.client import HTTPConnection
 from pathlib import Path
 
 import hypothesis
@@ -80,21 +83,22 @@ class Dashboard:
     """A `lazylab dashboard` subprocess on a free loopback port; its stdout and stderr go to `log`."""
 
     def __init__(self, ports, cwd: Path, store: Path, *flags: str, env: dict = None):
-        self.port = ports.free()
+        self.port, self.studies_port = ports.free(), ports.free()
         self.log = cwd / f'dashboard-{self.port}.log'
         self._out = open(self.log, 'w')
         self.proc = subprocess.Popen(
             [sys.executable, '-m', 'lazylab.cli', 'dashboard', '--port', str(self.port), '--store', str(store),
-             '--studies-port', str(ports.free()), *flags],
+             '--studies-port', str(self.studies_port), '--runs-dir', str(cwd / 'runs'), *flags],
             cwd=cwd, env=env or _env(), stdout=self._out, stderr=subprocess.STDOUT, text=True)
         try:
             ports.wait(self.port, self.proc, 'the dashboard')
+            ports.wait(self.studies_port, self.proc, 'the studies')
         except AssertionError as e:
             raise AssertionError(f'{e}\n{self.log.read_text()[-3000:]}') from None
         self.url = f'http://127.0.0.1:{self.port}'
 
-    def request(self, request: bytes, timeout: float = 30) -> Response:
-        return raw_request(self.port, request, timeout)
+    def request(self, request: bytes, timeout: float = 30, port: int = None) -> Response:
+        return raw_request(port or self.port, request, timeout)
 
     def log_of(self, request: bytes) -> tuple[Response, str]:
         """Send `request`; return its answer and what the server logged meanwhile (the guard writes its lines
@@ -311,32 +315,121 @@ def test_a_declared_body_over_the_limit_is_413_before_it_is_sent(dashboard):
     assert log == "lazylab dashboard: POST '/api/v1/runs/archive': 413 request body too large\n"
 
 
-def test_a_streamed_body_over_the_limit_is_413_and_not_held(tmp_path, ports):
-    """A chunked body (no Content-Length) of 64 MB, against --max-body-mb 1: 413, and the server's peak memory
-    grows by much less than the body."""
+#: per port: a route that reads a JSON body (the studies' one that writes: a study's note)
+BODY_TARGETS = {'labml': ('POST', b'/api/v1/runs/archive'), 'studies': ('PUT', b'/api/studies/0/note')}
+
+
+def _offer_chunked(port: int, method: str, target: bytes, frame: bytes, frames: int) -> tuple[Response, int]:
+    """Send a chunked request of `frames` copies of `frame` (one chunk each) to `port` while reading the answer;
+    returns the answer and how many bytes the kernel took from this client before the server closed."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)  # little held here: sent ≈ taken by the server
+        s.settimeout(30)
+        s.connect(('127.0.0.1', port))
+        s.sendall(method.encode() + b' ' + target + b' HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json'
+                  b'\r\nTransfer-Encoding: chunked\r\n\r\n')
+        sent = [0]
+
+        def send_body():
+            try:
+                for _ in range(frames):
+                    view = memoryview(frame)
+                    while view:
+                        n = s.send(view)
+                        sent[0] += n
+                        view = view[n:]
+                s.sendall(b'0\r\n\r\n')
+            except OSError:  # the server closed the connection after its 413
+                pass
+        sender = threading.Thread(target=send_body)
+        sender.start()
+        r = Response(_read_all(s))
+        sender.join(60)
+    return r, sent[0]
+
+
+@pytest.mark.parametrize('port', list(BODY_TARGETS))
+def test_a_chunked_body_over_the_limit_is_413_and_read_no_further(tmp_path, ports, port):
+    """300 MiB offered chunked (no Content-Length) against --max-body-mb 1: 413 with one line of JSON, and the
+    server reads no further: the client gets no more into the connection than the limit and the kernel's buffers
+    before it is closed (the studies port took all 300 MiB before), and the server's peak memory grows by much
+    less than the body (112 → 247 MB before, on the studies port)."""
     d = Dashboard(ports, tmp_path, tmp_path / 'store', '--max-body-mb', '1')
     try:
-        assert d.request(http('GET', b'/')).status == 200  # the page served once: its files are in memory
+        number = d.port if port == 'labml' else d.studies_port
+        assert d.request(http('GET', b'/'), port=number).status in (200, 302)  # the first answer's imports are done
         peak = d.memory_peak_kib()
-        chunk = b'[' + b'0,' * (1 << 19) + b'0]'  # 1 MB of JSON
-        with socket.create_connection(('127.0.0.1', d.port), timeout=30) as s:
-            s.sendall(b'POST /api/v1/runs/archive HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n'
-                      b'Transfer-Encoding: chunked\r\n\r\n')
-
-            def send_body():
-                try:
-                    for _ in range(64):
-                        s.sendall(b'%x\r\n' % len(chunk) + chunk + b'\r\n')
-                    s.sendall(b'0\r\n\r\n')
-                except OSError:  # the server closed the connection after its 413
-                    pass
-            sender = threading.Thread(target=send_body)
-            sender.start()
-            r = Response(_read_all(s))
-            sender.join()
+        chunk = b'[' + b'0,' * (1 << 19) + b'0]'  # 1 MiB of JSON
+        r, sent = _offer_chunked(number, *BODY_TARGETS[port], b'%x\r\n' % len(chunk) + chunk + b'\r\n', 300)
         grown_mib = (d.memory_peak_kib() - peak) / 1024
-        assert grown_mib < 16, f'the server grew by {grown_mib:.0f} MiB for a 64 MiB body refused after 1 MiB'
-        assert r.status == 413 and 'over the limit of 1,048,576 bytes' in r.json()['error']
+        key = 'error' if port == 'labml' else 'reason'
+        assert (r.status, r.header('content-type')) == (413, 'application/json') and b'\n' not in r.body
+        assert r.json() == {key: 'request body over the limit of 1,048,576 bytes (lazylab dashboard --max-body-mb)'}
+        assert sent < 48 << 20, f'the server took {sent / 2**20:.0f} MiB of a body refused after 1 MiB'
+        assert grown_mib < 16, f'the server grew by {grown_mib:.0f} MiB for a 300 MiB body refused after 1 MiB'
+    finally:
+        assert d.stop() == 0, d.log.read_text()[-3000:]
+
+
+# ------------------------------------------------------------------ the head's deadline
+
+#: per port: (a GET that answers 200, the key of its JSON errors)
+GET_TARGETS = {'labml': (b'/api/v1/runs/null', 'error'), 'studies': (b'/api/studies', 'reason')}
+
+
+def test_half_sent_requests_are_closed_at_the_header_timeout_on_both_ports_while_others_are_served(tmp_path, ports):
+    """50 requests whose head never ends and 5 connections that send nothing, per port, against --header-timeout
+    3: a request sent meanwhile is answered; the half-sent ones get 408 and one line of JSON, the silent ones are
+    closed, none before the deadline (before: all held for 30 s and more)."""
+    timeout = 3.0
+    d = Dashboard(ports, tmp_path, tmp_path / 'store', '--header-timeout', str(timeout))
+    try:
+        for number, (target, key) in ((d.port, GET_TARGETS['labml']), (d.studies_port, GET_TARGETS['studies'])):
+            assert d.request(http('GET', target), port=number).status == 200  # the first answer's imports are done
+            opened = time.monotonic()
+            half = [socket.create_connection(('127.0.0.1', number), timeout=timeout + 30) for _ in range(50)]
+            silent = [socket.create_connection(('127.0.0.1', number), timeout=timeout + 30) for _ in range(5)]
+            for s in half:
+                s.sendall(b'GET ' + target + b' HTTP/1.1\r\nHost: 127.0.0.1\r\n')  # no blank line: the head goes on
+            r = d.request(http('GET', target), port=number)
+            assert r.status == 200 and time.monotonic() - opened < timeout  # served while the 55 are held
+            closed = []
+            for s in half + silent:  # each read ends when the server closes (or raises at the socket's timeout)
+                closed.append((_read_all(s), time.monotonic() - opened))
+                s.close()
+            answers = {Response(raw).body for raw, _ in closed[:50]}
+            assert answers == {json.dumps({key: 'request head not complete within 3 s'}).encode()}
+            assert {Response(raw).status for raw, _ in closed[:50]} == {408}
+            assert [raw for raw, _ in closed[50:]] == [b''] * 5
+            assert min(t for _, t in closed) >= timeout - 0.05, 'a connection was closed before its deadline'
+    finally:
+        assert d.stop() == 0, d.log.read_text()[-3000:]
+
+
+def test_the_header_timeout_cuts_neither_a_slow_answer_nor_a_kept_alive_connection(tmp_path, ports):
+    """--header-timeout 1: labml's track route, which answers 3 s after its request (its own wait), answers; a
+    kept-alive connection idle for longer than the deadline between two requests (under uvicorn's keep-alive of
+    5 s) serves the second, on both ports."""
+    d = Dashboard(ports, tmp_path, tmp_path / 'store', '--header-timeout', '1')
+    try:
+        started = time.monotonic()
+        r = d.request(http('POST', f'/api/v1/default/track?run_uuid={"d" * 32}&labml_version={_labml_version()}'
+                           .encode(), json.dumps([{'name': 'slow', 'time': time.time()}]).encode()))
+        assert (r.status, r.json()['errors']) == (200, []) and time.monotonic() - started >= 3
+        for number, (target, _) in ((d.port, GET_TARGETS['labml']), (d.studies_port, GET_TARGETS['studies'])):
+            connection = HTTPConnection('127.0.0.1', number, timeout=30)
+            try:
+                connection.request('GET', target.decode())
+                first = connection.getresponse()
+                first.read()
+                kept = connection.sock
+                time.sleep(2)  # the idle time under test: twice the head's deadline
+                connection.request('GET', target.decode())
+                second = connection.getresponse()
+                second.read()
+                assert (first.status, second.status) == (200, 200) and connection.sock is kept
+            finally:
+                connection.close()
     finally:
         assert d.stop() == 0, d.log.read_text()[-3000:]
 

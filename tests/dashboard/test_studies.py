@@ -7,6 +7,8 @@ on the next port.
 - End to end: `lazylab dashboard` started on loopback before a real `lazylab sweep` (two 4-step trials); the study
   appears without a restart, its page and its API answer, and each trial's user attrs carry its run directory, its
   status and its page on the labml dashboard; with --token the studies need it too.
+- The studies' server in this process (issue 34): the token and the body limit, as the labml port's. (The chunked
+  body limit and the head's deadline of both ports: test_guard.py.)
 """
 import json
 import os
@@ -16,6 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from http.client import HTTPConnection
 from pathlib import Path
 
 import optuna
@@ -23,7 +26,7 @@ import pytest
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
-from lazylab.dashboard.studies import SLOTS, SweepStudies, find_sweeps, sweep_storage
+from lazylab.dashboard.studies import SLOTS, StudiesServer, SweepStudies, find_sweeps, sweep_storage
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_size=4', 'max_minutes=0',
@@ -194,34 +197,40 @@ def test_with_a_token_the_studies_need_it_too(tmp_path, ports):
         assert _stop(proc) == 0
 
 
-def test_the_wsgi_guard_refuses_a_missing_token_and_a_body_over_the_limit():
-    from lazylab.dashboard.guard import WsgiGuard
-    calls = []
+# ------------------------------------------------------------------ the studies' server, in this process
 
-    def app(environ, start_response):
-        calls.append(environ['PATH_INFO'])
-        start_response('200 OK', [('Content-Type', 'text/plain')])
-        return [b'app']
+def _ask(server, method: str, path: str, body=None, headers=None):
+    """(status, content type, body) of one request, sent as given: no Accept-Encoding unless in `headers`; a body
+    that is not bytes as JSON, as the page sends it."""
+    connection = HTTPConnection('127.0.0.1', int(server.url.rsplit(':', 1)[1]), timeout=30)
+    try:
+        connection.putrequest(method, path, skip_accept_encoding=True)
+        data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+        sent = {} if data is None else {'Content-Length': str(len(data))}
+        if body is not None and not isinstance(body, bytes):
+            sent['Content-Type'] = 'application/json'
+        for name, value in {**sent, **(headers or {})}.items():
+            connection.putheader(name, value)
+        connection.endheaders(data)
+        answer = connection.getresponse()
+        return answer.status, answer.getheader('Content-Type', ''), answer.read()
+    finally:
+        connection.close()
 
-    def call(guard, **environ):
-        got = {}
-        body = b''.join(guard({'REQUEST_METHOD': 'GET', 'PATH_INFO': '/api/studies', **environ},
-                              lambda status, headers: got.update(status=status, headers=dict(headers))))
-        return got['status'], got['headers'], body
 
-    open_guard = WsgiGuard(app, max_body_bytes=10)
-    assert call(open_guard)[::2] == ('200 OK', b'app')
-    status, headers, body = call(open_guard, REQUEST_METHOD='POST', CONTENT_LENGTH='11')
-    assert status == '413 Content Too Large' and json.loads(body)['error'].startswith('request body over the limit '
-                                                                                       'of 10 bytes')
-    assert call(open_guard, REQUEST_METHOD='POST', CONTENT_LENGTH='10')[0] == '200 OK'
-    guard = WsgiGuard(app, token='s' * 16)
-    assert call(guard)[0] == '401 Unauthorized'
-    assert call(guard, HTTP_X_LAZYLAB_TOKEN='s' * 15 + 't')[0] == '401 Unauthorized'
-    assert call(guard, HTTP_X_LAZYLAB_TOKEN='s' * 16)[0] == '200 OK'
-    assert call(guard, HTTP_COOKIE='lazylab_token=' + 's' * 16)[0] == '200 OK'
-    status, headers, _ = call(guard, QUERY_STRING='token=' + 's' * 16 + '&x=1')
-    assert status == '303 See Other' and headers['Location'] == '/api/studies?x=1'
-    # a POST with the token in its address: nothing to redirect, the token is enough (as RequestGuard)
-    assert call(guard, REQUEST_METHOD='POST', QUERY_STRING='token=' + 's' * 16)[0] == '200 OK'
-    assert calls == ['/api/studies'] * 5  # the refused and redirected requests never reached the app
+def test_the_studies_guard_refuses_a_missing_token_and_a_body_over_the_limit(tmp_path, ports):
+    """The labml port's guard, with {"reason": …} (optuna-dashboard's key)."""
+    token = 's' * 16
+    server = StudiesServer(tmp_path / 'runs', '127.0.0.1', ports.free(), max_body_bytes=10, token=token)
+    server.start()
+    try:
+        status, _, body = _ask(server, 'GET', '/api/studies')
+        assert status == 401 and 'needs its token' in json.loads(body)['reason']
+        assert _ask(server, 'GET', '/api/studies', headers={'X-Lazylab-Token': 's' * 15 + 't'})[0] == 401
+        assert _ask(server, 'GET', '/api/studies', headers={'X-Lazylab-Token': token})[:1] == (200,)
+        assert _ask(server, 'GET', '/api/studies', headers={'Cookie': f'lazylab_token={token}'})[0] == 200
+        status, _, body = _ask(server, 'PUT', '/api/studies/0/note', b'x' * 11, headers={'X-Lazylab-Token': token})
+        assert (status, json.loads(body)) == (413, {'reason': 'request body over the limit of 10 bytes (lazylab '
+                                                              'dashboard --max-body-mb)'})
+    finally:
+        server.stop()
