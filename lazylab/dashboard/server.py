@@ -103,7 +103,8 @@ def create_app(store: Path, host: str, port: int, assets: Optional[Path] = None,
 
     `assets`: a folder with the page's CDN files (see CDN_ASSETS) to serve instead of the internet ones.
     `max_body_bytes`, `token`: the request guard's body limit and secret (:class:`guard.RequestGuard`). The app
-    serves no file outside its web folder (:func:`labml_patches.patch_app_static_route`).
+    serves no file outside its web folder (:func:`labml_patches.patch_app_static_route`), and its routes that write
+    check the run or session they name and the types of the body's fields (:func:`labml_patches.patch_app_checks`).
 
     Raises:
         RuntimeError: ``labml_app.flask_app`` was imported already (its database would be MongoDB).
@@ -128,6 +129,7 @@ def create_app(store: Path, host: str, port: int, assets: Optional[Path] = None,
         # The web folder links the app's files and the assets folder: both are roots its symlinks may lead into.
         web = _offline_static(app_static, assets, Path(store) / 'web')
         labml_patches.patch_app_static_route(flask_app.app, web, [app_static, Path(assets)])
+    labml_patches.patch_app_checks(flask_app.app)
     labml_patches.patch_app_guard(flask_app.app, max_body_bytes=max_body_bytes, token=token)
     return flask_app.app
 

@@ -9,6 +9,7 @@ as bytes on a socket (no client library to normalise the path in between).
   on both ports, and the server reads no more of it: its memory does not grow by it (issue 34).
 - A request whose head does not come within --header-timeout is answered 408 and closed, on both ports, while
   other requests are served; a slow answer and a kept-alive connection are not cut (issue 34).
+- A made-up run or session uuid on a route that writes is a 404, and a field of the wrong type a 400 (issue 34).
 - With ``--token``, a request without it is a 401; a browser passes it once as ``?token=``, which sets a cookie.
 """
 import json
@@ -287,11 +288,17 @@ def test_json_of_the_wrong_shape_is_a_400(dashboard, body):
 
 
 def test_any_other_exception_is_a_500_without_its_traceback(dashboard):
-    """labml's track route parses `rank` with int() before it reads the body: its ValueError is the app's (500),
-    still without a traceback in the answer."""
-    r, log = dashboard.log_of(http('POST', f'/api/v1/default/track?run_uuid={RUN_UUID}&rank=one'.encode(), b'[]'))
+    """labml-app 0.5.14's computer route passes its login's `token` to a function that takes none, whatever the
+    computer: its TypeError is the app's (500), still without a traceback in the answer."""
+    r, log = dashboard.log_of(http('GET', f'/api/v1/computer/{COMPUTER_UUID}'.encode()))
     assert (r.status, r.json()) == (500, {'error': 'internal server error (the traceback is in the server log)'})
-    assert log.count(TRACEBACK) == 1 and "ValueError: invalid literal for int() with base 10: 'one'" in log
+    assert log.count(TRACEBACK) == 1 and "TypeError: get_computer() got an unexpected keyword argument 'token'" in log
+
+
+def test_a_rank_that_is_not_an_integer_is_a_400(dashboard):
+    """labml's track route parsed `rank` with int() unchecked: a 500 before."""
+    r, log = dashboard.log_of(http('POST', f'/api/v1/default/track?run_uuid={RUN_UUID}&rank=one'.encode(), b'[]'))
+    assert (r.status, r.json(), log) == (400, {'error': "rank must be an integer, got 'one'"}, '')
 
 
 def test_good_requests_still_work(dashboard):
@@ -300,6 +307,75 @@ def test_good_requests_still_work(dashboard):
     assert r.status == 200 and r.json()['series'] == []
     r = dashboard.request(http('GET', b'/api/v1/runs/null'))
     assert [run['run_uuid'] for run in r.json()['runs']] == [RUN_UUID]
+
+
+# ------------------------------------------------------------------ routes that write: the run named, the fields' types
+
+#: (method, target with {} for the uuid, what the uuid names, body) of labml-app's routes that write to a run or a
+#: session named in the path
+WRITE_ROUTES = [('POST', '/api/v1/run/{}', 'run', b'{"name": "x"}'), ('PUT', '/api/v1/run/{}/claim', 'run', b''),
+                ('PUT', '/api/v1/run/{}/add', 'run', b''), ('POST', '/api/v1/session/{}', 'session', b'{"name": "x"}'),
+                ('PUT', '/api/v1/session/{}/claim', 'session', b''), ('PUT', '/api/v1/session/{}/add', 'session', b'')]
+
+
+@pytest.mark.parametrize('made_up', ['x', 'f' * 32], ids=['short', 'uuid-like'])
+@pytest.mark.parametrize('route', range(len(WRITE_ROUTES)), ids=[f'{m} {t}' for m, t, _, _ in WRITE_ROUTES])
+def test_a_made_up_uuid_on_a_route_that_writes_is_a_404_in_one_line(dashboard, route, made_up):
+    """Before: 500 (edit, claim: an AttributeError on None, its traceback in the log), or 200 doing nothing."""
+    method, target, kind, body = WRITE_ROUTES[route]
+    r, log = dashboard.log_of(http(method, target.format(made_up).encode(), body))
+    assert (r.status, r.header('content-type')) == (404, 'application/json') and b'\n' not in r.body
+    assert r.json() == {'error': f"no {kind} '{made_up}' on this dashboard"} and log == ''
+    assert [run['run_uuid'] for run in dashboard.request(http('GET', b'/api/v1/runs/null')).json()['runs']] == [
+        RUN_UUID]
+
+
+RUN_FIELDS = ('name', 'comment', 'note', 'tags', 'favourite_configs', 'selected_configs')
+
+
+def _stored(dashboard) -> tuple[dict, dict]:
+    """The module's run's and session's fields that the routes below write."""
+    run = dashboard.request(http('GET', f'/api/v1/run/{RUN_UUID}'.encode())).json()
+    session = dashboard.request(http('GET', f'/api/v1/session/{SESSION_UUID}'.encode())).json()
+    return {k: run[k] for k in RUN_FIELDS}, {k: session[k] for k in ('name', 'comment')}
+
+
+TRACK = f'/api/v1/default/track?run_uuid={RUN_UUID}&labml_version=VERSION'
+COMPUTER = f'/api/v1/default/computer?session_uuid={SESSION_UUID}&computer_uuid={COMPUTER_UUID}&labml_version=VERSION'
+WRONG_TYPES = [
+    (f'/api/v1/run/{RUN_UUID}', {'name': {'x': 1}}, 'name must be a string, got an object'),
+    (f'/api/v1/run/{RUN_UUID}', {'comment': ['a']}, 'comment must be a string, got a list'),
+    (f'/api/v1/run/{RUN_UUID}', {'note': 3}, 'note must be a string, got a number'),
+    (f'/api/v1/run/{RUN_UUID}', {'selected_configs': 'a'}, 'selected_configs must be a list of strings, got a string'),
+    (f'/api/v1/run/{RUN_UUID}', {'favourite_configs': [1]}, 'favourite_configs must be a list of strings, got a list'),
+    (f'/api/v1/run/{RUN_UUID}', ['name'], 'the body must be a JSON object, got a list'),
+    (f'/api/v1/session/{SESSION_UUID}', {'name': True}, 'name must be a string, got true or false'),
+    (TRACK, [{'time': 1.0}, {'tags': 'x'}], 'item 1: tags must be a list of strings, got a string'),
+    (TRACK, {'name': {'x': 1}}, 'name must be a string, got an object'),
+    (TRACK, 'x', 'the body must be a JSON object or a list of them, got a string'),
+    (COMPUTER, [{'comment': {}}], 'item 0: comment must be a string, got an object'),
+]
+
+
+@pytest.mark.parametrize('case', range(len(WRONG_TYPES)), ids=[f'{t.split("?")[0]} {json.dumps(b)}'
+                                                               for t, b, _ in WRONG_TYPES])
+def test_a_field_of_the_wrong_type_is_a_400_in_one_line_and_nothing_is_stored(dashboard, case):
+    """Before: {"name": {"x": 1}} became the run's name."""
+    target, body, message = WRONG_TYPES[case]
+    before = _stored(dashboard)
+    r = dashboard.request(http('POST', target.replace('VERSION', _labml_version()).encode(), json.dumps(body).encode()))
+    assert (r.status, r.json()) == (400, {'error': message}) and b'\n' not in r.body
+    assert _stored(dashboard) == before
+
+
+def test_fields_of_the_types_labmls_page_sends_are_stored(dashboard):
+    r = dashboard.request(http('POST', f'/api/v1/run/{RUN_UUID}'.encode(), json.dumps(
+        {'name': 'renamed', 'comment': 'a comment', 'note': None, 'favourite_configs': ['a'], 'selected_configs': [],
+         'something_else': {'ignored': 1}}).encode()))
+    assert (r.status, r.json()) == (200, {'errors': []})
+    run, _ = _stored(dashboard)
+    assert (run['name'], run['comment'], run['favourite_configs'], run['selected_configs']) == (
+        'renamed', 'a comment', ['a'], [])
 
 
 # ------------------------------------------------------------------ body limit
