@@ -316,7 +316,7 @@ def test_notes_on_a_study_and_a_trial_are_kept_in_the_studys_journal(studies):
     ('PUT', '/api/studies/{study}/note', {'version': 0, 'body': 'an old version'}, 409),
     ('PUT', '/api/studies/999/note', {'version': 1, 'body': 'x'}, 404),
     ('PUT', '/api/studies/{study}/999/note', {'version': 1, 'body': 'x'}, 404),
-    ('POST', '/api/studies', b'x' * (2 << 20), 413),  # the guard's (1 MiB here), by Content-Length
+    ('POST', '/api/studies', b'x', 413),  # the guard's (1 MiB here), by a Content-Length of 2 MiB (see below)
 ], ids=['no-route', 'no-study', 'not-an-id', 'no-plot', 'no-csv', 'options', 'after-abc', 'after-negative',
         'artifact-text', 'note-not-json', 'note-malformed', 'note-list', 'note-version-text', 'note-no-version',
         'note-old-version', 'note-no-study', 'note-no-trial', 'over-the-limit'])
@@ -326,6 +326,8 @@ def test_a_clients_mistake_is_a_4xx_with_one_line_of_json(studies, method, path,
     server, study_id, _ = studies
     trial_id = server.storage.get_all_trials(study_id)[0]._trial_id
     headers = {'Content-Type': 'application/json'} if body == b'{"version": ' and status == 400 else {}
+    if status == 413:  # announced, not sent: the guard answers before the body, and a client still sending it
+        headers = {'Content-Length': str(2 << 20)}  # could meet the closed connection first (a load-dependent race)
     got, kind, answer = _ask(server, method, path.format(study=study_id, trial=trial_id), body, headers)
     assert (got, kind.split(';')[0]) == (status, 'application/json') and b'\n' not in answer.strip(), answer[:300]
     assert isinstance(json.loads(answer)['reason'], str)
