@@ -10,6 +10,7 @@ defaults, and the paths of the sub-configs. Nothing outside :mod:`lazylab.config
     inspect.sub_configs(conf)        {'optimizer': <OptimizerConfigs>, ...}       the sub-configs made so far
     inspect.selected_option(conf, 'model')   'transformer': the option an item is computed with, computing nothing
     inspect.class_defaults(Configs)  {'d_model': 512, ...}         the class defaults, inherited ones included
+    inspect.declared_by(Configs)     {'d_model': NLPAutoRegressionConfigs, 'hidden': Configs, ...}  who declares each
     inspect.expand_short_keys(conf, {'ffn.glu_variant': 'SwiGLU'})  {'transformer.ffn.glu_variant': 'SwiGLU'}
     inspect.set_by(conf)             {'transformer.ffn.d_ff': 'transformer', ...}  values set while another item is
                                      computed, by that item
@@ -33,8 +34,8 @@ from .engine.resolver import is_configs, peek
 from .engine.state import ACTIVE, Frame, state_of
 from .engine.typing_tools import is_configs_class
 
-__all__ = ['Item', 'items', 'computed', 'given', 'sub_configs', 'selected_option', 'class_defaults', 'is_configs',
-           'declared_paths', 'expand_short_keys', 'fresh_sub_config', 'build_addressed', 'compute_plain',
+__all__ = ['Item', 'items', 'computed', 'given', 'sub_configs', 'selected_option', 'class_defaults', 'declared_by',
+           'is_configs', 'declared_paths', 'expand_short_keys', 'fresh_sub_config', 'build_addressed', 'compute_plain',
            'effective_defaults', 'set_by', 'reads_outside']
 
 
@@ -189,6 +190,17 @@ def class_defaults(configs_class: type) -> dict[str, Any]:
     """{item: class default} of a config class, inherited ones included (the nearest class's wins); items without
     a class default are left out. A new dict: changing it changes nothing."""
     return dict(spec_of(configs_class).defaults)
+
+
+def declared_by(configs_class: type) -> dict[str, type]:
+    """{item: the nearest class of ``configs_class``'s MRO whose body declares it} (an annotation, or a new default
+    for an inherited item), in declaration order: which items an experiment's own file declares, and which it
+    inherits (``lazylab options`` lists its own first)."""
+    out: dict[str, type] = {}
+    for key in spec_of(configs_class).annotations:
+        out[key] = next(c for c in configs_class.__mro__
+                        if '_lazylab_decl' in c.__dict__ and key in c.__dict__['_lazylab_decl'].items)
+    return out
 
 
 def fresh_sub_config(configs: Any, path: str) -> Any:

@@ -20,7 +20,7 @@ from lazylab.experiments.checkpoint import Position, load_checkpoint, save_check
 from lazylab.experiments.metrics import Progress, read_metrics
 from lazylab.models.sampling import MAX_NEW_TOKENS, NonFiniteLogitsError, check_generate_arguments, sample_next
 from lazylab.runs import CHECKPOINT_PT as CHECKPOINT
-from lazylab.testing import TINY, as_stopped
+from lazylab.testing import TINY, as_stopped, tiny
 
 
 def _everything(folder: Path) -> set:
@@ -361,7 +361,7 @@ def test_progress_off_a_terminal_prints_a_line_at_a_steady_pace_and_every_valida
 
 
 def test_the_summary_reports_the_runs_average_tokens_per_second(tmp_path, capsys):
-    assert cli.main(['train', 'transformer', *TINY, 'max_steps=6', 'log_interval=2', 'valid_interval=3',
+    assert cli.main(['train', 'transformer', *tiny('max_steps=6', 'log_interval=2', 'valid_interval=3'),
                      f'runs_dir={tmp_path}']) == 0
     out = capsys.readouterr().out
     run, = (tmp_path / 'transformer').iterdir()
