@@ -30,6 +30,7 @@ from .declarations import AGGREGATE_MARKER, ItemRef, Spec, spec_of
 from .errors import (
     AlreadyComputedError,
     BadValueError,
+    ConfigError,
     OverrideSyntaxError,
     UnknownItemError,
     UnknownOptionError,
@@ -38,10 +39,10 @@ from .errors import (
 )
 from .report import note_given
 from .state import State, state_of
-from .typing_tools import describe_type, is_plain_value, takes_any_string
+from .typing_tools import describe_type, is_configs_class, is_plain_value, takes_any_string
 
 
-class _Unborn:
+class Unborn:
     """Stands in for a sub-config not created yet, so dotted keys can be checked against its class."""
     cache: dict[str, Any] = {}
     children: dict[str, Any] = {}
@@ -196,11 +197,23 @@ def _check_unborn(view: Any, top: str, sub: dict[str, Any], from_text: bool):
     if not (isinstance(annotation, type) and getattr(annotation, '_lazylab_is_configs', False)):
         return
     try:
-        plan(_Unborn(spec_of(annotation), view.path_of(top)), sub, from_text)
+        plan(Unborn(spec_of(annotation), view.path_of(top)), sub, from_text)
     except UnknownItemError:
         if top in spec.options or top in spec.defaults or top in spec.by_target:
             return
         raise
+
+
+def typed_pending(st: State, top: str, key: str, value: Any, from_text: bool) -> Any:
+    """A value waiting in ``st`` for its sub-config ``top`` (``st.pending``), typed as that item of the sub-config's
+    declared class will type it; text stays text when the class is not known until an option makes it."""
+    annotation = st.spec.types[top]
+    if '.' in key or not is_configs_class(annotation) or key not in spec_of(annotation).annotations:
+        return value
+    try:
+        return plan(Unborn(spec_of(annotation), st.path_of(top)), {key: value}, from_text).direct[key]
+    except ConfigError:  # checked when given; an option may make a subclass that types it otherwise
+        return value
 
 
 def apply(st: State, p: Plan):
