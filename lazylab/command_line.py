@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn, Optional
 
-from lazylab.errors import UsageError, shown
+from lazylab.errors import UsageError, given_twice, shown
 from lazylab.user_files import control_character
 
 
@@ -71,11 +71,13 @@ class Parser(argparse.ArgumentParser):
         Raises:
             UsageError: a flag the command does not have; a token after the positional arguments that is neither a
                 flag nor `key=value` (the message says how settings are written); a key with a control character
-                (`split_setting`); argparse's own errors.
+                (`split_setting`); a key given twice (`lr is given twice: lr=1e-2 and lr=1e-3; give it once`: a later
+                token never quietly replaces an earlier one); argparse's own errors.
         """
         positionals = [a for a in self._actions if not a.option_strings and a.nargs is None]
         flags: list[str] = []
         settings: list[str] = []
+        first: dict[str, str] = {}  # key → the setting that gave it
         taken, i, argv = 0, 0, list(argv)
         while i < len(argv):
             a = argv[i]
@@ -90,7 +92,10 @@ class Parser(argparse.ArgumentParser):
                 flags.append(a)
                 taken += 1
             elif '=' in a:
-                split_setting(a)  # a key with a control character is refused here, before anything reads it
+                key = split_setting(a)[0]  # a key with a control character is refused here, before anything reads it
+                if key in first:
+                    raise UsageError(given_twice(key, first[key], a))
+                first[key] = a
                 settings.append(a)
             else:
                 raise UsageError(f'unexpected argument {a!r}: give {what} as key=value (see: {self.prog} --help)')

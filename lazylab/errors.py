@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional
 __all__ = ['LazylabError', 'WrapsUserError', 'UsageError', 'DashboardError', 'DataError', 'DistributedError',
            'TrainingError', 'CheckpointError', 'NonFiniteLossError', 'Interrupted', 'signals_interrupt',
            'signals_deferred', 'signals_polled', 'signals_noted', 'NotedSignals', 'stop_signals', 'stop_status',
-           'signal_number', 'STOP_SIGNAL_ENV', 'user_error_message', 'run_cli', 'plural', 'shown']
+           'signal_number', 'STOP_SIGNAL_ENV', 'user_error_message', 'run_cli', 'plural', 'shown', 'given_twice']
 
 
 def plural(n: float, noun: str, nouns: Optional[str] = None) -> str:
@@ -56,6 +56,20 @@ def shown(value: Any) -> str:
     YAML file is shown in the time of its first elements)."""
     text = _SHOWN.repr(value)
     return text if len(text) <= 120 else text[:117] + '...'
+
+
+def given_twice(key: str, first: str, second: str) -> str:
+    """The one message for a key given twice on one command line (or in one file): a second value never quietly
+    replaces the first. ``key`` is the item's full name, ``first`` and ``second`` the two settings as written:
+    ``learning_rate is given twice: learning_rate=1e-2 and learning_rate=1e-3; give it once``."""
+    return f'{key} is given twice: {shown_setting(first)} and {shown_setting(second)}; give it once'
+
+
+def shown_setting(token: str) -> str:
+    """A ``key=value`` setting as a message shows it: as written, cut to a few dozen characters and with control
+    characters escaped (``shown`` of a string without its quotes)."""
+    text = shown(token)  # repr: quoted, unless cut short ('...' at its end)
+    return text[1:-1] if text[-1:] == text[:1] else text
 
 
 class LazylabError(Exception):

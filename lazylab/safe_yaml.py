@@ -31,6 +31,23 @@ def load(text: str) -> Any:
     return yaml.load(text, Loader=_bounded_loader())  # noqa: S506 - a SafeLoader subclass
 
 
+def key_lines(text: str, section: str = '') -> dict[str, int]:
+    """{key: its 1-based line} of the keys of the document's top-level mapping (or of the mapping under its key
+    ``section``): where a config file gives each value, for the provenance ``FILE:LINE``. Keys that are not strings,
+    and a document that is not a mapping, give ``{}``.
+
+    Raises:
+        yaml.YAMLError: as :func:`load` (call it on a text :func:`load` read).
+    """
+    import yaml
+    node = yaml.compose(text, Loader=_bounded_loader())  # noqa: S506 - a SafeLoader subclass
+    if section and isinstance(node, yaml.MappingNode):
+        node = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == section), None)
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {k.value: k.start_mark.line + 1 for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
+
+
 def problem(e: Exception) -> str:
     """One line for a ``yaml.YAMLError``: ``line 3: found undefined alias 'x'`` (PyYAML's own text spans
     several lines and quotes the document)."""

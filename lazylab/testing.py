@@ -4,6 +4,7 @@ import another test file or a conftest).
     assert_close(actual, expected, rtol, what, floor=…)  max |actual − expected| ≤ rtol · max(max |expected|, floor)
     max_relative_error(actual, expected, floor=…)         the ratio assert_close bounds
     TINY, tiny(*changes)                                 the sizes of a run that takes a second
+    replaced(settings, *changes)                         key=value settings with some keys replaced (no key twice)
     as_stopped(run_dir)                                  a finished run made to look stopped short of its end
     keep_threads()                                       torch's thread count put back after a block
     lazylab_argv(*args), start_lazylab(*args), run_lazylab(*args)
@@ -25,9 +26,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ['assert_close', 'max_relative_error', 'TINY', 'tiny', 'as_stopped', 'keep_threads', 'ROOT', 'lazylab_env',
-           'lazylab_argv', 'start_lazylab', 'run_lazylab', 'Import', 'module_name', 'imports_of', 'package_imports',
-           'import_graph', 'find_cycle']
+__all__ = ['assert_close', 'max_relative_error', 'TINY', 'tiny', 'replaced', 'as_stopped', 'keep_threads', 'ROOT',
+           'lazylab_env', 'lazylab_argv', 'start_lazylab', 'run_lazylab', 'Import', 'module_name', 'imports_of',
+           'package_imports', 'import_graph', 'find_cycle']
 
 #: the folder that holds the `lazylab` package (the repository's root in a checkout)
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,11 +68,18 @@ TINY = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_s
 def tiny(*changes: str, drop: tuple[str, ...] = ()) -> list[str]:
     """TINY with `changes` (`key=value`, in order) replacing the same keys or added after them, and the keys in
     `drop` left out: tiny('max_steps=600', 'valid_interval=5', 'log_interval=5')."""
-    settings = {k: v for k, v in (s.split('=', 1) for s in TINY) if k not in drop}
+    return replaced(TINY, *changes, drop=drop)
+
+
+def replaced(settings: list[str], *changes: str, drop: tuple[str, ...] = ()) -> list[str]:
+    """`settings` (`key=value` tokens) with `changes` replacing the same keys or added after them, and the keys in
+    `drop` left out: a command line gives each key once (a key given twice is an error), so a test that changes a
+    base list of settings replaces its keys: replaced(BASE, 'max_steps=2')."""
+    out = {k: v for k, v in (s.split('=', 1) for s in settings) if k not in drop}
     for change in changes:
         key, _, value = change.partition('=')
-        settings[key] = value
-    return [f'{k}={v}' for k, v in settings.items()]
+        out[key] = value
+    return [f'{k}={v}' for k, v in out.items()]
 
 
 def as_stopped(run_dir: Path, steps_left: int = 7) -> Path:

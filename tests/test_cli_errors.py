@@ -10,7 +10,7 @@ import torch
 
 from lazylab import cli
 from lazylab.experiments.trainer import load_checkpoint
-from lazylab.testing import as_stopped, tiny
+from lazylab.testing import as_stopped, replaced, tiny
 
 TINY = tiny(drop=('valid_interval',))
 
@@ -85,8 +85,9 @@ def test_user_error_is_one_line_exit_2_and_writes_nothing(tmp_path, cli_error, a
     _files(tmp_path)
     runs = tmp_path / 'runs'
     argv = [a.format(tmp=tmp_path) for a in argv]
-    if argv[0] == 'train':  # the tiny settings first, so the case's own key=value wins
-        argv = argv[:2] + TINY + [f'runs_dir={runs}'] + argv[2:]
+    if argv[0] == 'train':  # the tiny settings first, those the case gives itself left out (a key is given once)
+        own = [a.split('=', 1)[0] for a in argv[2:] if '=' in a and not a.startswith('-')]
+        argv = argv[:2] + replaced(TINY, drop=tuple(own)) + [f'runs_dir={runs}'] + argv[2:]
     text = cli_error(argv)
     assert re.search(message, text), text
     assert not runs.exists()
@@ -248,7 +249,7 @@ def test_resume_and_generate_of_a_labml_run_say_what_it_is(tmp_path, cli_error):
 def test_nan_loss_stops_with_exit_2_naming_the_step(tmp_path, cli_error):
     runs = tmp_path / 'runs'
     # an infinite learning rate makes the parameters inf/NaN in the first update, so step 2's loss is NaN
-    text = cli_error(['train', 'transformer', *TINY, 'max_steps=5', 'valid_interval=2',
+    text = cli_error(['train', 'transformer', *replaced(TINY, 'max_steps=5', 'valid_interval=2'),
                            'optimizer.learning_rate=1e30', f'runs_dir={runs}'])
     assert text.startswith('training loss is nan at step 2; no checkpoint was written'), text
 
@@ -280,7 +281,7 @@ def test_nan_loss_keeps_the_last_good_checkpoint(tmp_path, cli_error, monkeypatc
         return loss
 
     monkeypatch.setattr(F, 'cross_entropy', nan_at_training_step_4)
-    text = cli_error(['train', 'transformer', *TINY, 'max_steps=6', 'valid_interval=1', f'runs_dir={runs}'])
+    text = cli_error(['train', 'transformer', *replaced(TINY, 'max_steps=6', 'valid_interval=1'), f'runs_dir={runs}'])
     assert text.startswith('training loss is nan at step 4; the checkpoint of step 3 is kept'), text
     run = next((runs / 'transformer').iterdir())
     ck = load_checkpoint(run / 'checkpoint.pt')

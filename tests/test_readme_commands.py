@@ -91,12 +91,14 @@ def test_make_targets_are_the_readme_commands():
     assert re.search(r"install -e '\.\[test,dashboard(,\w+)*\]'", makefile)  # (and the postgres and docs extras)
 
 
-def _tiny_for(experiment: str) -> list[str]:
-    """The TINY sizes the experiment has keys for (the README's lstm.py has no heads or d_ff)."""
+def _tiny_for(experiment: str, own: list[str]) -> list[str]:
+    """The TINY sizes the experiment has keys for (the README's lstm.py has no heads or d_ff), but those the
+    command's own arguments `own` give (a key is given once)."""
+    given = {a.split('=', 1)[0] for a in own if '=' in a and not a.startswith('-')}
     from lazylab.experiments.configure import declared_keys
     from lazylab.experiments.discovery import load_experiment
     keys = declared_keys(load_experiment(experiment).Configs)
-    return [a for a in TINY if a.split('=')[0] in keys]
+    return [a for a in TINY if a.split('=')[0] in keys and a.split('=')[0] not in given]
 
 
 def _argv(command: str) -> list[str]:
@@ -107,7 +109,7 @@ def _argv(command: str) -> list[str]:
              if 'RUN_ID' in w else w for w in words]
     words = [m for w in words for m in (sorted(glob.glob(w)) if '*' in w else [w])]
     if words[0] in ('train', 'sweep'):
-        words = words[:2] + _tiny_for(words[1]) + words[2:]
+        words = words[:2] + _tiny_for(words[1], words[2:]) + words[2:]
     return words
 
 

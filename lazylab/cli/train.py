@@ -23,7 +23,9 @@ def parser() -> Parser:
     p.add_argument('experiment', metavar='EXPERIMENT',
                    help='a built-in or installed experiment, a .py file (./char_lstm.py) or a dotted module')
     p.add_argument('settings', nargs='*', default=[], metavar='key=value', help='settings, typed and checked')
-    p.add_argument('--config', metavar='FILE.yaml', help='settings from a YAML file, or a run\'s configs.yaml')
+    p.add_argument('--config', metavar='FILE.yaml', action='append',
+                   help='settings from a YAML file, or a run\'s configs.yaml; repeat it to stack files (a later '
+                        'file wins, then key=value)')
     p.add_argument('--allow-changes', action='store_true',
                    help='replaying a dump: go on although a computed value now comes out differently')
     return p
@@ -36,7 +38,7 @@ def run(argv: list[str]) -> None:
               + options_text(argv[0]))
         return
     a, settings = parser().parse_with_settings(argv)
-    if a.config:  # a FIFO, /dev/zero or a huge file: one line at once, not after torch's import (read later, bounded)
-        user_files.check_file(a.config, 'config file', user_files.CONFIG)
+    for path in a.config or ():  # a FIFO, /dev/zero or a huge file: one line at once, not after torch's import
+        user_files.check_file(path, 'config file', user_files.CONFIG)  # (read later, bounded)
     from lazylab.experiments.lifecycle import train_main  # torch: only once a run starts
     train_main(a.experiment, settings, config=a.config, allow_changes=a.allow_changes)

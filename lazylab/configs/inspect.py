@@ -10,10 +10,13 @@ defaults, and the paths of the sub-configs. Nothing outside :mod:`lazylab.config
     inspect.sub_configs(conf)        {'optimizer': <OptimizerConfigs>, ...}       the sub-configs made so far
     inspect.selected_option(conf, 'model')   'transformer': the option an item is computed with, computing nothing
     inspect.class_defaults(Configs)  {'d_model': 512, ...}         the class defaults, inherited ones included
+    inspect.declared_by(Configs)     {'d_model': NLPAutoRegressionConfigs, 'hidden': Configs, ...}  who declares each
     inspect.expand_short_keys(conf, {'ffn.glu_variant': 'SwiGLU'})  {'transformer.ffn.glu_variant': 'SwiGLU'}
     inspect.set_by(conf)             {'transformer.ffn.d_ff': 'transformer', ...}  values set while another item is
                                      computed, by that item
     with inspect.reads_outside(conf) as reads: ...     reads: the items the block itself read, in first-read order
+    with inspect.not_built(is_module): ...   computing an item of such a type raises NotBuiltError (naming it)
+    inspect.waiting(conf)            {'optimizer.learning_rate': 0.001}   given values waiting for their sub-config
 
 Paths are full dotted paths from the root config (``optimizer.learning_rate``), a sub-config's items after its
 parent's, in declaration order. Apart from :func:`build_addressed` and :func:`compute_plain`, which compute items on
@@ -22,20 +25,20 @@ purpose, nothing here computes anything. (Like the engine, torch-free.)
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .engine.declarations import spec_of
-from .engine.errors import UnknownItemError, unknown_item
+from .engine.errors import NotBuiltError, UnknownItemError, unknown_item
 from .engine.listing import is_plain
-from .engine.overrides import declared_paths, expand_short_keys
+from .engine.overrides import declared_paths, expand_short_keys, typed_pending
 from .engine.report import given_paths, walk
 from .engine.resolver import is_configs, peek
-from .engine.state import ACTIVE, Frame, state_of
+from .engine.state import ACTIVE, NOT_BUILT, Frame, state_of
 from .engine.typing_tools import is_configs_class
 
-__all__ = ['Item', 'items', 'computed', 'given', 'sub_configs', 'selected_option', 'class_defaults', 'is_configs',
-           'declared_paths', 'expand_short_keys', 'fresh_sub_config', 'build_addressed', 'compute_plain',
-           'effective_defaults', 'set_by', 'reads_outside']
+__all__ = ['Item', 'items', 'computed', 'given', 'sub_configs', 'selected_option', 'class_defaults', 'declared_by',
+           'is_configs', 'declared_paths', 'expand_short_keys', 'fresh_sub_config', 'build_addressed', 'compute_plain',
+           'effective_defaults', 'set_by', 'reads_outside', 'not_built', 'NotBuiltError', 'waiting']
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,40 @@ def reads_outside(configs: Any) -> Iterator[list[str]]:
         ACTIVE.remove(frame)
 
 
+@contextlib.contextmanager
+def not_built(refused: Callable[[Any], bool]) -> Iterator[None]:
+    """While the block runs, computing an item whose declared type (without constraints) ``refused`` says yes to
+    raises :class:`NotBuiltError` naming that item, in any config object: what resolves a configuration without
+    building its model (``lazylab options --resolved``) computes every item that does not need one, and learns which
+    one each other item needs. (Like the engine, not thread-safe.)
+
+    Args:
+        refused: a predicate on a declared type (``nn.Module``, ``int``, a Literal, …).
+    """
+    NOT_BUILT.append(refused)
+    try:
+        yield
+    finally:
+        NOT_BUILT.remove(refused)
+
+
+def waiting(configs: Any) -> dict[str, Any]:
+    """{full dotted path: value} of the values given for the items of sub-configs not made yet
+    (``optimizer.learning_rate`` given before ``optimizer`` is computed): typed and checked when given, applied when
+    the sub-config is made."""
+    out: dict[str, Any] = {}
+
+    def visit(st, prefix: str):
+        for top, values in st.pending.items():
+            for key, (value, from_text) in values.items():
+                out[f'{prefix}{top}.{key}'] = typed_pending(st, top, key, value, from_text)
+        for key, child in st.children.items():
+            visit(state_of(child), f'{prefix}{key}.')
+
+    visit(state_of(configs), '')
+    return out
+
+
 def sub_configs(configs: Any) -> dict[str, Any]:
     """{full dotted path: sub-config object} of the sub-configs made so far, parents before their children."""
     out: dict[str, Any] = {}
@@ -189,6 +226,17 @@ def class_defaults(configs_class: type) -> dict[str, Any]:
     """{item: class default} of a config class, inherited ones included (the nearest class's wins); items without
     a class default are left out. A new dict: changing it changes nothing."""
     return dict(spec_of(configs_class).defaults)
+
+
+def declared_by(configs_class: type) -> dict[str, type]:
+    """{item: the nearest class of ``configs_class``'s MRO whose body declares it} (an annotation, or a new default
+    for an inherited item), in declaration order: which items an experiment's own file declares, and which it
+    inherits (``lazylab options`` lists its own first)."""
+    out: dict[str, type] = {}
+    for key in spec_of(configs_class).annotations:
+        out[key] = next(c for c in configs_class.__mro__
+                        if '_lazylab_decl' in c.__dict__ and key in c.__dict__['_lazylab_decl'].items)
+    return out
 
 
 def fresh_sub_config(configs: Any, path: str) -> Any:

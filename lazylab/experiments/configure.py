@@ -3,8 +3,8 @@
     conf = make_configs('feedback', ['d_model=64', 'preset=labml_nn'], config='my.yaml')   # nothing computed yet
     prepare(conf)                # every user mistake surfaces here, before a run directory exists
 
-`make_configs` applies, in order, the experiment's preset, a `--config` file (flat `key: value`, or a run's
-configs.yaml dump) and the key=value settings; a key may be given by a unique end of its dotted path
+`make_configs` applies, in order, the experiment's preset, the `--config` files (flat `key: value`, or one run's
+configs.yaml dump; a later file wins) and the key=value settings; a key may be given by a unique end of its dotted path
 (`ffn.glu_variant` for `transformer.ffn.glu_variant`, `lazylab.configs.inspect.expand_short_keys`). A dump is
 checked first to be one of this experiment's (`check_dump_experiment`) and to hold only its keys (`check_dump`).
 
@@ -43,6 +43,15 @@ def read_config_file(path: str) -> dict[str, Any]:
             than `user_files.CONFIG` allows, not UTF-8, not YAML, not a mapping, or empty (no settings: only
             comments, `{}`, or a dump whose `values` are empty), naming the file.
     """
+    return read_config(path)[0]
+
+
+def read_config(path: str) -> tuple[dict[str, Any], dict[str, int]]:
+    """(`read_config_file(path)`, {key: its line} of the keys it gives: the top-level ones, or a dump's `values`).
+
+    Raises:
+        UsageError: as `read_config_file`.
+    """
     text = user_files.read_text(path, 'config file', user_files.CONFIG)
     try:
         doc = safe_yaml.load(text)
@@ -52,7 +61,7 @@ def read_config_file(path: str) -> dict[str, Any]:
         raise UsageError(f'config file {path} must hold a mapping of key: value')
     if empty_dump(doc):
         raise UsageError(f'config file {path} is empty: it holds no settings')
-    return doc
+    return doc, safe_yaml.key_lines(text, 'values' if isinstance(doc.get('values'), dict) else '')
 
 
 def empty_dump(doc: Any) -> bool:
@@ -124,15 +133,20 @@ def check_dump(name: str, configs_class: type, doc: dict[str, Any], path: Path) 
         raise UsageError(f'{path}: {name} has no config item {edited[0]!r}{suggestion(edited[0], names)}{more}')
 
 
-def make_configs(experiment: Union[str, Experiment], settings: Sequence[str] = (), *, config: Optional[str] = None):
-    """A fresh `Configs` of EXPERIMENT with, in order, the preset, the `--config` file and the settings applied.
+def make_configs(experiment: Union[str, Experiment], settings: Sequence[str] = (), *,
+                 config: Union[None, str, Sequence[str]] = None):
+    """A fresh `Configs` of EXPERIMENT with, in order, the preset, the `--config` files and the settings applied.
+
+    Each given value is labelled with where it came from (the dump's `given` section, `lazylab diff` and `lazylab
+    options --resolved` show it): `user` (the command line), `preset NAME`, `--config FILE:LINE`.
 
     Args:
         experiment: EXPERIMENT as written (a built-in name, a .py file, a module; `discovery.find_experiment`) or
             an `Experiment` already found.
         settings: `key=value` tokens (`preset=NAME` among them picks a preset); a key may be a unique end of its
             dotted path.
-        config: the `--config` file: flat `key: value` settings, or a run's configs.yaml dump.
+        config: the `--config` file, or files in order (a later file's value wins): flat `key: value` settings,
+            or a run's configs.yaml dump (one at most).
 
     Raises:
         UsageError, ConfigError: an experiment, setting, file or preset that is wrong (one line naming it).
@@ -143,29 +157,84 @@ def make_configs(experiment: Union[str, Experiment], settings: Sequence[str] = (
     conf = module.Configs()
     values = inspect.expand_short_keys(conf, parse_overrides(list(settings)))
     preset = values.pop('preset', None)
-    if config == '':  # `--config=` or `--config ''`: not the current folder
+    files = [config] if isinstance(config, str) else list(config or ())
+    if '' in files:  # `--config=` or `--config ''`: not the current folder
         raise UsageError('--config needs a YAML file')
-    file_values = read_config_file(config) if config is not None else {}
+    stacked = stack_config_files(name, conf, files)
     if preset is None:
-        preset = file_values.pop('preset', None)
-    if isinstance(file_values.get('values'), dict):  # a configs.yaml dump: its values hold the settings
-        check_dump_experiment(name, module.Configs, file_values, Path(config))  # its keys as written
-        file_values = {**file_values, 'values': inspect.expand_short_keys(conf, file_values['values'])}
-        check_dump(name, module.Configs, file_values, Path(config))
-    else:
-        file_values = inspect.expand_short_keys(conf, file_values)
+        preset = stacked.preset
     if preset is not None:
         presets = getattr(module, 'PRESETS', None) or {}
         if not isinstance(preset, str) or preset not in presets:
             raise UsageError(f"unknown preset {preset!r} for {name}; presets: {', '.join(presets) or 'none'}")
         apply_overrides(conf, presets[preset])
         label_given(conf, presets[preset], f'preset {preset}')
-    if file_values:
-        load(conf, file_values, label=f'--config {config}')  # a dump: its given values (see replay.check_replay)
+    stacked.apply(conf)
     if values:
         apply_overrides(conf, values)
         label_given(conf, values, 'user')
     return conf
+
+
+class StackedFiles:
+    """What the `--config` files give, stacked (`stack_config_files`): `values` (key → value, a later file's
+    winning), `labels` (key → `--config FILE:LINE`), `preset` (the last file's `preset:`), and `dump` (the parsed
+    configs.yaml dump among them, whose computed values replay checks, or None)."""
+
+    def __init__(self):
+        self.values: dict[str, Any] = {}
+        self.labels: dict[str, str] = {}
+        self.preset: Optional[str] = None
+        self.dump: Optional[dict[str, Any]] = None
+        self.dump_path, self.dump_label = '', ''
+
+    def apply(self, conf) -> None:
+        """Give `conf` the stacked values (a dump's through `load`, so that replay checks its computed values)."""
+        if self.dump is not None:
+            doc = {**self.dump, 'values': {**self.dump['values'], **self.values},
+                   'given': {**(self.dump.get('given') or {}), **self.labels}}
+            if not isinstance(self.dump.get('given'), dict):  # a dump without `given` is applied whole
+                doc['given'] = {**{k: self.dump_label for k in self.dump['values']}, **self.labels}
+            load(conf, doc, label=self.dump_label)  # (the label names the file in replay's messages)
+        elif self.values:
+            load(conf, self.values)
+        for key, label in self.labels.items():
+            label_given(conf, [key], label)
+
+
+def stack_config_files(name: str, conf, files: Sequence[str]) -> StackedFiles:
+    """The `--config` FILES of experiment NAME read, checked and stacked in order (see `StackedFiles`): each file's
+    keys expanded (a unique end of a key stands for it), a dump checked to be NAME's (`check_dump_experiment`,
+    `check_dump`), each value labelled with its file and line.
+
+    Raises:
+        UsageError: a file `read_config_file` refuses; a dump of another experiment or with keys NAME lacks; two
+            dumps (a run's configuration is one dump: stack flat files on it).
+    """
+    stacked = StackedFiles()
+    for path in files:
+        doc, lines = read_config(path)
+        if doc.get('preset') is not None:
+            stacked.preset = doc.pop('preset')
+        if isinstance(doc.get('values'), dict):  # a configs.yaml dump: its values hold the settings
+            if stacked.dump is not None:
+                raise UsageError(f'--config {path}: {stacked.dump_path} is a run\'s dump already; stack flat '
+                                 f'key: value files on one dump')
+            check_dump_experiment(name, type(conf), doc, Path(path))  # its keys as written
+            doc = {**doc, 'values': inspect.expand_short_keys(conf, doc['values'])}
+            check_dump(name, type(conf), doc, Path(path))
+            stacked.dump, stacked.dump_path, stacked.dump_label = doc, path, f'--config {path}'
+            given = doc.get('given') if isinstance(doc.get('given'), dict) else doc['values']
+            for key in given:  # its given values are this file's, at their lines (a later file still wins)
+                if key in doc['values']:
+                    stacked.values.pop(key, None)
+                    stacked.labels[key] = f'--config {path}:{lines[key]}' if key in lines else f'--config {path}'
+            continue
+        expanded = inspect.expand_short_keys(conf, doc)
+        for (key, value), written in zip(expanded.items(), doc):
+            stacked.values[key] = value
+            stacked.labels[key] = f'--config {path}:{lines[written]}' if written in lines else f'--config {path}'
+    return stacked
 
 
 def prepare(conf) -> None:

@@ -67,7 +67,8 @@ from lazylab.runs import (
 )
 
 
-def train_main(experiment: Union[str, Experiment], settings: Sequence[str] = (), *, config: Optional[str] = None,
+def train_main(experiment: Union[str, Experiment], settings: Sequence[str] = (), *,
+               config: Union[None, str, Sequence[str]] = None,
                allow_changes: bool = False, run_dir: Optional[Path] = None,
                on_validation: Optional[ValidationHook] = None, labels: Optional[dict[str, Sequence[str]]] = None,
                info: Optional[dict[str, Any]] = None) -> Path:
@@ -77,7 +78,7 @@ def train_main(experiment: Union[str, Experiment], settings: Sequence[str] = (),
     Args:
         experiment: EXPERIMENT as written (built-in name, .py file, module, plugin) or an `Experiment`.
         settings: key=value tokens.
-        config: the --config file (flat settings, or a run's configs.yaml).
+        config: the --config file, or files in order (flat settings, or a run's configs.yaml; later wins).
         allow_changes: accept a replayed dump's changed computed values (--allow-changes).
         run_dir: for a caller that runs the run (a sweep's trial): the folder to use (created if needed; it must
             not hold a run yet).
@@ -103,7 +104,8 @@ def train_main(experiment: Union[str, Experiment], settings: Sequence[str] = (),
         changes = check_replay(conf, allow_changes)
         made = None
         if distributed.is_main_process():  # rank 0 creates the run directory; the others learn its name
-            argv = [*settings, *(['--config', config] if config is not None else [])]
+            files = [config] if isinstance(config, str) else list(config or ())
+            argv = [*settings, *(arg for path in files for arg in ('--config', path))]
             made = start_run(conf, found, argv, run_dir=run_dir, changes=changes, info=info)
         run_dir = Path(distributed.broadcast_object(str(made) if made else None))
         with training_lock(run_dir, distributed.is_main_process()), stdout_may_close():  # see those two

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 from lazylab import runs, user_files
 from lazylab.command_line import Parser, split_setting
-from lazylab.errors import UsageError
+from lazylab.errors import UsageError, given_twice
 from lazylab.experiments import discovery
 from lazylab.redaction import StorageURLError, parse_database_url, redact, redact_url
 from lazylab.sweeps import scripts
@@ -240,14 +240,14 @@ def _study(a: argparse.Namespace, study: Optional[str]) -> Optional[str]:
 def _settings(tokens: list[str], full_key: Callable[[str], str]) -> tuple[list[str], list[Dimension]]:
     """(fixed key=value tokens, swept dimensions) of the command's settings; each swept key named in full, by
     `full_key`."""
-    fixed, dims, seen = [], [], set()
+    fixed, dims, seen = [], [], {}
     for token in tokens:
         key, text = split_setting(token, 'key=value or key=SWEEP')
         value = parse_value(key, text)
         full = full_key(key)  # a key's unique end stands for it, as on `lazylab train`
         if full in seen:
-            raise UsageError(f'{full} is given twice')
-        seen.add(full)
+            raise UsageError(given_twice(full, seen[full], token))
+        seen[full] = token
         if isinstance(value, Fixed):
             fixed.append(f'{key}={value.text}')  # (the trial's `lazylab train` reads it as this one does)
             continue

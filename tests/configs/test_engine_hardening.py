@@ -5,7 +5,14 @@ from typing import Any, List, Optional, Tuple
 import pytest
 
 import lazylab.configs as lc
-from lazylab.configs import BadValueError, BaseConfigs, UnknownItemError, UnknownOptionError, option
+from lazylab.configs import (
+    BadValueError,
+    BaseConfigs,
+    OverrideSyntaxError,
+    UnknownItemError,
+    UnknownOptionError,
+    option,
+)
 from lazylab.configs.engine.comments import _parse
 from lazylab.configs.engine.overrides import declared_paths, expand_short_keys
 
@@ -183,9 +190,11 @@ def test_a_unique_end_of_a_dotted_key_stands_for_the_whole_key():
     # a key whose first part is an item is never expanded; one that matches nothing is left for the usual error
     assert expand_short_keys(conf, {'other.glu_variant': 'a', 'nothing.here': 1}) == \
         {'other.glu_variant': 'a', 'nothing.here': 1}
-    # later keys win, whichever form they take
-    assert expand_short_keys(conf, {'transformer.attn_dropout': 0.2, 'attn_dropout': 0.3}) == \
-        {'transformer.attn_dropout': 0.3}
+    # two forms of one key are the key given twice: refused, naming both
+    twice = (r'^transformer\.attn_dropout is given twice: transformer\.attn_dropout=0\.2 and attn_dropout=0\.3; '
+             r'give it once$')
+    with pytest.raises(OverrideSyntaxError, match=twice):
+        expand_short_keys(conf, {'transformer.attn_dropout': 0.2, 'attn_dropout': 0.3})
 
 
 def test_an_ambiguous_short_key_is_an_error_listing_the_candidates():

@@ -8,6 +8,7 @@ from lazylab.configs.feedback import FeedbackConfigs
 from lazylab.models import feedback as fb
 from lazylab.models.autoregressive import AutoregressiveModel
 from lazylab.models.feedback.reference import reference_forward
+from lazylab.testing import replaced
 
 SMALL = {'n_tokens': 11, 'd_model': 16, 'heads': 2, 'd_ff': 24, 'n_layers': 2}
 
@@ -142,7 +143,7 @@ def run_cli(argv, capsys):
 def test_n_positions_smaller_than_the_memory_a_step_sees_is_one_line_and_writes_nothing(tmp_path, capsys, extra,
                                                                                          needed, use):
     runs = tmp_path / 'runs'
-    code, out, err = run_cli(['train', 'feedback', *TINY, 'max_steps=1', 'feedback.n_positions=8', *extra,
+    code, out, err = run_cli(['train', 'feedback', *replaced(TINY, 'max_steps=1', 'feedback.n_positions=8', *extra),
                               f'runs_dir={runs}'], capsys)
     assert code == 2
     assert err.startswith(f'lazylab: error: feedback.n_positions=8 is too small for {use}') and f'≥ {needed}' in err
@@ -159,7 +160,7 @@ def test_a_memory_span_within_n_positions_trains_and_generation_past_them_is_one
     code, out, _ = run_cli(['generate', str(runs_dir), '--prompt', 'ab', '--tokens', '40', '--temperature', '0'],
                            capsys)
     assert code == 0 and len(out.rstrip('\n')) == 42
-    code, _, err = run_cli(['train', 'feedback', *TINY, 'max_steps=2', 'seq_len=9', 'sample_tokens=4',
+    code, _, err = run_cli(['train', 'feedback', *replaced(TINY, 'max_steps=2', 'seq_len=9', 'sample_tokens=4'),
                             'feedback.n_positions=8', f'runs_dir={runs}'], capsys)
     assert code == 0, err
     second = next(p for p in (runs / 'feedback').iterdir() if p != runs_dir)  # (two runs may share a second)

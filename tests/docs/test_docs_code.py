@@ -8,10 +8,10 @@ one scratch folder, so later blocks use what earlier ones made (a `lazylab resum
 - ```` ```python ```` blocks run in one namespace per page (`exec`), so a block uses the names of the ones before;
 - ```` ```bash ```` lines and ```` ```console ```` `$ ` lines are commands (comments dropped, continuation lines
   joined). `lazylab …` runs in this process through `lazylab.cli.main`, a `train` (or `sweep`) with tiny sizes put
-  before its own keys (as tests/test_readme_commands.py does for the README); a few plain shell commands
-  (`printf … > FILE`, `ls`, …) run in bash. A console block's other lines are the output: each must appear in what
-  the command printed (`…` stands for anything), and an output with a `lazylab: error:` line means the command must
-  fail with exit code 2.
+  before its own keys (as tests/test_readme_commands.py does for the README), its output into FILE after ` > FILE`;
+  a few plain shell commands (`printf … > FILE`, `ls`, …) run in bash. A console block's other lines are the output:
+  each must appear in what the command printed (`…` stands for anything), and an output with a `lazylab: error:`
+  line means the command must fail with exit code 2.
 - a command that cannot run in a test (several machines, a long run, a server) is in COVERED with the test that
   runs it, as in the README's test; a block the tests deliberately do not run has `<!-- not-run: REASON -->` on the
   line before it. A command in neither place fails `test_every_page_command_is_run_or_covered`.
@@ -263,21 +263,23 @@ def _argv(command: str) -> list[str]:
             w = w.replace('RUN_ID', Path(found[0]).name)
         resolved += sorted(glob.glob(w)) if '*' in w else [w]
     if resolved[0] == 'train' or (resolved[0] == 'sweep' and not resolved[1].startswith('-')):
-        resolved = resolved[:2] + _tiny_for(resolved[1]) + resolved[2:]  # a sweep's fixed settings, for every trial
+        resolved = resolved[:2] + _tiny_for(resolved[1], resolved[2:]) + resolved[2:]  # a sweep's, for every trial
     return resolved
 
 
-def _tiny_for(experiment: str) -> list[str]:
+def _tiny_for(experiment: str, own: list[str]) -> list[str]:
     """The TINY sizes the experiment has keys for (an experiment of the reader's own, such as the tutorial's LSTM,
-    has no `heads`); all of them when it cannot be loaded (the command is then a mistake the page shows)."""
+    has no `heads`), but those the command's own arguments `own` give (a key is given once); all of them when it
+    cannot be loaded (the command is then a mistake the page shows)."""
+    given = {a.split('=', 1)[0] for a in own if '=' in a and not a.startswith('-')}
     from lazylab.errors import LazylabError
     from lazylab.experiments.configure import declared_keys
     from lazylab.experiments.discovery import load_experiment
     try:
         keys = declared_keys(load_experiment(experiment).Configs)
     except LazylabError:
-        return TINY
-    return [a for a in TINY if a.split('=')[0] in keys]
+        return [a for a in TINY if a.split('=')[0] not in given]
+    return [a for a in TINY if a.split('=')[0] in keys and a.split('=')[0] not in given]
 
 
 def _matches(expected: str, lines: list[str]) -> bool:
@@ -292,9 +294,12 @@ def _run_command(block: Block, command: str, expected: list[str], capsys, folder
         assert done.returncode == 0, (block.where, command, done.stderr)
         out, err, code = done.stdout, done.stderr, 0
     else:
+        command, _, target = command.partition(' > ')  # `lazylab … > FILE`: its output into FILE, as a shell does
         capsys.readouterr()
         code = cli.main(_argv(command))
         out, err = capsys.readouterr()
+        if target:
+            (folder / target.strip()).write_text(out, encoding='utf-8')
     fails = any(line.startswith('lazylab: error:') for line in expected)
     assert code == (2 if fails else 0), (block.where, command, code, err[-2000:])
     assert 'Traceback' not in err, (block.where, command, err)

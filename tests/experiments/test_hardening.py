@@ -20,7 +20,7 @@ from lazylab.experiments.checkpoint import Position, load_checkpoint, save_check
 from lazylab.experiments.metrics import Progress, read_metrics
 from lazylab.models.sampling import MAX_NEW_TOKENS, NonFiniteLogitsError, check_generate_arguments, sample_next
 from lazylab.runs import CHECKPOINT_PT as CHECKPOINT
-from lazylab.testing import TINY, as_stopped
+from lazylab.testing import TINY, as_stopped, replaced, tiny
 
 
 def _everything(folder: Path) -> set:
@@ -53,7 +53,8 @@ def _everything(folder: Path) -> set:
 def test_a_bad_value_is_one_line_naming_the_key_and_nothing_is_written(tmp_path, cli_error, argv, message):
     import re
     runs = tmp_path / 'runs'
-    text = cli_error(['train', 'transformer', *TINY, f'runs_dir={runs}', *argv])
+    text = cli_error(['train', 'transformer', *replaced(TINY, drop=tuple(a.split('=')[0] for a in argv)),
+                      f'runs_dir={runs}', *argv])
     assert re.search(message, text), text
     assert not runs.exists()
 
@@ -361,7 +362,7 @@ def test_progress_off_a_terminal_prints_a_line_at_a_steady_pace_and_every_valida
 
 
 def test_the_summary_reports_the_runs_average_tokens_per_second(tmp_path, capsys):
-    assert cli.main(['train', 'transformer', *TINY, 'max_steps=6', 'log_interval=2', 'valid_interval=3',
+    assert cli.main(['train', 'transformer', *tiny('max_steps=6', 'log_interval=2', 'valid_interval=3'),
                      f'runs_dir={tmp_path}']) == 0
     out = capsys.readouterr().out
     run, = (tmp_path / 'transformer').iterdir()

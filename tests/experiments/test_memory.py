@@ -6,6 +6,7 @@ import torch
 from lazylab.errors import UsageError
 from lazylab.experiments import memory
 from lazylab.experiments.memory import Need, check_memory, size_text
+from lazylab.testing import replaced
 
 TINY = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_size=4', 'device=cpu', 'threads=1',
         'max_steps=1']
@@ -21,7 +22,7 @@ CASES = [
      'the run needs at least 983.0 GB of memory, more than the 1.0 GB available (cpu): fast-weight features φ(k), '
      'φ(q) alone take 655.4 GB (nu=1000000, hidden_size=64, n_keys=20, batch_size=32); make one of them smaller'),
     # parameters 8 · (65 · 10⁷ + 2 · 10¹⁴ + 2 · 32 · 10⁷) = 1.6 PB
-    (['train', 'transformer', *TINY, 'd_model=10000000'],
+    (['train', 'transformer', *replaced(TINY, 'd_model=10000000')],
      'the run needs at least 1.6 PB of memory, more than the 1.0 GB available (cpu): parameters and their gradients '
      'alone take 1.6 PB (d_model=10000000, d_ff=32, n_layers=1); make one of them smaller'),
     # the same key of the sub-config: named by its path; features 4 · 2 · 4 · 16 · 2 · (2 · 8 · 10⁶) = 16.4 GB,
@@ -31,7 +32,7 @@ CASES = [
      'φ(q) alone take 16.4 GB (fast_weights.nu=1000000, d_model=16, batch_size=4, seq_len=16, n_layers=1); make one '
      'of them smaller'),
     # activations 4 · 10⁴ · 10³ · (16 + 32 + 65) = 4.52 GB, the biggest part
-    (['train', 'feedback', *TINY, 'batch_size=10000', 'seq_len=1000', 'feedback.n_positions=1000'],
+    (['train', 'feedback', *replaced(TINY, 'batch_size=10000', 'seq_len=1000', 'feedback.n_positions=1000')],
      'the run needs at least 4.5 GB of memory, more than the 1.0 GB available (cpu): activations kept for the '
      'backward pass alone take 4.5 GB (batch_size=10000, seq_len=1000, d_model=16, d_ff=32, n_layers=1); make one '
      'of them smaller'),

@@ -21,7 +21,7 @@ from lazylab.experiments.checkpoint import load_checkpoint
 from lazylab.experiments.metrics import read_metrics
 from lazylab.experiments.replay import open_run
 from lazylab.runs import CHECKPOINT_PT, read_record
-from lazylab.testing import as_stopped
+from lazylab.testing import as_stopped, replaced
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ['d_model=16', 'seq_len=16', 'batch_size=4', 'max_steps=3', 'valid_interval=1', 'valid_batches=1',
@@ -476,7 +476,7 @@ def test_torchrun_trains_a_file_experiment_on_two_processes(here, launch):
     head = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
     command = [*head, '-m', 'lazylab.cli', 'train', './char_gru_k.py'] if launch == 'module' else \
         [*head, 'char_gru_k.py']
-    proc = subprocess.Popen([*command, *TINY, 'batch_size=2'], cwd=here, env=_env(), stdout=subprocess.PIPE,
+    proc = subprocess.Popen([*command, *replaced(TINY, 'batch_size=2')], cwd=here, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=300)

@@ -14,6 +14,7 @@ from lazylab import cli
 from lazylab.configs import BaseConfigs, apply_overrides, dump, load, option, replay_changes, to_dict
 from lazylab.experiments import configure, lifecycle
 from lazylab.experiments.metrics import read_metrics
+from lazylab.testing import replaced
 
 # --- the engine: given, computed, and the check -----------------------------------------------------------
 
@@ -120,7 +121,8 @@ def train(tmp_path, tools):
         before = set((runs / name).iterdir()) if (runs / name).exists() else set()
         threads = torch.get_num_threads()
         try:
-            assert cli.main(['train', name, *(tools.TINY if sizes else []), f'runs_dir={runs}', *settings]) == 0
+            base = replaced(tools.TINY, drop=tuple(s.split('=')[0] for s in settings)) if sizes else []
+            assert cli.main(['train', name, *base, f'runs_dir={runs}', *settings]) == 0
         finally:
             torch.set_num_threads(threads)
         (new,) = set((runs / name).iterdir()) - before
@@ -130,7 +132,7 @@ def train(tmp_path, tools):
 
 def _direct(name, tools, *settings):
     """The configuration `lazylab train NAME TINY settings` computes, without a dump."""
-    conf = configure.make_configs(name, [*tools.TINY, *settings])
+    conf = configure.make_configs(name, replaced(tools.TINY, *settings))
     threads = torch.get_num_threads()
     try:
         configure.prepare(conf)
@@ -153,7 +155,10 @@ def test_config_replay_with_a_new_width_trains_that_width_and_every_computed_val
         json.loads((first / 'run.json').read_text())['parameters']
     doc = yaml.safe_load((second / 'configs.yaml').read_text())
     assert doc['given']['d_model'] == 'user'
-    assert doc['given']['max_steps'] == f'--config {first / "configs.yaml"}'
+    dumped = (first / 'configs.yaml').read_text().splitlines()  # the line of max_steps in the first run's values
+    line = dumped.index('values:') + 1 + next(i for i, x in enumerate(dumped[dumped.index('values:') + 1:], 1)
+                                              if x.startswith('  max_steps:'))
+    assert doc['given']['max_steps'] == f'--config {first / "configs.yaml"}:{line}'
     for key in widths:
         assert doc['values'][key] == 32, key
     want = to_dict(direct)['values']

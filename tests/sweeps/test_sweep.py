@@ -578,7 +578,8 @@ def test_a_swept_key_may_be_the_unique_end_of_its_path_and_is_recorded_in_full(t
      "'optimizer.learning_rate' or 'optimizer.min_lr_ratio' or 'optimizer.weight_decay'?"),
     (['feedback', 'ffn=x,y'], "'ffn' is ambiguous: it could be feedback.ffn, feedback.ffn.ffn; give the full key"),
     (['transformer', 'ffn.glu_variant=GEGLU,SwiGLU', 'transformer.ffn.glu_variant=GEGLU'],
-     'transformer.ffn.glu_variant is given twice'),
+     'transformer.ffn.glu_variant is given twice: ffn.glu_variant=GEGLU,SwiGLU and transformer.ffn.glu_variant=GEGLU; '
+     'give it once'),
     (['transformer', 'seed=choice(3)', '--trials', '3'],
      '--trials is for --sampler random|tpe; the grid runs its one point once'),
 ], ids=['an unknown end', 'an unknown top-level key', 'an unknown key of a sub-config', 'an ambiguous end',

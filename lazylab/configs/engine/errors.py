@@ -89,6 +89,12 @@ class DeclarationError(ConfigError, TypeError):
     signature, a multi-item option returning the wrong number of values."""
 
 
+class NotBuiltError(ConfigError):
+    """An item that a block asked the engine not to compute (``inspect.not_built``: the model, while a command
+    resolves a configuration without building it) was needed. ``path`` names that item. Not a mistake of the user's:
+    the caller catches it and says the value is computed when the run starts."""
+
+
 class OverrideSyntaxError(ConfigError, ValueError):
     """A command-line token is not ``key=value``."""
 

@@ -21,7 +21,7 @@ list item is an error), and other values are fitted to the type or refused.
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Optional, get_args, get_origin
 
-from lazylab.errors import shown
+from lazylab.errors import given_twice, shown
 from lazylab.user_files import control_character
 
 from .coerce import TypeMismatch, coerce_text, conform
@@ -30,6 +30,7 @@ from .declarations import AGGREGATE_MARKER, ItemRef, Spec, spec_of
 from .errors import (
     AlreadyComputedError,
     BadValueError,
+    ConfigError,
     OverrideSyntaxError,
     UnknownItemError,
     UnknownOptionError,
@@ -38,10 +39,10 @@ from .errors import (
 )
 from .report import note_given
 from .state import State, state_of
-from .typing_tools import describe_type, is_plain_value, takes_any_string
+from .typing_tools import describe_type, is_configs_class, is_plain_value, takes_any_string
 
 
-class _Unborn:
+class Unborn:
     """Stands in for a sub-config not created yet, so dotted keys can be checked against its class."""
     cache: dict[str, Any] = {}
     children: dict[str, Any] = {}
@@ -196,11 +197,23 @@ def _check_unborn(view: Any, top: str, sub: dict[str, Any], from_text: bool):
     if not (isinstance(annotation, type) and getattr(annotation, '_lazylab_is_configs', False)):
         return
     try:
-        plan(_Unborn(spec_of(annotation), view.path_of(top)), sub, from_text)
+        plan(Unborn(spec_of(annotation), view.path_of(top)), sub, from_text)
     except UnknownItemError:
         if top in spec.options or top in spec.defaults or top in spec.by_target:
             return
         raise
+
+
+def typed_pending(st: State, top: str, key: str, value: Any, from_text: bool) -> Any:
+    """A value waiting in ``st`` for its sub-config ``top`` (``st.pending``), typed as that item of the sub-config's
+    declared class will type it; text stays text when the class is not known until an option makes it."""
+    annotation = st.spec.types[top]
+    if '.' in key or not is_configs_class(annotation) or key not in spec_of(annotation).annotations:
+        return value
+    try:
+        return plan(Unborn(spec_of(annotation), st.path_of(top)), {key: value}, from_text).direct[key]
+    except ConfigError:  # checked when given; an option may make a subclass that types it otherwise
+        return value
 
 
 def apply(st: State, p: Plan):
@@ -271,7 +284,7 @@ def set_default(st: State, item: Any, value: Any = None, func: Any = None):
 
 
 def parse_overrides(argv: Sequence[str], configs: Optional[Any] = None) -> dict[str, Any]:
-    """Split ``key=value`` tokens into a dict (later tokens win).
+    """Split ``key=value`` tokens into a dict; a key may be given once.
 
     Without ``configs`` the values are the text given. With a config object they are typed and checked
     against its declared items (nothing is applied); dotted keys for sub-configs not created yet stay text
@@ -287,10 +300,11 @@ def parse_overrides(argv: Sequence[str], configs: Optional[Any] = None) -> dict[
 
     Raises:
         OverrideSyntaxError: a token without ``=``, with an empty key, or a key with a control character
-            (``\\n``, ``\\t``, …: shown escaped).
+            (``\\n``, ``\\t``, …: shown escaped); a key given twice (``d_model=8 d_model=16``: both named).
         UnknownItemError, UnknownOptionError, BadValueError, AlreadyComputedError: with ``configs``.
     """
     values: dict[str, str] = {}
+    tokens: dict[str, str] = {}  # key → the token that gave it
     for token in argv:
         key, eq, text = token.partition('=')
         bad = control_character(key)
@@ -302,7 +316,10 @@ def parse_overrides(argv: Sequence[str], configs: Optional[Any] = None) -> dict[
             raise OverrideSyntaxError(f'expected key=value, got {token!r}')
         if key.startswith('--'):  # tolerate `--key=value`
             key = key[2:]
+        if key in values:
+            raise OverrideSyntaxError(given_twice(key, tokens[key], token))
         values[key] = text
+        tokens[key] = token
     if configs is None:
         return values
     checked = plan(state_of(configs), values, from_text=True)
@@ -362,15 +379,19 @@ def expand_short_keys(configs: Any, values: Mapping[str, Any]) -> dict[str, Any]
     """``values`` with each short key replaced by the one declared path it ends with (for command lines):
     ``ffn.glu_variant`` → ``transformer.ffn.glu_variant`` when exactly one declared path ends in
     ``.ffn.glu_variant``. A key whose first part is an item of ``configs`` is left as it is (so is one that
-    matches nothing: applying it names the nearest items); later keys win, as in :func:`parse_overrides`.
+    matches nothing: applying it names the nearest items). Two keys that name one item (``ffn.glu_variant`` and
+    ``transformer.ffn.glu_variant``) are refused, as :func:`parse_overrides` refuses a key given twice.
 
     Raises:
         UnknownItemError: a short key that several declared paths end with (the message lists them).
+        OverrideSyntaxError: two keys of ``values`` name one item (both named, as ``KEY=VALUE``).
     """
     spec = state_of(configs).spec if not isinstance(configs, type) else spec_of(configs)
     paths = None
     out: dict[str, Any] = {}
+    written: dict[str, Any] = {}  # full key → the key as given
     for key, value in values.items():
+        written_key = key
         if isinstance(key, str) and key and key.partition('.')[0] not in spec.annotations:
             paths = declared_paths(configs) if paths is None else paths
             matches = [p for p in paths if p.endswith('.' + key)]
@@ -379,6 +400,8 @@ def expand_short_keys(configs: Any, values: Mapping[str, Any]) -> dict[str, Any]
                                        key)
             if matches:
                 key = matches[0]
-        out.pop(key, None)
+        if key in out:
+            raise OverrideSyntaxError(given_twice(key, f'{written[key]}={out[key]}', f'{written_key}={value}'))
         out[key] = value
+        written[key] = written_key
     return out

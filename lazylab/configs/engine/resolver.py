@@ -28,12 +28,13 @@ from .errors import (
     ConfigError,
     CycleError,
     DeclarationError,
+    NotBuiltError,
     NoValueError,
     UnknownItemError,
     unknown_item,
 )
 from .overrides import apply_pending, check_option_name
-from .state import ACTIVE, Frame, Provenance, State, state_of
+from .state import ACTIVE, NOT_BUILT, Frame, Provenance, State, state_of
 from .typing_tools import describe_type
 
 # Types labml never constructs from an annotation.
@@ -79,6 +80,7 @@ def compute(st: State, key: str):
     """Compute item ``key`` and store it in ``st.cache`` (with its provenance).
 
     Raises:
+        NotBuiltError: the item's type is one a caller refused (``inspect.not_built``).
         CycleError: the item is already being computed further up the chain.
         NoValueError: nothing gives the item a value.
         CalculatorError: a calculator or ``set_default`` function raised (chained).
@@ -93,6 +95,8 @@ def compute(st: State, key: str):
     if key in st.computing:
         start = next(i for i, f in enumerate(ACTIVE) if f.state is st and f.key == key)
         raise CycleError([f.path for f in ACTIVE[start:]] + [path])
+    if NOT_BUILT and any(refused(spec.types[key]) for refused in NOT_BUILT):
+        raise NotBuiltError(f'{path} is not built here', path)
     frame = Frame(st, key, path)
     st.computing.add(key)
     ACTIVE.append(frame)

@@ -110,6 +110,10 @@ class Frame:
         self.read_set: set[str] = set()
 
 
+#: Predicates on an item's declared type (its type without constraints): while one is here and says yes, computing
+#: such an item raises NotBuiltError instead (see inspect.not_built).
+NOT_BUILT: list[Callable[[Any], bool]] = []
+
 #: Computations in progress, innermost last: the resolver pushes and pops them; reading an item records itself on
 #: the innermost (provenance), and a value given while one is in progress is "set by" it (see report.note_given).
 ACTIVE: list[Frame] = []

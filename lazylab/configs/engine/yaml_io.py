@@ -42,7 +42,7 @@ from typing import Any, NamedTuple, Optional, Union
 from lazylab import safe_yaml, user_files
 
 from .errors import BadValueError, UnknownItemError
-from .overrides import apply_overrides
+from .overrides import apply_overrides, typed_pending
 from .report import given_paths, type_name, walk
 from .state import Provenance, state_of
 
@@ -77,9 +77,16 @@ class _Entry(NamedTuple):
 
 
 def _entries(configs: Any) -> dict[str, _Entry]:
-    """Every item that has a value, computed or given, by dotted path, in the dump's order."""
+    """Every item that has a value, computed or given, by dotted path, in the dump's order (a value given for a
+    sub-config not made yet, after the items of the config that waits for it)."""
     out: dict[str, _Entry] = {}
     for path, st, key in walk(state_of(configs)):
+        if key in st.pending and key not in st.children:  # given for a sub-config not made yet: replayed too
+            for sub, (given, from_text) in st.pending[key].items():
+                given = typed_pending(st, key, sub, given, from_text)
+                text = _text_value(given)
+                out[f'{path}.{sub}'] = _Entry(text, type_name(given) if text is _NOT_TEXT else None, None, False,
+                                              given)
         if key not in st.cache:
             # a value the user gave but nothing read yet is still part of the configuration to replay
             given = st.overrides.get(key, st.assigned.get(key, _NOT_TEXT))

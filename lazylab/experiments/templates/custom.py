@@ -10,8 +10,10 @@ parameters) and `total_steps`. TrainerConfigs brings the rest (seed, device, bat
 """
 import sys
 from collections.abc import Iterator
+from typing import Annotated
 
 import torch
+from annotated_types import Ge, Interval
 from torch import nn
 
 from lazylab.configs import option
@@ -65,14 +67,18 @@ class Sorter(nn.Module):
         return self.logits(h)
 
 
+# Each key's type says what values it takes (Annotated[int, Ge(1)]: an int ≥ 1), so `hidden=0` is a one-line error
+# naming the key, as for every built-in key; `lazylab options` shows the rule. lazylab.configs.types has the
+# common ones by name (PositiveInt, Probability, …).
 class Configs(TrainerConfigs):
-    seq_len: int = 8                # digits per sequence
-    hidden: int = 64                # GRU width
-    target_accuracy: float = 0.99   # stop once validation sorts this fraction of the digits right
+    seq_len: Annotated[int, Ge(1)] = 8                               # digits per sequence
+    hidden: Annotated[int, Ge(1)] = 64                               # GRU width
+    target_accuracy: Annotated[float, Interval(ge=0, le=1)] = 0.99   # stop once validation sorts this fraction
+                                                                     # of the digits right
     model: nn.Module = 'gru'        # the model
     task: Task = 'sort_digits'      # the data, the loss and the evaluation
     optimizer: OptimizerConfigs     # optimizer.learning_rate, optimizer.optimizer, …
-    total_steps: int                # optimizer steps this run takes
+    total_steps: Annotated[int, Ge(1)]  # optimizer steps this run takes
 
 
 @option(Configs.model, 'gru')

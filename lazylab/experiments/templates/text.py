@@ -8,8 +8,10 @@ NLPAutoRegressionConfigs brings the text (tiny_shakespeare, or text=FILE), its v
 validation, samples, the optimizer and a 10-minute time budget; this file adds the model.
 """
 import sys
+from typing import Annotated
 
 import torch
+from annotated_types import Ge, Interval
 from torch import nn
 
 from lazylab.configs import option
@@ -30,10 +32,13 @@ class CharLSTM(nn.Module):
         return self.logits(h)
 
 
+# Each key's type says what values it takes (Annotated[int, Ge(1)]: an int ≥ 1), so `hidden=0` is a one-line error
+# naming the key, as for every built-in key; `lazylab options` shows the rule. lazylab.configs.types has the
+# common ones by name (PositiveInt, Probability, …).
 class Configs(NLPAutoRegressionConfigs):
-    model: nn.Module = 'lstm'  # the model: the option below
-    hidden: int = 256          # LSTM width
-    n_layers: int = 1          # LSTM layers
+    model: nn.Module = 'lstm'                            # the model: the option below
+    hidden: Annotated[int, Ge(1)] = 256                  # LSTM width
+    n_layers: Annotated[int, Interval(ge=1, le=64)] = 1  # LSTM layers
 
 
 @option(Configs.model, 'lstm')
