@@ -22,6 +22,7 @@ from lazylab.experiments.checkpoint import load_checkpoint
 from lazylab.experiments.metrics import read_metrics
 from lazylab.experiments.trainer import Training
 from lazylab.runs import CHECKPOINT_PT, METRICS_JSONL, RUN_JSON, SAMPLES_TXT
+from lazylab.testing import replaced
 
 #: 12 steps, validated and checkpointed every 5 (steps 5, 10, 12), a metrics record every 2, dropout on (so the
 #: random states matter): a stop at steps 1-4, 6-9 or 11 falls between validations
@@ -58,7 +59,7 @@ def _run_dir(runs: Path) -> Path:
 
 
 def _train(experiment: str, settings: list[str], runs: Path) -> tuple[int, Path]:
-    code = cli.main(['train', experiment, *settings, *LENGTH, f'runs_dir={runs}'])
+    code = cli.main(['train', experiment, *replaced(LENGTH, *settings), f'runs_dir={runs}'])
     return code, _run_dir(runs)
 
 
