@@ -1,0 +1,122 @@
+"""The submitit executor of a lazylab job, and its job script: the warning signal passed on to the run's processes.
+
+    executor = make_executor(RUN_DIR / 'slurm', options, job_name='lazylab-transformer', log=RUN_DIR / 'output.log')
+    job = executor.submit(RunJob(...))          # submitit: sbatch the script; the job calls the pickled function
+
+submitit's `SlurmExecutor` writes the sbatch script (every sbatch option: submitit's parameters and its
+`slurm_additional_parameters`), submits it, and in the job runs `python -u -m submitit.core._submit FOLDER`, which
+unpickles the function and calls it. Its script runs that line through srun in the foreground; lazylab's differs
+in how the warning signal reaches the run:
+
+- `#SBATCH --signal=B:USR1@90` sends it to the batch shell, as `scancel --signal=USR1 --batch JOB` does. (Without
+  `B:` Slurm signals the job steps and not the shell; `--batch` signals only the shell.) A shell runs a trap only
+  between commands, so srun runs in the background while the shell waits on it, and the trap passes the signal on to
+  srun, which forwards it to every process of the step: one per rank, so every rank notes it (lazylab.slurm.job).
+- A signal that arrives before every process has installed its handler would end it (SIGUSR1's default action), so
+  each process, once ready, writes a file in FOLDER/ready-JOB_ID/, and the trap holds the signal until all are
+  there (then passes it on).
+- srun gets `--kill-on-bad-exit=1` (one process failing ends the others, at once rather than at the collectives'
+  timeout) and the job's `--cpus-per-task` (srun does not take it from sbatch since Slurm 22.05).
+- A warning signal other than USR1 is exported as `LAZYLAB_STOP_SIGNAL` (the trainer then stops at it as at
+  USR1) and as `SUBMITIT_PREEMPT_SIGNAL` (so that submitit's own handler, which lazylab's replaces, is on it too).
+
+submitit's defaults that would surprise a lazylab user are dropped: no `--time` unless given (submitit's is 5 minutes;
+the partition's default applies), no `--wckey=submitit`. The job's stdout and stderr go, appended (a requeued job
+adds to it), to the log file given (RUN_DIR/output.log).
+"""
+import shlex
+from pathlib import Path
+from typing import Any
+
+from lazylab.slurm.options import SlurmOptions, submitit_parameters
+
+# late imports: submitit (the `slurm` extra) is imported when an executor is made, so that the options and the
+# job states load without it
+
+#: the folder of a job's submitit files (its script, pickled call and result) inside its run directory
+SLURM_DIR = 'slurm'
+#: the ready files of each job (see the module docstring), inside SLURM_DIR
+READY_PREFIX = 'ready-'
+
+
+def ready_dir(folder: Path, job_id: str) -> Path:
+    """FOLDER/ready-JOB_ID: where the job's processes say they are ready for the warning signal."""
+    return Path(folder) / f'{READY_PREFIX}{job_id}'
+
+
+def setup_lines(options: SlurmOptions, folder: Path) -> list[str]:
+    """The shell lines before the run's command: the environment and the trap (see the module docstring)."""
+    sig = options.signal
+    lines = ['# lazylab: the warning signal reaches this shell (--signal=B:…, scancel --signal=… --batch); the trap',
+             '# passes it on to srun once every process is ready for it (a file each in the ready folder)',
+             f'export SUBMITIT_PREEMPT_SIGNAL={sig}']
+    if sig != 'USR1':
+        lines.append(f'export LAZYLAB_STOP_SIGNAL={sig}')
+    lines += [f'lazylab_ready={shlex.quote(str(Path(folder) / READY_PREFIX))}"$SLURM_JOB_ID"',
+              'rm -rf "$lazylab_ready" && mkdir -p "$lazylab_ready"',
+              'lazylab_step=', 'lazylab_pending=',
+              'lazylab_forward() {',
+              '    lazylab_pending=1',
+              f'    if [ -n "$lazylab_step" ] && [ "$(ls "$lazylab_ready" | wc -l)" -ge {options.tasks} ]; then',
+              f'        kill -{sig} "$lazylab_step" && lazylab_pending=',
+              '    fi',
+              '}',
+              f'trap lazylab_forward {sig}']
+    return lines
+
+
+def command_lines(command: str) -> list[str]:
+    """srun in the background and the shell waiting on it, passing on a held signal (see the module docstring);
+    the script's exit code is srun's."""
+    return ['srun --kill-on-bad-exit=1 ${SLURM_CPUS_PER_TASK:+--cpus-per-task=$SLURM_CPUS_PER_TASK} '
+            f'{command} &',
+            'lazylab_step=$!',
+            'while kill -0 "$lazylab_step" 2>/dev/null; do',
+            '    if [ -n "$lazylab_pending" ]; then',
+            '        sleep 0.2 & wait $!',
+            '        lazylab_forward',
+            '    else',
+            '        wait "$lazylab_step"',
+            '    fi',
+            'done',
+            'wait "$lazylab_step"',
+            'lazylab_rc=$?',
+            'rm -rf "$lazylab_ready"',
+            'exit $lazylab_rc']
+
+
+def make_executor(folder: Path, options: SlurmOptions, *, job_name: str, log: Path):
+    """A submitit SlurmExecutor whose jobs keep their files in `folder`, with `options` and lazylab's job script.
+
+    Args:
+        folder: RUN_DIR/slurm (made when a job is submitted).
+        options: the checked --slurm; job_name: the job's name unless the options give one.
+        log: the job's output file (appended to).
+
+    Raises:
+        UsageError: submitit is not installed.
+    """
+    submitit_parameters()  # the one-line error when submitit is missing
+    from submitit import SlurmExecutor  # the `slurm` extra (checked just above)
+
+    class Executor(SlurmExecutor):
+        """submitit's executor with lazylab's script around the command (see the module docstring)."""
+
+        def _make_submission_file_text(self, command: str, uid: str) -> str:
+            text = super()._make_submission_file_text(command, uid)
+            lines = text.splitlines()
+            at = lines.index(command)  # use_srun=False: the command is a line of its own
+            return '\n'.join(lines[:at] + command_lines(command) + lines[at + 1:]) + '\n'
+
+    executor = Executor(folder=Path(folder))
+    parameters: dict[str, Any] = {'job_name': job_name, 'time': None, 'wckey': None, **options.parameters}
+    parameters.update(use_srun=False, stderr_to_stdout=True, setup=setup_lines(options, Path(folder)),
+                      additional_parameters={**options.additional, 'output': str(log),
+                                             'signal': options.sbatch_signal})
+    executor.update_parameters(**parameters)
+    return executor
+
+
+def script_text(executor) -> str:
+    """The sbatch script `executor` submits (for `sbatch --test-only`, and for the docs)."""
+    return executor._make_submission_file_text(executor._submitit_command_str, 'check')

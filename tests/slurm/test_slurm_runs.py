@@ -1,0 +1,101 @@
+"""Runs as Slurm jobs on a real one-node cluster (tests/slurm/conftest.py): submitted and completed, stopped by the
+warning signal and requeued, at their time limit, cancelled and resumed; each compared with a run here."""
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(300)
+
+#: what a metrics record holds that depends on the clock, not on the computation
+CLOCK = ('time', 'tokens_per_s')
+
+
+def records(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / 'metrics.jsonl'
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def computed(record: dict) -> dict:
+    """A metrics record without its clock fields: what must be equal bit for bit."""
+    return {k: v for k, v in record.items() if k not in CLOCK}
+
+
+def run_json(run_dir: Path) -> dict:
+    path = Path(run_dir) / 'run.json'
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def submitted(done: subprocess.CompletedProcess) -> tuple[str, Path]:
+    """(job id, run directory) of `lazylab train … --slurm`'s first line."""
+    line = done.stdout.splitlines()[0] if isinstance(done, subprocess.CompletedProcess) else done
+    assert line.startswith('submitted Slurm job '), line
+    job_id, _, rest = line[len('submitted Slurm job '):].partition(': ')
+    return job_id, Path(rest.split(' (output: ')[0])
+
+
+@pytest.fixture(scope='module')
+def local_run(tmp_path_factory, slurm, slurm_tools):
+    """The reference: the same run trained here, uninterrupted (its metrics records)."""
+    runs = tmp_path_factory.mktemp('local')
+    done = slurm.lazylab('train', 'transformer', *slurm_tools.RUN, f'runs_dir={runs}', timeout=240)
+    assert done.returncode == 0, done.stderr
+    [run_dir] = (runs / 'transformer').iterdir()
+    return records(run_dir)
+
+
+def test_a_submitted_run_completes_and_equals_a_run_here(slurm, slurm_tools, local_run, tmp_path):
+    done = slurm.lazylab('train', 'transformer', *slurm_tools.RUN, f'runs_dir={tmp_path}', '--slurm',
+                         'time=10,cpus_per_task=1', '--wait')
+    assert done.returncode == 0, done.stderr
+    job_id, run_dir = submitted(done)
+    assert run_dir.parent == tmp_path / 'transformer'
+    assert slurm.state(job_id) == 'COMPLETED'
+    assert 'done: step 1,500' in done.stdout  # --wait printed the job's output
+    assert f'slurm job {job_id}: completed' in done.stderr
+    assert [computed(r) for r in records(run_dir)] == [computed(r) for r in local_run]
+    assert run_json(run_dir)['status'] == 'completed' and 'requeues' not in run_json(run_dir)
+    assert json.loads((run_dir / 'slurm' / 'job.json').read_text())['jobs'][0]['job_id'] == job_id
+
+
+def test_the_warning_signal_to_the_batch_shell_requeues_and_the_run_ends_as_if_never_stopped(slurm, slurm_tools,
+                                                                                               local_run, tmp_path):
+    done = slurm.lazylab('train', 'transformer', *slurm_tools.RUN, f'runs_dir={tmp_path}', '--slurm', 'time=10')
+    assert done.returncode == 0, done.stderr
+    job_id, run_dir = submitted(done)
+    # mid-run, between two validations (every 500 steps)
+    slurm_tools.wait_until(lambda: any(r['step'] >= 600 for r in records(run_dir)), 120, 'step 600', every=0.05)
+    slurm.command('scancel', '--signal=USR1', '--batch', job_id)
+    slurm_tools.wait_until(lambda: slurm.state(job_id) in ('COMPLETED', 'FAILED', 'CANCELLED'), 180,
+                           'the requeued job to end')
+    assert slurm.state(job_id) == 'COMPLETED', (run_dir / 'output.log').read_text()[-3000:]
+    record = run_json(run_dir)
+    assert record['status'] == 'completed'
+    [requeue] = record['requeues']
+    assert requeue['job_id'] == job_id and requeue['signal'] == 'SIGUSR1' and requeue['step'] >= 600
+    log = (run_dir / 'output.log').read_text()
+    assert f'lazylab: requeued Slurm job {job_id}' in log
+    assert [computed(r) for r in records(run_dir)] == [computed(r) for r in local_run]
+
+
+def test_a_run_at_its_time_limit_requeues_itself_comes_back_and_a_cancel_leaves_it_resumable(slurm, slurm_tools,
+                                                                                              tmp_path):
+    # time=1 with the warning 25 s before: Slurm checks time limits every 30 s, so the warning comes 5 to 35 s
+    # after the job starts, while this long run trains; it is cancelled once it has come back and gone on
+    long = [s for s in slurm_tools.RUN if not s.startswith('max_steps=')] + ['max_steps=1000000']
+    done = slurm.lazylab('train', 'transformer', *long, f'runs_dir={tmp_path}', '--slurm', 'time=1,signal=USR1@25')
+    assert done.returncode == 0, done.stderr
+    job_id, run_dir = submitted(done)
+    first = slurm_tools.wait_until(lambda: (run_json(run_dir).get('requeues') or [None])[0], 120, 'the requeue')
+    assert first['job_id'] == job_id and first['signal'] == 'SIGUSR1'
+    assert '#SBATCH --signal=B:USR1@25' in (run_dir / 'slurm' / f'{job_id}_submission.sh').read_text()
+    # it comes back: the same job, running again, training past the step it stopped at
+    slurm_tools.wait_until(lambda: run_json(run_dir).get('status') == 'running'
+                           and records(run_dir) and records(run_dir)[-1]['step'] > first['step'] + 100, 120,
+                           'the requeued job to train again')
+    slurm.command('scancel', job_id)
+    slurm_tools.wait_until(lambda: slurm.state(job_id) == 'CANCELLED', 60, 'the cancel')
+    slurm_tools.wait_until(lambda: run_json(run_dir).get('status') == 'cancelled', 30, 'run.json to say cancelled')
+    assert (run_dir / 'checkpoint.pt').is_file()
+    assert 'lazylab resume' in (run_dir / 'output.log').read_text()  # the line that says how to go on
