@@ -24,10 +24,15 @@ submitit's defaults that would surprise a lazylab user are dropped: no `--time` 
 the partition's default applies), no `--wckey=submitit`. The job's stdout and stderr go, appended (a requeued job
 adds to it), to the log file given (RUN_DIR/output.log).
 """
+import os
 import shlex
+import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
+from lazylab.errors import UsageError
+from lazylab.slurm import cluster
 from lazylab.slurm.options import SlurmOptions, submitit_parameters
 
 # late imports: submitit (the `slurm` extra) is imported when an executor is made, so that the options and the
@@ -120,3 +125,48 @@ def make_executor(folder: Path, options: SlurmOptions, *, job_name: str, log: Pa
 def script_text(executor) -> str:
     """The sbatch script `executor` submits (for `sbatch --test-only`, and for the docs)."""
     return executor._make_submission_file_text(executor._submitit_command_str, 'check')
+
+
+def check_options(options: SlurmOptions, job_name: str) -> None:
+    """`sbatch --test-only` of the job script these options make (in a scratch folder; nothing is submitted).
+
+    Raises:
+        UsageError: Slurm's client commands are missing, or Slurm refuses the options (its error line).
+    """
+    missing = cluster.missing_commands()
+    if missing:
+        raise UsageError(missing)
+    with tempfile.TemporaryDirectory(prefix='lazylab-slurm-') as scratch:
+        executor = make_executor(Path(scratch), options, job_name=job_name, log=Path(scratch) / 'output.log')
+        script = Path(scratch) / 'check.sh'
+        script.write_text(script_text(executor), encoding='utf-8')
+        cluster.test_only(script)
+
+
+def submit(folder: Path, options: SlurmOptions, call, *, job_name: str, log: Path,
+           env: Optional[Mapping[str, str]] = None) -> str:
+    """Submit `call` (a picklable callable) as a job whose submitit files are in `folder` and whose output is
+    appended to `log`; returns the job id.
+
+    Args:
+        env: variables the job gets besides this process's own: sbatch exports the submitter's environment, so
+            they travel there (never on a command line or in a file of the run directory: a database password).
+
+    Raises:
+        UsageError: submitit is missing, or sbatch refused the job (its error line).
+    """
+    executor = make_executor(folder, options, job_name=job_name, log=log)
+    from submitit.core.utils import FailedJobError  # the `slurm` extra (make_executor has checked it is there)
+    env = dict(env or {})
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return executor.submit(call).job_id
+    except FailedJobError as e:
+        raise UsageError(f'sbatch: {cluster.first_error(str(e))}') from None
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

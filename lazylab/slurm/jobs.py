@@ -18,7 +18,6 @@ whose job is still queued or running is refused.
 """
 import dataclasses
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,7 +28,8 @@ from lazylab.errors import UsageError
 from lazylab.experiments.configure import make_configs
 from lazylab.experiments.discovery import find_experiment
 from lazylab.slurm import cluster
-from lazylab.slurm.executor import SLURM_DIR, make_executor, script_text
+from lazylab.slurm.executor import SLURM_DIR, check_options
+from lazylab.slurm.executor import submit as submit_call
 from lazylab.slurm.job import RunJob
 from lazylab.slurm.options import SlurmOptions
 
@@ -42,22 +42,6 @@ STATUS_CODES = {'completed': 0, 'pruned': 0, 'failed': 1, 'interrupted': 130, 'k
                 'preempted': 138}
 
 
-def check_options(options: SlurmOptions, job_name: str) -> None:
-    """`sbatch --test-only` of the job script these options make (in a scratch folder; nothing is submitted).
-
-    Raises:
-        UsageError: Slurm's client commands are missing, or Slurm refuses the options (its error line).
-    """
-    missing = cluster.missing_commands()
-    if missing:
-        raise UsageError(missing)
-    with tempfile.TemporaryDirectory(prefix='lazylab-slurm-') as scratch:
-        executor = make_executor(Path(scratch), options, job_name=job_name, log=Path(scratch) / runs.OUTPUT_LOG)
-        script = Path(scratch) / 'check.sh'
-        script.write_text(script_text(executor), encoding='utf-8')
-        cluster.test_only(script)
-
-
 def submit(run_dir: Path, options: SlurmOptions, call, *, job_name: str, how: str) -> str:
     """Submit `call` as a job whose files are in RUN_DIR/slurm and whose output is RUN_DIR/output.log; record it in
     RUN_DIR/slurm/job.json; returns the job id.
@@ -65,18 +49,13 @@ def submit(run_dir: Path, options: SlurmOptions, call, *, job_name: str, how: st
     Raises:
         UsageError: sbatch refused the job (its error line).
     """
-    from submitit.core.utils import FailedJobError  # the `slurm` extra: make_executor has checked it is there
     folder = run_dir / SLURM_DIR
-    executor = make_executor(folder, options, job_name=job_name, log=run_dir / runs.OUTPUT_LOG)
-    try:
-        job = executor.submit(call)
-    except FailedJobError as e:
-        raise UsageError(f'sbatch: {cluster.first_error(str(e))}') from None
+    job_id = submit_call(folder, options, call, job_name=job_name, log=run_dir / runs.OUTPUT_LOG)
     record = runs.read_json(folder / JOB_JSON) or {}
-    jobs = [*record.get('jobs', []), {'job_id': job.job_id, 'submitted': runs.timestamp(), 'how': how,
+    jobs = [*record.get('jobs', []), {'job_id': job_id, 'submitted': runs.timestamp(), 'how': how,
                                       'options': options.given}]
     runs.write_json(folder / JOB_JSON, {'jobs': jobs})
-    return job.job_id
+    return job_id
 
 
 def submitted_jobs(run_dir: Path) -> list[str]:
