@@ -156,6 +156,17 @@ def own_state() -> Optional[str]:
     return 'CANCELLED'
 
 
+def node_address(node: str) -> str:
+    """The address Slurm reaches `node` at (its NodeAddr: a node's name need not be a host name); `node` itself when
+    Slurm does not say."""
+    try:
+        done = slurm_command(['scontrol', '--oneliner', 'show', 'node', node], 'scontrol')
+    except UsageError:
+        return node
+    fields = dict(w.split('=', 1) for w in done.stdout.split() if '=' in w)
+    return fields.get('NodeAddr') or node
+
+
 def seconds(text: str) -> Optional[int]:
     """Seconds of a Slurm duration ('1-02:03:04', '02:03:04', '03:04', '5'); None for UNLIMITED or anything else."""
     days, _, clock = text.rpartition('-')

@@ -8,7 +8,7 @@ On start: a run directory with a checkpoint is resumed (`lazylab resume`: bit fo
 run.json but no checkpoint yet (stopped before its first step) is cleared and trained again; an empty one is trained
 into (`lazylab train`). Several processes (nodes × ntasks_per_node) are the ranks of one data-parallel run: each
 gets torchrun's variables from Slurm's (RANK = SLURM_PROCID, WORLD_SIZE = SLURM_NTASKS, LOCAL_RANK = SLURM_LOCALID,
-MASTER_ADDR = the job's first node, MASTER_PORT drawn from the job id: submitit's TorchDistributedEnvironment), which
+MASTER_ADDR = the job's first node (its NodeAddr), MASTER_PORT drawn from the job id: submitit's TorchDistributedEnvironment), which
 lazylab.experiments.distributed reads as under torchrun. (srun starts them, not torchrun: torchrun's agent handles
 TERM, INT, HUP and QUIT only, so the warning signal would end it, and on a signal it gives its workers 30 s before
 SIGKILL, where Slurm's KillWait should rule.)
@@ -149,7 +149,7 @@ def export_ranks() -> None:
     from submitit.helpers import TorchDistributedEnvironment  # the `slurm` extra: only inside a submitit job
     env = TorchDistributedEnvironment()
     os.environ.update(RANK=str(env.rank), WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank),
-                      LOCAL_WORLD_SIZE=str(env.local_world_size), MASTER_ADDR=env.master_addr,
+                      LOCAL_WORLD_SIZE=str(env.local_world_size), MASTER_ADDR=cluster.node_address(env.master_addr),
                       MASTER_PORT=str(env.master_port))
 
 

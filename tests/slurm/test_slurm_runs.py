@@ -2,6 +2,7 @@
 warning signal and requeued, at their time limit, cancelled and resumed; each compared with a run here."""
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,27 @@ def test_a_run_at_its_time_limit_requeues_itself_comes_back_and_a_cancel_leaves_
     slurm_tools.wait_until(lambda: run_json(run_dir).get('status') == 'cancelled', 30, 'run.json to say cancelled')
     assert (run_dir / 'checkpoint.pt').is_file()
     assert 'lazylab resume' in (run_dir / 'output.log').read_text()  # the line that says how to go on
+
+
+def test_two_processes_in_a_job_train_as_under_torchrun_and_requeue_once(slurm, slurm_tools, tmp_path):
+    # nodes=1, ntasks_per_node=2: srun starts both ranks with torchrun's variables from Slurm's (what nodes=N does on
+    # N machines); the warning reaches both, rank 0 requeues, and the run ends as the same run under torchrun here
+    here = tmp_path / 'torchrun'
+    done = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', '-m',
+                           'lazylab.cli', 'train', 'transformer', *slurm_tools.RUN, f'runs_dir={here}'],
+                          capture_output=True, text=True, timeout=240, env=slurm.env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [reference] = (here / 'transformer').iterdir()
+    done = slurm.lazylab('train', 'transformer', *slurm_tools.RUN, f'runs_dir={tmp_path / "slurm"}', '--slurm',
+                         'time=10,ntasks_per_node=2')
+    assert done.returncode == 0, done.stderr
+    job_id, run_dir = submitted(done)
+    slurm_tools.wait_until(lambda: any(r['step'] >= 600 for r in records(run_dir)), 120, 'step 600', every=0.05)
+    slurm.command('scancel', '--signal=USR1', '--batch', job_id)
+    slurm_tools.wait_until(lambda: slurm.state(job_id) in ('COMPLETED', 'FAILED', 'CANCELLED', 'TIMEOUT'), 180,
+                           'the requeued job to end')
+    log = (run_dir / 'output.log').read_text()
+    assert slurm.state(job_id) == 'COMPLETED', log[-3000:]
+    assert '2 processes' in log and log.count(f'lazylab: requeued Slurm job {job_id}') == 1
+    assert len(run_json(run_dir)['requeues']) == 1
+    assert [computed(r) for r in records(run_dir)] == [computed(r) for r in records(reference)]
