@@ -17,8 +17,10 @@ programming error and keeps its traceback. This module is the leaf of the packag
         ├── CheckpointError     a checkpoint is missing, truncated or not a lazylab checkpoint
         └── NonFiniteLossError  the loss became NaN or infinite
 
-Not an error: `Interrupted` (a KeyboardInterrupt) is what Ctrl-C (SIGINT) and SIGTERM raise while a run trains
-(`signals_interrupt`), so the run records where it stopped before the process ends with 130 or 143.
+Not an error: `Interrupted` (a KeyboardInterrupt) is what a stop signal — Ctrl-C's SIGINT, SIGTERM, SIGUSR1 (a
+cluster's warning before a preemption) — raises while a run trains (`signals_interrupt`; inside the training loop
+`signals_noted` lets the trainer finish the step and write its checkpoint first), so the run records where it stopped
+before the process ends with 128 + the signal (130, 143, 138).
 """
 import contextlib
 import os
@@ -31,7 +33,8 @@ from typing import Any, Callable, Optional
 
 __all__ = ['LazylabError', 'WrapsUserError', 'UsageError', 'DashboardError', 'DataError', 'DistributedError',
            'TrainingError', 'CheckpointError', 'NonFiniteLossError', 'Interrupted', 'signals_interrupt',
-           'signals_deferred', 'signals_polled', 'user_error_message', 'run_cli', 'plural', 'shown']
+           'signals_deferred', 'signals_polled', 'signals_noted', 'NotedSignals', 'stop_signals', 'stop_status',
+           'signal_number', 'STOP_SIGNAL_ENV', 'user_error_message', 'run_cli', 'plural', 'shown']
 
 
 def plural(n: float, noun: str, nouns: Optional[str] = None) -> str:
@@ -99,94 +102,195 @@ class NonFiniteLossError(TrainingError):
     """The training loss became NaN or infinite; the last good checkpoint is kept."""
 
 
+#: the environment variable naming one more signal that stops a run as a preemption (`USR2`, `SIGUSR2` or its
+#: number), for a cluster whose warning signal is not SIGUSR1 (`lazylab train … --slurm signal=USR2@120` sets it)
+STOP_SIGNAL_ENV = 'LAZYLAB_STOP_SIGNAL'
+
+
+def stop_signals() -> tuple[int, ...]:
+    """The signals that stop a run with a checkpoint: SIGINT (Ctrl-C), SIGTERM, SIGUSR1 (Slurm's and Lightning's
+    warning signal before a preemption or a time limit) and the one $LAZYLAB_STOP_SIGNAL names, if any.
+
+    Raises:
+        UsageError: $LAZYLAB_STOP_SIGNAL names no signal, or one that cannot be caught (SIGKILL, SIGSTOP).
+    """
+    found = [signal.SIGINT, signal.SIGTERM, *([signal.SIGUSR1] if hasattr(signal, 'SIGUSR1') else [])]
+    named = os.environ.get(STOP_SIGNAL_ENV, '').strip()
+    if named:
+        extra = signal_number(named, STOP_SIGNAL_ENV)
+        if extra not in found:
+            found.append(extra)
+    return tuple(found)
+
+
+def signal_number(name: str, what: str) -> int:
+    """The number of the signal `name` names ('USR2', 'SIGUSR2', '12'); `what` names where it was given.
+
+    Raises:
+        UsageError: no such signal, or SIGKILL / SIGSTOP (no process can catch those).
+    """
+    text = name.strip().upper()
+    try:
+        number = int(text) if text.isdigit() else signal.Signals[text if text.startswith('SIG') else 'SIG' + text]
+        number = signal.Signals(number)
+    except (KeyError, ValueError):
+        raise UsageError(f'{what}={shown(name)} is not a signal (e.g. USR1, USR2, TERM)') from None
+    if number in (getattr(signal, 'SIGKILL', None), getattr(signal, 'SIGSTOP', None)):
+        raise UsageError(f'{what}={name}: {number.name} cannot be caught, so no run can stop cleanly on it')
+    return int(number)
+
+
+def stop_status(signum: int) -> str:
+    """How a run that `signum` stopped is recorded (run.json's status): SIGINT `interrupted` (Ctrl-C), SIGTERM
+    `killed`, any other stop signal `preempted` (a cluster's warning that it will stop the job)."""
+    return {signal.SIGINT: 'interrupted', signal.SIGTERM: 'killed'}.get(signum, 'preempted')
+
+
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C (SIGINT) or SIGTERM arrived while `signals_interrupt` was active (a KeyboardInterrupt, so whatever
-    handles Ctrl-C handles both).
+    """A stop signal (`stop_signals`: Ctrl-C's SIGINT, SIGTERM, SIGUSR1, …) arrived while `signals_interrupt` was
+    active (a KeyboardInterrupt, so whatever handles Ctrl-C handles them all).
 
     Attributes:
-        signal_name: 'SIGINT' or 'SIGTERM'.
-        exit_code: 128 + the signal's number (130, 143), what a shell reports for a process the signal ended.
-        step, checkpoint_step: the trainer's step when it arrived and that of the checkpoint on disk (None: none
-            yet); set by `trainer.train` on its way out.
+        signal_name: 'SIGINT', 'SIGTERM', 'SIGUSR1', ….
+        status: 'interrupted' (SIGINT), 'killed' (SIGTERM) or 'preempted' (the others): see `stop_status`.
+        exit_code: 128 + the signal's number (130, 143, 138), what a shell reports for a process the signal ended.
+        step, checkpoint_step: the trainer's step when it stopped and that of the checkpoint on disk (None: none
+            yet); set by `trainer.train` on its way out (a stop in the training loop writes the checkpoint of the
+            step it stops at, so the two are equal).
         message: the line `run_cli` prints (the runner adds the run directory and how to resume it).
     """
 
     def __init__(self, signum: int):
         super().__init__()
+        self.signum = int(signum)
         self.signal_name = signal.Signals(signum).name
+        self.status = stop_status(signum)
         self.exit_code = 128 + signum
         self.step: Optional[int] = None
         self.checkpoint_step: Optional[int] = None
-        self.message = 'interrupted' if signum == signal.SIGINT else f'killed ({self.signal_name})'
+        self.message = 'interrupted' if signum == signal.SIGINT else f'{self.status} ({self.signal_name})'
 
     def __str__(self) -> str:
         return self.message
 
 
-def _raise_interrupted(signum, frame):
-    raise Interrupted(signum)
+class _StopSignals:
+    """What the stop signals' handler does now: raise `Interrupted` at once, or (while a block is `noting`) only
+    note the signal for that block to act on at a point of its choosing."""
+
+    def __init__(self):
+        self.noting = 0
+        self.arrived: list[int] = []
+
+    def handle(self, signum, frame) -> None:
+        if self.noting:
+            self.arrived.append(signum)
+        else:
+            raise Interrupted(signum)
+
+
+_STOPS = _StopSignals()
 
 
 @contextlib.contextmanager
 def signals_interrupt() -> Iterator[None]:
-    """While the block runs, SIGINT and SIGTERM raise `Interrupted` (SIGTERM would otherwise end the process at
-    once, leaving a run's run.json saying `running`); the previous handlers are restored after. Outside the main
-    thread (where Python cannot set handlers) it does nothing."""
+    """While the block runs, the stop signals (`stop_signals`) raise `Interrupted` (SIGTERM would otherwise end the
+    process at once, leaving a run's run.json saying `running`), or, inside a `signals_noted` block, are noted for
+    it; the previous handlers are restored after. Outside the main thread (where Python cannot set handlers) it
+    does nothing.
+
+    Raises:
+        UsageError: $LAZYLAB_STOP_SIGNAL names no signal that can be caught (before any handler is set).
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, _STOPS.handle) for s in stop_signals()}
     try:
         yield
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+class NotedSignals:
+    """The stop signals noted while a `signals_noted` block runs (see there)."""
+
+    def pending(self) -> Optional[int]:
+        """The first stop signal noted and not yet taken, or None."""
+        return _STOPS.arrived[0] if _STOPS.arrived else None
+
+    def take(self) -> Optional[int]:
+        """The first stop signal noted (None: none); all noted so far count as handled."""
+        first = self.pending()
+        _STOPS.arrived.clear()
+        return first
+
+    def check(self) -> None:
+        """Raise `Interrupted` for the first stop signal noted, if one was.
+
+        Raises:
+            Interrupted: a stop signal arrived.
+        """
+        signum = self.take()
+        if signum is not None:
+            raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def signals_noted() -> Iterator[NotedSignals]:
+    """Inside `signals_interrupt`: while the block runs, a stop signal is only noted, and the block acts on it where
+    it chooses (the trainer: at the end of the step in progress, after writing that step's checkpoint). An exception
+    raised by the signal handler itself can land anywhere, inside a finalizer, a callback that swallows it, or a
+    file being written; a raise from the block's own code cannot be lost or cut anything in half. A signal the block
+    has not taken when it ends is dropped: the block ended whole (the run finished, the text was generated)."""
+    if not _STOPS.noting:  # a signal an earlier block left untaken is spent
+        _STOPS.arrived.clear()
+    _STOPS.noting += 1
+    try:
+        yield NotedSignals()
+    finally:
+        _STOPS.noting -= 1
+        if not _STOPS.noting:
+            _STOPS.arrived.clear()
 
 
 @contextlib.contextmanager
 def signals_polled() -> Iterator[Callable[[], None]]:
-    """While the block runs, SIGINT and SIGTERM are only noted; the block calls the function it is given at points
-    of its own choosing (a streamed token), which raises `Interrupted` if one arrived. An exception raised by the
-    signal handler itself can land anywhere, inside a finalizer or a callback that swallows it, and then the
-    process goes on as if the signal never came; a raise from the block's own code cannot be lost. The previous
-    handlers are restored after. Outside the main thread it notes nothing (the check never raises)."""
-    arrived: list[int] = []
-
-    def check() -> None:
-        if arrived:
-            raise Interrupted(arrived[0])
-
-    if threading.current_thread() is not threading.main_thread():
-        yield check
-        return
-    previous = {s: signal.signal(s, lambda signum, frame: arrived.append(signum))
-                for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield check
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    """While the block runs, the stop signals are only noted; the block calls the function it is given at points of
+    its own choosing (a streamed token), which raises `Interrupted` if one arrived (`signals_interrupt` with
+    `signals_noted`). The previous handlers are restored after. Outside the main thread it notes nothing."""
+    with signals_interrupt(), signals_noted() as noted:
+        yield noted.check
 
 
 @contextlib.contextmanager
 def signals_deferred() -> Iterator[None]:
-    """While the block runs, SIGINT and SIGTERM are held back and delivered to the handlers before it once it
-    ends, so a write that must finish whole (torch.save into a checkpoint) is never cut in the middle: an exception
+    """While the block runs, the stop signals are held back and delivered to the handlers before it once it ends,
+    so a write that must finish whole (torch.save into a checkpoint) is never cut in the middle: an exception
     raised inside torch's writer becomes its `unexpected pos` RuntimeError, which would read as a failed write.
-    Outside the main thread (where Python cannot set handlers) it does nothing."""
+    A second signal during the block is held too (the first is delivered). Outside the main thread (where Python
+    cannot set handlers) it does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     arrived: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, frame: arrived.append(signum))
-                for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, lambda signum, frame: arrived.append(signum)) for s in _deferrable()}
     try:
         yield
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        if arrived:  # now to the handler it was meant for (signals_interrupt's raises Interrupted)
+        if arrived:  # now to the handler it was meant for (signals_interrupt's raises or notes it)
             signal.raise_signal(arrived[0])
+
+
+def _deferrable() -> tuple[int, ...]:
+    """The stop signals, or the plain three when $LAZYLAB_STOP_SIGNAL is bad (a write must not fail on that)."""
+    try:
+        return stop_signals()
+    except UsageError:
+        return tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, 'SIGUSR1', None)) if s)
 
 
 def point_at_devnull(stream) -> None:

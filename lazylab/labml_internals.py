@@ -38,6 +38,10 @@ where it is, not here. labml_app's internals (the dashboard's server) are patche
 - **L13 the console**: ``logger_singleton()._Logger__destinations`` get every line as ``log(parts, *,
   is_new_line, is_reset)``, parts ``(text, StyleCode or None)``; a loop's time part is one part
   ``'  0:01m/ 16:10m  '`` (spent / left, :data:`LOOP_TIME`).
+- **L15 the file writer**: ``labml.internal.tracker.writers.file.FileWriterThread`` (a non-daemon thread) writes
+  each packet in ``_send(data)`` to ``file_path`` and ends on the 'done' that the writer's ``finish()`` queues;
+  ``tracker_singleton().finish_loop()`` calls every writer's ``finish()``; the writers are the tracker's
+  ``_Tracker__writers``, a file writer's thread its ``thread``.
 - **L14** a created run's paths are ``Path`` attributes of ``Experiment`` (``experiment_path``) and its
   ``RunInfo`` under the lab's ``experiments`` folder, made only at ``Experiment.start()``.
 """
@@ -376,6 +380,70 @@ class Watcher:
             self._inner.__exit__(None, None, None)
             return True
         return self._inner.__exit__(exc_type, exc, tb)
+
+
+# ---- L15 the file writer ------------------------------------------------------------------------------------------
+
+#: the first OSError labml's file-writer thread met (see `guard_file_writer`), or None
+_FILE_WRITER_FAILURE: list[OSError] = []
+
+
+def guard_file_writer() -> None:
+    """Make labml's file writer survive a write that fails (L15: ``labml.internal.tracker.writers.file.
+    FileWriterThread`` appends each packet to the run's log in ``_send``, on a non-daemon thread that ends only on
+    the 'done' its writer's ``finish()`` queues). Unguarded, a read-only or full disk kills that thread with a
+    traceback of its own and the run goes on blind; worse, labml's ``Experiment.finish`` then fails on its own
+    ``run_log.jsonl`` before it queues 'done', and the process hangs at exit waiting for the thread. Guarded, the
+    thread records the first failure (`file_writer_failure`), drops what it cannot write and keeps serving its
+    queue until 'done'. Idempotent."""
+    from labml.internal.tracker.writers import file as labml_file_writer
+
+    thread_class = labml_file_writer.FileWriterThread
+    if getattr(thread_class, '_lazylab_guarded', False):
+        return
+    send = thread_class._send
+
+    def guarded_send(self, data):
+        if _FILE_WRITER_FAILURE:
+            return  # the disk failed once already: the run is ending with that error
+        try:
+            send(self, data)
+        except OSError as e:
+            if e.filename is None:
+                e.filename = str(self.file_path)
+            _FILE_WRITER_FAILURE.append(e)
+
+    thread_class._send = guarded_send
+    thread_class._lazylab_guarded = True
+
+
+def file_writer_failure() -> Optional[OSError]:
+    """The OSError labml's guarded file writer met (`guard_file_writer`), or None."""
+    return _FILE_WRITER_FAILURE[0] if _FILE_WRITER_FAILURE else None
+
+
+def reset_file_writer_failure() -> None:
+    """Forget a failure of an earlier run in this process (a new run starts clean)."""
+    _FILE_WRITER_FAILURE.clear()
+
+
+def wait_for_file_writer(timeout: float) -> None:
+    """Wait (at most `timeout` seconds) for labml's file-writer threads to write what they were given and end (L15):
+    after a run's `finish`, so that its labml records are whole when the run's function returns (a caller in the
+    same process reads them next), and so that a failed write is known before the run is said to have ended."""
+    from labml.internal.tracker import tracker_singleton
+    from labml.internal.tracker.writers import file as labml_file_writer
+    for writer in tracker_singleton()._Tracker__writers:
+        thread = getattr(writer, 'thread', None)
+        if isinstance(writer, labml_file_writer.Writer) and thread is not None and thread.is_alive():
+            thread.join(timeout)
+
+
+def finish_writers() -> None:
+    """Queue the end for every writer of labml's tracker (its file writer's thread then ends), as a finished run
+    does (L7, L15): for a run whose ``Experiment.finish`` failed before it got there."""
+    from labml.internal.tracker import tracker_singleton
+    tracker_singleton().finish_loop()
 
 
 # ---- L12 the app client -------------------------------------------------------------------------------------------

@@ -76,7 +76,7 @@ METRIC_KEYS = ('loss.valid', 'accuracy.valid', 'loss.train', 'accuracy.train', '
 POSITION_KEYS = ('step', 'tokens', 'epoch', 'time')
 
 #: run.json's `status`: running, then how it ended
-STATUSES = ('running', 'completed', 'pruned', 'failed', 'interrupted', 'killed')
+STATUSES = ('running', 'completed', 'pruned', 'failed', 'interrupted', 'killed', 'preempted', 'cancelled')
 #: run.json's fields about how a run ended; a resume removes them (the run is running again)
 END_FIELDS = ('finished', 'error', 'signal', 'checkpoint_step')
 
@@ -202,6 +202,20 @@ def write_json(path: Path, doc: Any) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def remove_leftovers(folder: Path) -> list[str]:
+    """Remove the temporary files a writer killed mid-write left in a run directory (`checkpoint.pt.tmp1234`,
+    `run.json.tmp…`: see `write_json`, `save_checkpoint`); call it only while holding the run's training lock, so
+    that no live writer owns them. Returns their names."""
+    removed = []
+    for path in Path(folder).iterdir():
+        name = path.name
+        if path.is_file() and any(name.startswith(own + '.tmp') for own in OWN_FILES):
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed.append(name)
+    return sorted(removed)
 
 
 def read_json(path: Path) -> Optional[dict[str, Any]]:
@@ -376,7 +390,9 @@ class Run:
         info, trial: its run.json and trial.json ({} when missing or damaged).
         records: the whole records of its metrics.jsonl.
         status, error: completed, pruned, failed (with its one-line error), running, interrupted (a sweep trial
-            whose process is gone) or damaged; '—' for a run from before run.json had a status.
+            whose process is gone), dead (run.json says running, but no process holds its training lock: it ended
+            without recording how — SIGKILL, out of memory, a lost machine) or damaged; '—' for a run from before
+            run.json had a status.
         damage: a line per file that could not be read whole (warnings).
     """
     path: Path
@@ -395,12 +411,18 @@ class Run:
 
     @property
     def experiment(self) -> Optional[str]:
-        """The experiment that made the run (run.json; an older `lazylab labml` run's: its module; a trial that never
-        started its run: its sweep's folder, RUNS_DIR/NAME/sweep-ID)."""
+        """The experiment that made the run (run.json; an older `lazylab labml` run's: its module; a trial whose
+        run.json is missing or damaged: its sweep's, from sweep.yaml, named as run.json names it: a file's stem, a
+        module's last name, a labml script's module); None when no file says (never a folder's name: a run directory
+        may be anywhere)."""
         name = self.info.get('experiment') or self.info.get('module')
-        if isinstance(name, str):
-            return name
-        return self.path.resolve().parent.parent.name if self.is_trial else None
+        if not isinstance(name, str) and self.is_trial:
+            with contextlib.suppress(OSError):  # (no sweep.yaml: none) the trial's folder is SWEEP_DIR/trial-NNNN
+                sweep = read_sweep_record(self.path.parent) or {}
+                name = given = sweep.get('experiment')  # as given: named as run.json names it (a file's stem, …)
+                if isinstance(given, str) and (given.endswith('.py') or not sweep.get('labml')):
+                    name = Path(given).stem if given.endswith('.py') else given.rsplit('.', 1)[-1]
+        return name if isinstance(name, str) else None
 
     def metric(self, key: str) -> tuple[Optional[float], list[tuple[int, float]]]:
         """(final value, [(tokens, value) of every record that has it])."""
@@ -537,7 +559,13 @@ def _status(run: Run) -> tuple[str, Optional[str]]:
         if state in ('running', 'interrupted') and not _owner_alive(run):
             return 'interrupted', None
         return state, run.trial.get('error')
-    return run.info.get('status', '—'), run.info.get('error')  # '—': a run from before run.json had a status
+    status = run.info.get('status', '—')  # '—': a run from before run.json had a status
+    # `lazylab train` and `resume` hold the training lock (an flock on the folder) while they train, and the kernel
+    # drops it even on SIGKILL: free, the run ended without recording how. Not known without flock (Windows), for a
+    # folder this process cannot open, or for a `lazylab labml` run (its script's loop holds no lock)
+    if status == 'running' and fcntl is not None and not run.info.get('labml_run') and not lock_is_held(run.path):
+        return 'dead', None
+    return status, run.info.get('error')
 
 
 def _owner_alive(run: Run) -> bool:

@@ -4,6 +4,7 @@ import another test file or a conftest).
     assert_close(actual, expected, rtol, what, floor=…)  max |actual − expected| ≤ rtol · max(max |expected|, floor)
     max_relative_error(actual, expected, floor=…)         the ratio assert_close bounds
     TINY, tiny(*changes)                                 the sizes of a run that takes a second
+    as_stopped(run_dir)                                  a finished run made to look stopped short of its end
     keep_threads()                                       torch's thread count put back after a block
     lazylab_argv(*args), start_lazylab(*args), run_lazylab(*args)
                                                          `python -m lazylab.cli ARGS` in a child process
@@ -23,9 +24,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ['assert_close', 'max_relative_error', 'TINY', 'tiny', 'keep_threads', 'ROOT', 'lazylab_env', 'lazylab_argv',
-           'start_lazylab', 'run_lazylab', 'Import', 'module_name', 'imports_of', 'package_imports', 'import_graph',
-           'find_cycle']
+__all__ = ['assert_close', 'max_relative_error', 'TINY', 'tiny', 'as_stopped', 'keep_threads', 'ROOT', 'lazylab_env',
+           'lazylab_argv', 'start_lazylab', 'run_lazylab', 'Import', 'module_name', 'imports_of', 'package_imports',
+           'import_graph', 'find_cycle']
 
 #: the folder that holds the `lazylab` package (the repository's root in a checkout)
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,6 +71,21 @@ def tiny(*changes: str, drop: tuple[str, ...] = ()) -> list[str]:
         key, _, value = change.partition('=')
         settings[key] = value
     return [f'{k}={v}' for k, v in settings.items()]
+
+
+def as_stopped(run_dir: Path, steps_left: int = 7) -> Path:
+    """A finished run's folder made to look like one a signal stopped at its last step, `steps_left` steps short
+    of its end (its checkpoint's position and run.json's status), so that `lazylab resume` has work to do and checks
+    the run (a finished run's resume has nothing to do, and checks nothing). Returns `run_dir`."""
+    import json
+
+    import torch  # here, not at the top: the module's other helpers need no torch
+    ck = torch.load(Path(run_dir) / 'checkpoint.pt', weights_only=True)
+    ck['position'].update(total_steps=ck['position']['step'] + steps_left, finished='')
+    torch.save(ck, Path(run_dir) / 'checkpoint.pt')
+    record = json.loads((Path(run_dir) / 'run.json').read_text(encoding='utf-8'))
+    (Path(run_dir) / 'run.json').write_text(json.dumps({**record, 'status': 'interrupted'}), encoding='utf-8')
+    return Path(run_dir)
 
 
 @contextlib.contextmanager

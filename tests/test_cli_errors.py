@@ -10,7 +10,7 @@ import torch
 
 from lazylab import cli
 from lazylab.experiments.trainer import load_checkpoint
-from lazylab.testing import tiny
+from lazylab.testing import as_stopped, tiny
 
 TINY = tiny(drop=('valid_interval',))
 
@@ -257,6 +257,7 @@ def test_resume_on_another_number_of_processes_is_refused(short_run, tmp_path, c
     import shutil
     run = tmp_path / 'run'
     shutil.copytree(short_run, run)
+    as_stopped(run)  # a run with steps left (a finished one's resume has nothing to do, and checks nothing)
     ck = torch.load(run / 'checkpoint.pt', weights_only=True)
     ck['world_size'] = 2  # as if a two-process torchrun job had written it
     torch.save(ck, run / 'checkpoint.pt')

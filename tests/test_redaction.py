@@ -12,7 +12,15 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from lazylab.redaction import MASK, redact, redact_url, secrets
+from lazylab.redaction import (
+    MASK,
+    StorageURLError,
+    database_connection,
+    parse_database_url,
+    redact,
+    redact_url,
+    secrets,
+)
 
 
 @pytest.mark.parametrize('url, expected', [
@@ -66,7 +74,8 @@ def test_a_percent_encoded_password_is_replaced_whole_and_hidden_decoded_in_a_me
                              'api_key', 'Api-Key', 'client_secret', 'access_token']))
 def test_secret_query_parameters_of_any_characters_are_replaced(password, value, name):
     url = f'postgresql://qa:{password}@127.0.0.1:5432/db?sslmode=require&{name}={value}&application_name=x'
-    if any(c in password for c in '?&;'):  # a password that reads as a query: hidden further (never less)
+    # a password that reads as a query, or an @ in a value (is it the password's end?): hidden further (never less)
+    if any(c in password for c in '?&;') or '@' in value:
         out = redact_url(url)
         assert out.startswith('postgresql://qa:') and MASK in out
         assert (password not in out or len(password) < 4) and (value not in out or len(value) < 4)
@@ -124,3 +133,55 @@ def test_punctuation_after_a_url_in_a_message_stays():
     assert redact(message) == redact(message, [url]) == ('cannot open the study storage postgresql://qa:***@h/db?'
                                                          'password=***: connection refused (see postgresql://qa:'
                                                          '***@h/db?password=***).')
+
+
+@pytest.mark.parametrize('url, parts', [
+    ('postgresql://qauser:Xy@verylongsecretpart/w%40rd@127.0.0.1:55432/qadb',   # the last @ ends the password
+     ('qauser', 'Xy@verylongsecretpart/w@rd', '127.0.0.1', 55432, 'qadb', (), ())),
+    ('postgresql://qa@h/db?password=p%40ss%2Fx&sslmode=require',
+     ('qa', None, 'h', None, 'db', (('sslmode', 'require'),), (('password', 'p@ss/x'),))),
+    ('postgresql+psycopg2://u:a:b@[::1]:5432/db', ('u', 'a:b', '::1', 5432, 'db', (), ())),
+    ('postgresql://h/d@b', (None, None, 'h', None, 'd@b', (), ())),    # an @ after a / and no ':': the path's
+    ('sqlite:////tmp/a@b/study.db', (None, None, None, None, '/tmp/a@b/study.db', (), ())),
+    ('sqlite:///study.db', (None, None, None, None, 'study.db', (), ())),
+], ids=['an unencoded @ and / in the password', 'a secret query parameter', 'IPv6', 'an @ in the database',
+        'an @ in a sqlite path', 'a relative sqlite path'])
+def test_a_database_url_is_read_with_the_last_at_ending_the_password(url, parts):
+    read = parse_database_url(url)
+    assert (read.user, read.password, read.host, read.port, read.database, read.query, read.secret_query) == parts
+
+
+@pytest.mark.parametrize('url, start', [
+    ('postgresql://qauser@127.0.0.1:55432/qadb?password=Kq9@Zv7/Wm3', "the database URL has a '?' before its last "
+                                                                      "'@', so it reads two ways"),
+    ('postgresql://127.0.0.1:55432/qadb?password=Kq9@Zv7/Wm3', "the database URL has a '?' before its last '@'"),
+    ('postgresql://qa:Kq9?Zv7@127.0.0.1/db', "the database URL has a '?' before its last '@'"),
+    ('postgresql://qa:Kq9%C3Zv7@127.0.0.1/db', "the database URL's password is not valid percent-encoding (UTF-8)"),
+    ('postgresql://Kq9:Zv7/Wm3', 'the port of the database URL is not a number'),   # no @: the password is a port
+    ('postgresql://Kq9 Zv7@127.0.0.1/db?password=Wm3', None),
+], ids=['an @ in a query password', 'an @ in a query password, no user', 'a ? in the password', 'not UTF-8',
+        'a password without its @', 'fine'])
+def test_a_database_url_that_reads_two_ways_is_refused_without_a_word_of_it(url, start):
+    if start is None:
+        assert parse_database_url(url).secret_query == (('password', 'Wm3'),)
+        return
+    with pytest.raises(StorageURLError) as e:
+        parse_database_url(url)
+    message = str(e.value)
+    assert message.startswith(start) and '@ → %40, / → %2F' in message and '\n' not in message
+    assert not any(piece in message for piece in ('Kq9', 'Zv7', 'Wm3', '127.0.0.1', '55432', 'qadb'))
+
+
+@given(user=_USER, password=st.text(max_size=40), host=_HOST, port=st.integers(1, 65535), db=_DB,
+       encoded=st.booleans())
+def test_a_password_encoded_or_with_unencoded_at_slash_colon_reaches_the_driver_whole_and_only_there(
+        user, password, host, port, db, encoded):
+    if not encoded:  # a ? may start a query, and a % an escape: those two must be encoded
+        assume('?' not in password and '%' not in password)
+    written = urllib.parse.quote(password, safe='') if encoded else password
+    url = f'postgresql://{user}:{written}@{host}:{port}/{db}?sslmode=require'
+    read = parse_database_url(url)
+    assert (read.user, read.password, read.host, read.port, read.database) == (user, password, host.strip('[]'),
+                                                                               port, db)
+    safe, connect_args = database_connection(url)
+    assert safe == f'postgresql://{user}@{host}:{port}/{db}?sslmode=require' and connect_args == {'password': password}

@@ -37,7 +37,7 @@ from optuna.storages.journal import JournalFileBackend
 
 from lazylab import runs
 from lazylab.dashboard.guard import DEFAULT_MAX_BODY_MB, WsgiGuard
-from lazylab.redaction import redact, redact_url
+from lazylab.redaction import database_connection, redact, redact_url
 
 #: backends per id: an id is local_id * SLOTS + the backend's number
 SLOTS = 1 << 20
@@ -90,7 +90,8 @@ def open_storage(source: str) -> Optional[BaseStorage]:
             return None
         return JournalStorage(JournalFileBackend(source))
     try:
-        return RDBStorage(source, skip_table_creation=True)
+        url, connect_args = database_connection(source)  # the driver never parses the password (lazylab.redaction)
+        return RDBStorage(url, engine_kwargs={'connect_args': connect_args}, skip_table_creation=True)
     except Exception as e:  # sqlalchemy's errors: a driver missing, a server that does not answer
         raise ValueError(f'cannot open {redact_url(source)}: '
                          f'{redact(str(e).splitlines()[0] if str(e) else type(e).__name__, [source])}') from None

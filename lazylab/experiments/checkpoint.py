@@ -11,7 +11,7 @@ The file is one `torch.save` of a dict of tensors and plain values (format 'lazy
     rng, rng_per_rank             torch / python (/ cuda) random states of rank 0, and of every rank (or None)
     world_size                    the number of processes that wrote it (resume needs the same number)
     position                      `Position` as a dict: step, epoch, batch, tokens, elapsed, total_steps, calibrated,
-                                  train_seconds
+                                  train_seconds, finished
     sums                          the running metrics' sums (see metrics.RunningMetrics)
     + the task's extras           e.g. vocabulary (the text task's characters, so generation needs no text)
 
@@ -44,6 +44,7 @@ class Position:
     total_steps: int = 0      # steps this run takes (fitted to max_minutes when the time budget decides)
     calibrated: bool = False  # the step count has been fitted to the time budget
     train_seconds: float = 0.0  # wall-clock seconds of the training steps alone (no validation), over all resumes
+    finished: str = ''        # why the run ended ('time', 'max_steps', 'epochs', 'target'); '' while it goes on
 
 
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:

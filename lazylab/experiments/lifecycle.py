@@ -20,6 +20,7 @@ The first line of a run says what it is (parameters, length, batch, device, fold
 and why it stopped (max_steps, the epochs, the time budget, the task's target, a sweep's pruner): `summary`.
 """
 import contextlib
+import errno
 import sys
 import uuid as uuid_lib
 from collections.abc import Iterator, Sequence
@@ -29,9 +30,18 @@ from typing import Any, Optional, Union
 import torch
 
 from lazylab.configs import dump, explain, label_given, to_dict
-from lazylab.errors import Interrupted, LazylabError, UsageError, signals_interrupt, user_error_message
+from lazylab.errors import (
+    Interrupted,
+    LazylabError,
+    TrainingError,
+    UsageError,
+    WrapsUserError,
+    plural,
+    signals_interrupt,
+    user_error_message,
+)
 from lazylab.experiments import distributed
-from lazylab.experiments.checkpoint import load_checkpoint
+from lazylab.experiments.checkpoint import load_checkpoint, write_failure
 from lazylab.experiments.configure import device, make_configs, prepare
 from lazylab.experiments.discovery import Experiment, find_experiment
 from lazylab.experiments.metrics import stdout_may_close
@@ -48,6 +58,7 @@ from lazylab.runs import (
     exclusive_lock,
     make_run_dir,
     read_record,
+    remove_leftovers,
     remove_made,
     timestamp,
     training_pid,
@@ -120,7 +131,13 @@ def resume_main(run_dir: str, *, allow_changes: bool = False, on_validation: Opt
         # rank 0 refuses a run another process still trains, before it reads the checkpoint that process may not
         # have written yet
         stack.enter_context(training_lock(path, rank0))
+        if rank0:  # what a writer killed mid-write left (we hold the lock: no live writer owns it)
+            remove_leftovers(path)
         checkpoint = load_checkpoint(path / CHECKPOINT_PT)  # CheckpointError before anything else happens
+        if has_finished(checkpoint, read_record(path)):  # whatever phase it ended in: the run is not touched
+            if rank0:
+                print(f'nothing to do: the run in {path} has already finished', flush=True)
+            return path
         stack.enter_context(signals_interrupt())
         stack.enter_context(distributed.process_group(device(conf)))
         with their_bugs(run.experiment):
@@ -128,17 +145,21 @@ def resume_main(run_dir: str, *, allow_changes: bool = False, on_validation: Opt
         # first the checkpoint (another text says which characters differ), then the replay's computed values
         data_changes = check_resume(conf, path / CHECKPOINT_PT, checkpoint)  # vocabulary, text, shapes, processes
         changes = check_data_changes(data_changes, allow_changes) + check_replay(conf, allow_changes)
-        position = checkpoint.get('position', {})
-        if position.get('step', 0) >= position.get('total_steps', 0):  # training would return at once
-            if distributed.is_main_process():
-                print(f'nothing to do: the run in {path} has already finished', flush=True)
-            return path
         if distributed.is_main_process():
             record = {k: v for k, v in read_record(path).items() if k not in END_FIELDS}  # no longer true
             write_record(path, {**record, 'status': 'running', **({'replay_changes': changes} if changes else {})})
         stack.enter_context(stdout_may_close())  # `| head`: the run goes on without its output
         execute(run.experiment.name, conf, path, resume=True, checkpoint=checkpoint, on_validation=on_validation)
     return path
+
+
+def has_finished(checkpoint: dict[str, Any], record: dict[str, Any]) -> bool:
+    """Whether a run ended for good: its checkpoint says why it ended (the time budget, its steps, its epochs, the
+    task's target: `Position.finished`), or its steps are all taken, or run.json says `completed` (a checkpoint
+    from before `finished` was recorded). A run a sweep's pruner stopped, or a signal, is not finished."""
+    position = checkpoint.get('position') or {}
+    return bool(position.get('finished')) or position.get('step', 0) >= position.get('total_steps', 0) \
+        or record.get('status') == 'completed'
 
 
 @contextlib.contextmanager
@@ -279,16 +300,20 @@ def execute(name: str, conf, run_dir: Path, *, resume: bool, checkpoint: Optiona
     try:
         with labml_run as tracker:
             last = train(conf, run_dir, resume=resume, checkpoint=checkpoint, labml_run=tracker, on_validation=stop)
-    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (see train_main's signals_interrupt)
+        if is_main and last:
+            finish_run(conf, run_dir, (stop.reason if stop is not None else None) or 'completed', last)
+    except KeyboardInterrupt as e:  # a stop signal (see train_main's signals_interrupt)
         if is_main:
             record_interrupt(conf, run_dir, e)
         raise
     except BaseException as e:
+        failure = write_failed(e)  # a file of the run could not be written: one line naming it, not a traceback
         if is_main:
-            record_failure(conf, run_dir, e)
+            record_failure(conf, run_dir, failure or e)
+        if failure is not None:
+            raise failure from None
         raise
     if is_main and last:
-        finish_run(conf, run_dir, (stop.reason if stop is not None else None) or 'completed', last)
         print(last_line(conf, run_dir, last, stop.reason if stop is not None else None), flush=True)
     elif is_main:
         print(f'nothing to do: the run in {run_dir} has already finished', flush=True)
@@ -328,29 +353,58 @@ def _run_values(conf, last: dict[str, Any]) -> dict[str, Any]:
 def record_failure(conf, run_dir: Path, e: BaseException) -> None:
     """run.json of a run that `e` ended: status `failed`, `error` the one line `run_cli` prints for a user's error
     (else the exception's type and first line). When run.json itself cannot be written (a disk still full, a
-    read-only folder) a warning line says so, and `e` is what the caller goes on raising."""
+    read-only folder) a user's error `e` says so at the end of its one line (else a warning line does), and `e` is
+    what the caller goes on raising."""
     message = user_error_message(e) or f'{type(e).__name__}: {e}'.splitlines()[0]
     try:
         finish_run(conf, run_dir, 'failed', {}, message)
-    except OSError as written:
-        print(f'lazylab: warning: cannot record the failure in {run_dir / RUN_JSON}: '
-              f'{written.strerror or written}', file=sys.stderr, flush=True)
+    except (OSError, LazylabError) as written:
+        why = f'{run_dir / RUN_JSON} could not record the failure: {write_failure(written) or written}'
+        if isinstance(e, LazylabError) and not isinstance(e, WrapsUserError):
+            e.args = (f'{message} ({why})',)
+        else:
+            print(f'lazylab: warning: {why}', file=sys.stderr, flush=True)
+
+
+#: what an OSError of a write says when the disk, not lazylab, is at fault (read-only, full, over quota, gone)
+WRITE_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EIO,
+                          errno.EFBIG, errno.ENOENT, errno.ESTALE})
+
+
+def write_failed(e: BaseException) -> Optional[TrainingError]:
+    """The one-line error for a run whose file could not be written (`cannot write FILE: Read-only file system`)
+    when `e` is the OSError of such a write (from any writer: labml's files, configs.yaml, …); None otherwise."""
+    if not isinstance(e, OSError) or e.errno not in WRITE_ERRNOS:
+        return None
+    where = e.filename if e.filename is not None else 'a file of the run'
+    return TrainingError(f'cannot write {where}: {e.strerror or e}')
 
 
 def record_interrupt(conf, run_dir: Path, e: KeyboardInterrupt) -> None:
-    """run.json of a run that Ctrl-C or SIGTERM stopped (see `trainer.train`, which sets `e.step` and
-    `e.checkpoint_step`): status `interrupted` (SIGINT) or `killed` (SIGTERM), `signal`, `steps` (the steps it
-    took) and `checkpoint_step` (where `lazylab resume` continues; None: no checkpoint yet). The checkpoint is left
-    as it is. An `Interrupted`'s message (what `run_cli` prints) then names the step and the resume command."""
+    """run.json of a run that a stop signal ended (see `trainer.train`, which sets `e.step` and
+    `e.checkpoint_step`): status `interrupted` (SIGINT), `killed` (SIGTERM) or `preempted` (SIGUSR1, …: see
+    `errors.stop_status`), `signal`, `steps` (the steps it took) and `checkpoint_step` (where `lazylab resume`
+    continues; None: no checkpoint yet). The checkpoint is left as it is. An `Interrupted`'s message (what `run_cli`
+    prints) then names the step, the step the resume starts from, and the resume command."""
     name = getattr(e, 'signal_name', 'SIGINT')
     step, saved = getattr(e, 'step', None), getattr(e, 'checkpoint_step', None)
-    status = 'interrupted' if name == 'SIGINT' else 'killed'
+    status = getattr(e, 'status', 'interrupted')
     more: dict[str, Any] = {'signal': name, 'checkpoint_step': saved}
     if step is not None:
         more['steps'] = step
-    finish_run(conf, run_dir, status, {}, **more)
+    try:
+        finish_run(conf, run_dir, status, {}, **more)
+        unrecorded = ''
+    except (OSError, LazylabError) as written:
+        unrecorded = f' ({run_dir / RUN_JSON} could not record the stop: {write_failure(written) or written})'
     if isinstance(e, Interrupted):
-        at = f' at step {step:,}' if step is not None else ''
-        then = f'lazylab resume {run_dir} continues from the checkpoint of step {saved:,}' if saved is not None \
-            else f'no checkpoint was written yet (lazylab resume {run_dir} cannot continue it)'
-        e.message = f'{status} ({name}){at}; {then}'
+        e.message = f'{status} ({name}){f" at step {step:,}" if step is not None else ""}; ' + \
+            resume_advice(run_dir, step, saved) + unrecorded
+
+
+def resume_advice(run_dir: Path, step: Optional[int], saved: Optional[int]) -> str:
+    """How a stopped run goes on, for its last line: from which step, and what that costs."""
+    if saved is None:
+        return f'no checkpoint was written yet (lazylab resume {run_dir} cannot continue it)'
+    lost = '' if step is None or step == saved else f' ({plural(step - saved, "step")} after it are lost)'
+    return f'lazylab resume {run_dir} continues from step {saved:,}, its checkpoint{lost}'

@@ -19,6 +19,7 @@ Torch-free, so that `lazylab plot` reads metrics.jsonl without loading torch.
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -208,6 +209,7 @@ class RunLog:
         self.progress = Progress(total_steps, estimated=estimated)
         if enabled and resumed_at is not None:
             self.metrics.drop_after(resumed_at)
+            drop_samples_after(self.run_dir / SAMPLES_TXT, resumed_at)
 
     def write(self, record: dict[str, Any], pos, eta: float) -> dict[str, Any]:
         """Append `record` to metrics.jsonl, send its metrics to labml, show it (with `eta` seconds to go) on the
@@ -226,6 +228,23 @@ class RunLog:
         if self.enabled and text is not None:
             self.progress.text('sample: ' + text.replace('\n', ' ⏎ '))
             append_whole(self.run_dir / SAMPLES_TXT, f'--- step {pos.step}, {pos.tokens:,} tokens\n{text}\n')
+
+
+#: the line that opens each sample of samples.txt: `--- step 250, 512,000 tokens`
+SAMPLE_HEADER = re.compile(r'^--- step (\d+), ', re.MULTILINE)
+
+
+def drop_samples_after(path: Path, step: int) -> None:
+    """Keep only the samples of samples.txt taken up to `step` (a resumed run samples the steps after its checkpoint
+    again: a run killed between a validation's sample and its checkpoint would show that sample twice)."""
+    if not path.is_file():
+        return
+    text = path.read_text(encoding='utf-8', errors='replace')
+    cut = next((m.start() for m in SAMPLE_HEADER.finditer(text) if int(m.group(1)) > step), None)
+    if cut is not None:
+        tmp = path.with_name(path.name + '.tmp')
+        tmp.write_text(text[:cut], encoding='utf-8')
+        os.replace(tmp, path)
 
 
 def append_whole(path: Path, text: str) -> None:

@@ -26,6 +26,9 @@ from lazylab.dashboard_client import configure_app_writer
 
 # late imports: labml only when a run starts tracking: importing the experiments imports no labml
 
+#: how long a finished run waits for labml's file writer to write its last records (a disk that slow is failing)
+WRITER_WAIT_S = 60.0
+
 
 class LabmlRun:
     """One labml experiment whose files live in `run_dir / 'labml'`.
@@ -41,6 +44,8 @@ class LabmlRun:
 
         run_dir = Path(run_dir).resolve()
         labml_internals.tolerate_concurrent_runs()
+        labml_internals.guard_file_writer()  # a failed write of labml's must end the run, not hang it (see there)
+        labml_internals.reset_file_writer_failure()
         # A .labml.yaml in the run directory makes labml's own config search stop here (no warning that none was
         # found, no lookups next to the installed package); `lab.configure` then pins the paths and the app URL.
         (run_dir / '.labml.yaml').write_text('experiments_path: labml\n', encoding='utf-8')
@@ -70,12 +75,31 @@ class LabmlRun:
             print(f'labml dashboard: {url}', flush=True)  # the one line worth keeping: where to watch the run
         return self
 
-    def __exit__(self, *exc) -> None:
-        self._started.__exit__(*exc)
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self._started.__exit__(exc_type, exc, tb)
+        except OSError:  # labml could not write its run_log.jsonl (a read-only or full disk)
+            labml_internals.finish_writers()  # labml's finish stopped before it ended its writer's thread: end it
+            if exc_type is None:
+                raise
+            # the run is failing already, for a reason of its own (the same disk, usually): that one is reported
+        labml_internals.wait_for_file_writer(WRITER_WAIT_S)  # its records whole when the run returns
+        if exc_type is None:
+            self._check_writer()
 
     def log(self, step: int, values: dict[str, float]) -> None:
         from labml import tracker
         tracker.save(step, values)
+        self._check_writer()
+
+    @staticmethod
+    def _check_writer() -> None:
+        """Raise the failure labml's file writer met on its thread (a read-only or full disk), so that the run
+        ends with it instead of going on without its labml records."""
+        failure = labml_internals.file_writer_failure()
+        if failure is not None:
+            labml_internals.reset_file_writer_failure()
+            raise failure
 
 
 def _remove_stale_pid(path: Path) -> None:

@@ -4,9 +4,12 @@ For each batch of the experiment's task (cut to the current length during a sequ
 `seq_len_start` → `seq_len` over `seq_len_warmup` steps): forward, loss, backward, clip, optimizer and scheduler
 step, a running sum of the metrics; every `log_interval` steps a metrics record; every `valid_interval` steps
 (default `steps_per_epoch // inner_iterations`) a validation, a sample and a checkpoint; at the end, the final
-validation. No callbacks; one hook, `on_validation` (below), for a sweep's pruner. Before a run, `check_trains` (one
-pass on the first batch) and, for a resume, `check_resume` let the runner refuse what would fail, before anything is
-written. The parts with a state of their own are named and live beside this file:
+validation. A stop signal (Ctrl-C, SIGTERM, SIGUSR1: `errors.signals_noted`) ends the run at the end of the step in
+progress, with the checkpoint of that step (`Training.stop_or_save`), and `checkpoint_minutes` adds a checkpoint by
+the clock (for a SIGKILL or a power cut, which no handler sees). No callbacks; one hook, `on_validation` (below),
+for a sweep's pruner. Before a run, `check_trains` (one pass on the first batch) and, for a resume, `check_resume`
+let the runner refuse what would fail, before anything is written. The parts with a state of their own are named and
+live beside this file:
 
     task.py        Task: the experiment's batches, loss, validation and samples (nlp_autoregression.TextTask);
                    SeqLenWarmup: each step's sequence length
@@ -30,8 +33,9 @@ Run directory (written by rank 0 only):
 Under torchrun (see distributed.py) each process trains on its shard of every batch, the model is wrapped in DDP,
 losses and validation are averaged over the processes, and only rank 0 writes files and prints.
 
-Resume (`train(c, run_dir, resume=True)`) restores everything in checkpoint.pt and drops metrics recorded after it,
-so a run killed at any point and resumed logs, on the CPU, bitwise the same losses as one that never stopped.
+Resume (`train(c, run_dir, resume=True)`) restores everything in checkpoint.pt and drops metrics and samples recorded
+after it, so a run stopped at any step (or killed at any point) and resumed logs, on the CPU, bitwise the same losses,
+samples and final parameters as one that never stopped.
 
 The hook, `train(…, on_validation=hook)`: after every interleaved validation (its record written and the checkpoint
 saved; not after the final validation) the trainer calls `hook(step, record)` with the step and that metrics record
@@ -50,7 +54,16 @@ from annotated_types import Ge, Lt
 
 from lazylab.configs import BaseConfigs, ConfigError, explain, to_dict
 from lazylab.configs.types import NonEmptyStr, NonNegativeFloat, NonNegativeInt, PositiveInt, ThreadCount
-from lazylab.errors import CheckpointError, LazylabError, NonFiniteLossError, TrainingError
+from lazylab.errors import (
+    CheckpointError,
+    Interrupted,
+    LazylabError,
+    NonFiniteLossError,
+    NotedSignals,
+    TrainingError,
+    signals_noted,
+    stop_signals,
+)
 from lazylab.experiments import distributed
 from lazylab.experiments.budget import CALIBRATION_STEPS, TimeBudget
 from lazylab.experiments.checkpoint import Checkpointer, Position, load_checkpoint, save_checkpoint
@@ -109,6 +122,7 @@ class TrainerConfigs(BaseConfigs):
     grad_norm_clip: NonNegativeFloat = 1.0             # clip the global gradient norm to this (0: no clipping)
     log_interval: PositiveInt = 10                     # steps between metric records
     valid_batches: PositiveInt = 16                    # batches in each interleaved validation
+    checkpoint_minutes: NonNegativeFloat = 0.0         # also a checkpoint every this many minutes (0: at validations)
     final_valid_batches: NonNegativeInt = 0            # batches in the final validation (0: the whole validation split)
     runs_dir: NonEmptyStr = 'runs'                     # runs go to RUNS_DIR/NAME/RUN_ID/
     dashboard: str = ''                                # labml app URL ('' → .labml.yaml's app_url, if any)
@@ -188,6 +202,10 @@ class Training:
                           enabled=distributed.is_main_process(), estimated=self.budget.fits)
         self.last: dict[str, Any] = {}
         self.stopped: Optional[str] = None
+        self.stop_signals = stop_signals()  # the signals a stop can be for (one more may be named in the environment)
+        self.agreed_stop: Optional[int] = None  # under torchrun: the stop signal this step's all-reduce agreed on
+        self.agreed_save = False                # ... and whether a checkpoint is due by the clock
+        self.saved_at = time.time()             # when the last checkpoint was written (checkpoint_minutes)
 
     def batch(self, x: torch.Tensor, y: torch.Tensor) -> Batch:
         """The batch on the device, cut to this step's length during a sequence-length warm-up."""
@@ -195,16 +213,24 @@ class Training:
             x, y = self.task.shorten(x, y, self.warmup.length(self.pos.step))
         return x.to(self.device), y.to(self.device)
 
-    def mean_loss(self, batch: BatchLoss, x: torch.Tensor) -> tuple[float, BatchLoss, int, bool]:
+    def mean_loss(self, batch: BatchLoss, x: torch.Tensor, noted: NotedSignals) -> tuple[float, BatchLoss, int, bool]:
         """One all-reduce (nothing in a single process) gives every process the mean loss, the accuracy counts, the
-        tokens and whether any of them ran out of time, so that all take the same decisions. Returns (mean loss,
-        the summed counts as a BatchLoss, tokens, late).
+        tokens and whether any of them ran out of time, so that all take the same decisions; under torchrun it also
+        carries which stop signals arrived and whether a checkpoint is due by the clock (`agreed_stop`,
+        `agreed_save`), so that all processes stop, or save, after the same step. Returns (mean loss, the summed
+        counts as a BatchLoss, tokens, late).
 
         Raises:
             NonFiniteLossError: the loss is not finite (before any update: the model's settings are the cause).
         """
-        loss_sum, correct, count, tokens, late = distributed.all_reduce_sum(
-            batch.loss.item(), batch.correct, batch.count, x.numel(), float(self.budget.out_of_time()))
+        agree = self.world_size > 1
+        arrived = noted.pending() if agree else None
+        flags = [float(self.checkpoint_due()), *(float(s == arrived) for s in self.stop_signals)] if agree else []
+        loss_sum, correct, count, tokens, late, *agreed = distributed.all_reduce_sum(
+            batch.loss.item(), batch.correct, batch.count, x.numel(), float(self.budget.out_of_time()), *flags)
+        if agree:
+            self.agreed_save = agreed[0] > 0
+            self.agreed_stop = next((s for s, n in zip(self.stop_signals, agreed[1:]) if n > 0), None)
         loss = loss_sum / self.world_size
         if self.pos.step == 0 and not math.isfinite(loss):  # before any update: not the learning rate's doing
             raise NonFiniteLossError(f'training loss is {loss} at step 1, before any update ({self.ckpt.kept()}), '
@@ -223,9 +249,10 @@ class Training:
     def validation_due(self, done: bool) -> bool:
         return self.pos.step % self.valid_every == 0 or done or self.budget.calibration_due(self.pos)
 
-    def validate(self, done: bool) -> bool:
-        """A validation (the final one when `done`), its record, a sample, the step count fitted to the time budget,
-        a checkpoint. Returns whether training ends here (`done`, or the task's target reached).
+    def validate(self, done: bool, late: bool = False) -> bool:
+        """A validation (the final one when `done`; `late`: the time budget ran out), its record, a sample, the step
+        count fitted to the time budget, a checkpoint (the final one records why the run ended, so that a resume
+        finds it finished). Returns whether training ends here (`done`, or the task's target reached).
 
         Raises:
             NonFiniteLossError: the validation loss, or the sample's logits, are not finite.
@@ -239,9 +266,38 @@ class Training:
         self.log.sample(pos, sample(self.task, self.model, self.autocast, pos.step) if self.log.enabled else None)
         if not done and self.budget.validated(pos, seconds=time.time() - started):
             self.scheduler.set_total_steps(pos.total_steps)
-        pos.elapsed = self.budget.elapsed()
-        self.ckpt.save(pos, self.metrics.state())
+        if done:
+            pos.finished = self.stopped = self.stopped or self.stop_reason(late)
+        self.save()
         return done
+
+    def save(self) -> None:
+        """The checkpoint of this step (every process calls it; rank 0 writes)."""
+        self.pos.elapsed = self.budget.elapsed()
+        self.ckpt.save(self.pos, self.metrics.state())
+        self.saved_at = time.time()
+
+    def checkpoint_due(self) -> bool:
+        """`checkpoint_minutes` have passed since the last checkpoint (this process's clock)."""
+        return self.c.checkpoint_minutes > 0 and time.time() - self.saved_at >= self.c.checkpoint_minutes * 60
+
+    def stop_or_save(self, noted: NotedSignals) -> None:
+        """At the end of a step the run goes on from: a stop signal that arrived (in a single process: by now; under
+        torchrun: the one this step's all-reduce agreed on) ends the run here, with the checkpoint of this very step,
+        so a resume loses nothing; else a checkpoint due by the clock is written.
+
+        Raises:
+            Interrupted: for that signal, after the checkpoint is written whole (a second signal meanwhile is noted,
+                not lost, and changes nothing).
+        """
+        single = self.world_size == 1
+        signum = noted.pending() if single else self.agreed_stop
+        if signum is not None or (self.checkpoint_due() if single else self.agreed_save):
+            if self.ckpt.saved_step != self.pos.step:  # a validation at this step wrote it already
+                self.save()
+        if signum is not None:
+            noted.take()
+            raise Interrupted(signum)
 
     def log_train(self) -> None:
         """A record of the training steps since the last one; the step count fitted again to the time budget."""
@@ -250,14 +306,18 @@ class Training:
         if self.budget.refit(self.pos):
             self.scheduler.set_total_steps(self.pos.total_steps)
 
+    def stop_reason(self, late: bool) -> str:
+        """Why a run that ends now ends: 'time' (the budget), 'max_steps' or 'epochs'."""
+        c, pos = self.c, self.pos
+        fitted = self.budget.fits and pos.total_steps < c.total_steps
+        return 'time' if late or fitted else 'max_steps' if c.max_steps > 0 and pos.total_steps >= c.max_steps \
+            else 'epochs'
+
     def end(self, late: bool) -> dict[str, Any]:
         """The last record, with `tokens_per_s_avg` (the run's average over all its steps and resumes, validation
         not counted) and `stopped`: why training ended."""
-        c, pos = self.c, self.pos
-        if self.stopped is None:
-            fitted = self.budget.fits and pos.total_steps < c.total_steps
-            self.stopped = 'time' if late or fitted else \
-                'max_steps' if c.max_steps > 0 and pos.total_steps >= c.max_steps else 'epochs'
+        pos = self.pos
+        self.stopped = self.stopped or self.stop_reason(late)
         out = dict(self.last, stopped=self.stopped) if self.last else {}
         if out and pos.train_seconds > 0:
             out['tokens_per_s_avg'] = pos.tokens / pos.train_seconds
@@ -280,43 +340,47 @@ def train(c, run_dir: Path, *, resume: bool = False, checkpoint: Optional[dict[s
     Raises:
         CheckpointError: resume=True and the checkpoint is missing or damaged.
         NonFiniteLossError: the training loss became NaN/inf (the checkpoint of the last validation is kept).
-        KeyboardInterrupt: Ctrl-C, or SIGTERM as `lazylab.errors.Interrupted`; it leaves with `step` (the steps
-            taken) and `checkpoint_step` (the step of the checkpoint on disk, or None) set on the exception.
+        KeyboardInterrupt: a stop signal as `lazylab.errors.Interrupted` (Ctrl-C, SIGTERM, SIGUSR1, …: under
+            `errors.signals_interrupt` the step in progress ends and its checkpoint is written first), or a plain
+            Ctrl-C where no lazylab handler is set (a notebook); it leaves with `step` (the steps taken) and
+            `checkpoint_step` (the step of the checkpoint on disk, or None) set on the exception.
     """
     t = Training(c, run_dir, labml_run=labml_run, resume=resume, checkpoint=checkpoint)
     model, optimizer, scheduler, task, pos = t.model, t.optimizer, t.scheduler, t.task, t.pos
     late = False
     model.train()
     try:
-        while pos.step < pos.total_steps:
-            for x, y in task.batches(pos.epoch, start=pos.batch):
-                step_started = time.time()
-                x, y = t.batch(x, y)
-                with t.autocast():
-                    batch = task.loss(t.step_model, x, y)
-                loss, counts, tokens, late = t.mean_loss(batch, x)  # over every process
-                optimizer.zero_grad(set_to_none=True)
-                batch.loss.backward()
-                if c.grad_norm_clip > 0:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_norm_clip)
-                lr = optimizer.param_groups[0]['lr']  # the rate this update uses (logged as `lr`)
-                optimizer.step()
-                scheduler.step()
-                t.step_done(loss, counts, tokens, seconds=time.time() - step_started, lr=lr)
+        with signals_noted() as noted:  # a stop signal ends the step in progress, then the run (t.stop_or_save)
+            while pos.step < pos.total_steps:
+                for x, y in task.batches(pos.epoch, start=pos.batch):
+                    step_started = time.time()
+                    x, y = t.batch(x, y)
+                    with t.autocast():
+                        batch = task.loss(t.step_model, x, y)
+                    loss, counts, tokens, late = t.mean_loss(batch, x, noted)  # over every process
+                    optimizer.zero_grad(set_to_none=True)
+                    batch.loss.backward()
+                    if c.grad_norm_clip > 0:
+                        torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_norm_clip)
+                    lr = optimizer.param_groups[0]['lr']  # the rate this update uses (logged as `lr`)
+                    optimizer.step()
+                    scheduler.step()
+                    t.step_done(loss, counts, tokens, seconds=time.time() - step_started, lr=lr)
 
-                done = pos.step >= pos.total_steps or late
-                if t.validation_due(done):
-                    done = t.validate(done)
-                    if on_validation is not None and not done and stop_asked(on_validation, pos.step, t.last):
-                        return t.last
-                elif pos.step % c.log_interval == 0:
-                    t.log_train()
-                if done:
-                    return t.end(late)
-            pos.epoch, pos.batch = pos.epoch + 1, 0
-        return t.end(late)
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (errors.Interrupted): the runner records where it stopped
-        e.step, e.checkpoint_step = pos.step, t.ckpt.saved_step
+                    done = pos.step >= pos.total_steps or late
+                    if t.validation_due(done):
+                        done = t.validate(done, late)
+                        if on_validation is not None and not done and stop_asked(on_validation, pos.step, t.last):
+                            return t.last
+                    elif pos.step % c.log_interval == 0:
+                        t.log_train()
+                    if done:
+                        return t.end(late)
+                    t.stop_or_save(noted)  # a stop signal: this step's checkpoint, then Interrupted
+                pos.epoch, pos.batch = pos.epoch + 1, 0
+            return t.end(late)
+    except KeyboardInterrupt as e:  # a stop signal (errors.Interrupted), or Ctrl-C outside lazylab's handler (a
+        e.step, e.checkpoint_step = pos.step, t.ckpt.saved_step  # notebook): the runner records where it stopped
         raise
 
 

@@ -21,7 +21,7 @@
 Trials are ordinary runs made through `lazylab.experiments.lifecycle` (or `lazylab.labml.runner` for a labml
 script), one process each; the only part of the trainer a sweep touches is its one hook, `on_validation` (see
 lazylab.experiments.trainer), through which a trial reports its metric to Optuna and learns whether its pruner stops
-it. Credentials of a storage URL are hidden in everything printed and written (lazylab.redaction). The contract of
-`lazylab sweep` (what is checked and written, exit codes, resume, many processes on one study) is in
-docs/guide/sweeps.md.
+it. Credentials of a storage URL are hidden in everything printed and written, and reach the database driver as
+connection arguments, never inside a URL it parses (lazylab.redaction). The contract of `lazylab sweep` (what is
+checked and written, exit codes, resume, many processes on one study) is in docs/guide/sweeps.md.
 """

@@ -8,11 +8,14 @@ has one row per run: the configuration keys whose values differ between the runs
 — on the command line, in a preset, a --config file or by the sweep —, so the values computed from them do not crowd
 the table), the final and best value of the metric (`loss.valid` unless --metric), the steps taken, the training
 speed (tokens over training seconds), the parameter count, the run's time and its status: completed, pruned, failed,
-running, interrupted (a sweep trial whose process is gone: `lazylab sweep --resume` continues it), or damaged (a
-file of it cannot be read whole: a run.json or trial.json that is not a JSON object, a configs.yaml that is not a
-dump, a metrics.jsonl line that is not a record — its last line cut off by a crash, say —; a warning line on stderr
-names the file, and the table shows what could be read). Runs of several experiments get an `experiment` column, and
-their keys that differ include those set by each experiment's defaults. Rows are sorted by the final metric, best
+running, interrupted (a sweep trial whose process is gone: `lazylab sweep --resume` continues it), dead (a run
+whose run.json says running but whose process is gone: killed by SIGKILL or the out-of-memory killer, or its machine
+stopped; a line after the table says whether `lazylab resume` can continue it), or damaged (a file of it cannot be
+read whole: a run.json or trial.json that is not a JSON object, a configs.yaml that is not a dump, a metrics.jsonl
+line that is not a record — its last line cut off by a crash, say —; a warning line on stderr names the file, and
+the table shows what could be read). Runs of several experiments get an `experiment` column, and their keys that
+differ include those set by each experiment's defaults; a run whose experiment no file names (a damaged run.json)
+shows `—` there and counts as none of them. Rows are sorted by the final metric, best
 first (--sort KEY sorts by any column; --sort=-KEY descending). --csv writes every column at full precision; --plot
 draws the metric's curve of every run against tokens seen, one labelled line per run.
 
@@ -33,6 +36,7 @@ from lazylab.configs import suggestion
 from lazylab.errors import UsageError, plural
 from lazylab.experiments.plot import check_output, loss_label
 from lazylab.runs import (
+    CHECKPOINT_PT,
     CONFIGS_YAML,
     METRIC_KEYS,
     POSITION_KEYS,
@@ -67,7 +71,7 @@ def differing_keys(runs: list[Run]) -> list[str]:
     """Keys given to some run whose values are not the same in every run that has them, in dump order. Runs of
     several experiments: also the keys an experiment sets itself (a class default, or the option its default
     names), each experiment's own defaults differing (feedback's threads=1 against the transformer's 0)."""
-    several = len({r.experiment for r in runs}) > 1
+    several = len(experiments(runs)) > 1
     order: dict[str, None] = {}
     for r in runs:
         for k in list(r.values) + list(r.objects):
@@ -131,7 +135,7 @@ def compare(paths: list[str], metric: str = 'loss.valid', sort: Optional[str] = 
     keys = differing_keys(runs)
     maximize = _direction(paths, metric) == 'maximize'
     name = 'trial' if all(r.is_trial for r in runs) and len({r.trial.get('sweep') for r in runs}) == 1 else 'run'
-    several = len({r.experiment for r in runs}) > 1
+    several = len(experiments(runs)) > 1
     rows = []
     for r in runs:
         final, points = r.metric(metric)
@@ -215,15 +219,30 @@ def format_table(t: Table) -> str:
         return '  '.join(p.rjust(w) if c in numeric else p.ljust(w)
                          for p, w, c in zip(parts, widths, t.columns)).rstrip()
     what = plural(len(t.rows), 'trial' if t.columns[0] == 'trial' else 'run')
-    experiments = len({r.experiment for r in t.runs})
-    more = f'; {plural(len(t.only_some), "more key")} only some of the {experiments} experiments have: lazylab ' \
-        f'diff lists them' if t.only_some else ''
+    more = f'; {plural(len(t.only_some), "more key")} only some of the {len(experiments(t.runs))} experiments ' \
+        f'have: lazylab diff lists them' if t.only_some else ''
     out = [f'lazylab compare {" ".join(t.paths)}      ({what}; keys that differ: {len(t.keys)}{more})',
            line(heads)] + [line(c) for c in cells]
     for r in t.runs:
         if r.status == 'failed' and r.error:
             out.append(f'{t.columns[0]} {r.label if r.is_trial else _run_label(r)} failed: {r.error}')
+        elif r.status == 'dead':
+            out.append(dead_line(r))
     return '\n'.join(out)
+
+
+def dead_line(r: Run) -> str:
+    """What a dead run's line after the table says (see the module docstring): how `lazylab resume` continues it."""
+    then = f'lazylab resume {r.path} continues it from its last checkpoint' if (r.path / CHECKPOINT_PT).is_file() \
+        else (f'it wrote no checkpoint, so lazylab resume cannot continue it (lazylab train with --config '
+              f'{r.path / CONFIGS_YAML} starts it again with its settings)')
+    return (f'run {_run_label(r)} is dead: its process is gone without recording how it ended (killed by SIGKILL or '
+            f'out of memory?); {then}')
+
+
+def experiments(runs: list[Run]) -> set[str]:
+    """The experiments of `runs` that their files name (a run whose run.json is damaged names none)."""
+    return {r.experiment for r in runs if r.experiment is not None}
 
 
 def compare_text(paths: list[str], metric: str = 'loss.valid', sort: Optional[str] = None) -> str:

@@ -11,21 +11,37 @@ interrupted. A lock file of another machine's process is not here: its trials ar
 Claiming a trial and tagging it are two writes to the study, so a process killed between them leaves a RUNNING
 trial with no owner. Before each claim a process writes `claiming N` into its own lock file; a trial with no owner
 is taken over (under a lock on .owners/ itself, by one process only) when a dead process's lock file says it was
-claiming it, and the trial is at least `GRACE` seconds old (a live claimer tags it within milliseconds) — or, with
-no such file here (a process of another machine, or of a lazylab before this record), once it is `LEASE` seconds
-old. (The locks are lazylab.runs': `hold_lock`, `exclusive_lock`, `lock_is_held`.)
+claiming it and either
+- no live process's file here says so too, and the trial was claimed within `CLAIM_WRITES` seconds after that file
+  was written (the dead process's own claim: a process elsewhere, with no file here, claiming the same trial in those
+  seconds is the only other reading) — so a `--resume` right after the kill takes it over; or
+- the trial is at least `GRACE` seconds old (any live claimer, here or elsewhere, tags it within milliseconds);
+or, with no such file here (a process of another machine, or of a lazylab before this record), once it is `LEASE`
+seconds old. A dead claimer's file stays while the trial it names is RUNNING with no owner, so a later resume still
+knows whose it was. (The locks are lazylab.runs': `hold_lock`, `exclusive_lock`, `lock_is_held`.)
 """
 import datetime
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from lazylab import runs
 from lazylab.sweeps.study import OWNER
 
-#: seconds a trial with no owner must be old before a dead claimer's record lets it be taken over
+#: seconds a trial with no owner must be old before a dead claimer's record lets it be taken over whatever the rest
 GRACE = 10.0
+#: seconds between a process's `claiming N` and its claim of trial N, at most (two writes; a loaded machine or a
+#: slow database may stall between them)
+CLAIM_WRITES = 10.0
 #: seconds after which a trial with no owner and no claimer's record here is taken over
 LEASE = 600.0
+
+
+class Claim(NamedTuple):
+    """A process's record, in its lock file, of the trial it was about to claim."""
+    token: str
+    number: int
+    written: datetime.datetime      # the file's time: when it said so (local time, as Optuna's datetime_start)
+    alive: bool                     # its process holds its lock
 
 
 class Owners:
@@ -71,16 +87,20 @@ class Owners:
     def take_over(self) -> list[int]:
         """The RUNNING trials of this directory whose process is gone, taken over (retagged with this process's
         token), by number."""
-        taken, dead = [], set()
+        taken, dead, left = [], set(), set()
+        claims = self._claims()
         for t in sorted(self.running(), key=lambda t: t.number):
             owner = t.system_attrs.get(OWNER)
             if owner is None:
-                if self._unowned_dead(t) and self._retag_unowned(t.number):
+                if self._unowned_dead(t, claims) and self._retag_unowned(t.number):
                     taken.append(t.number)
+                else:
+                    left.add(t.number)
             elif owner != self.token and self._retag_from(owner, t.number):
                 taken.append(t.number)
                 dead.add(owner)
-        for owner in dead | set(self._dead_claimers):  # gone: once no trial is left to it, its lock file goes
+        # gone: once no trial is left to it (tagged, or named by its claim and still without an owner), its file goes
+        for owner in dead | {c.token for c in claims if not c.alive and c.number not in left}:
             self.remove_dead_owner(owner)
         return taken
 
@@ -105,27 +125,33 @@ class Owners:
         finally:
             lock.release()
 
-    @property
-    def _dead_claimers(self) -> dict[str, int]:
-        """{token: trial number} of the dead processes' lock files here that say which trial they were claiming."""
-        out = {}
+    def _claims(self) -> list[Claim]:
+        """What the other processes' lock files here say they were claiming (the files that say so)."""
+        out = []
         for path in self.folder.iterdir() if self.folder.is_dir() else ():
-            if path.name == self.token or runs.lock_is_held(path):  # (alive, or a file this process cannot open)
+            if path.name == self.token:
                 continue
             try:
+                written = path.stat().st_mtime
                 words = path.read_bytes()[:100].decode('ascii', 'replace').split()
             except OSError:
                 continue
             if len(words) == 2 and words[0] == 'claiming' and words[1].isdigit():
-                out[path.name] = int(words[1])
+                alive = runs.lock_is_held(path)  # (or a file this process cannot open: taken as alive)
+                out.append(Claim(path.name, int(words[1]), datetime.datetime.fromtimestamp(written), alive))
         return out
 
-    def _unowned_dead(self, t) -> bool:
+    def _unowned_dead(self, t, claims: list[Claim]) -> bool:
         """Whether the process that claimed RUNNING trial `t` (which has no owner) is gone (module docstring)."""
         age = self.age(t)
         if age is None:
             return False
-        return age >= LEASE or (age >= GRACE and t.number in self._dead_claimers.values())
+        named = [c for c in claims if c.number == t.number]
+        dead = [c for c in named if not c.alive]
+        if dead and not any(c.alive for c in named) and any(
+                -1.0 <= (t.datetime_start - c.written).total_seconds() <= CLAIM_WRITES for c in dead):
+            return True  # its claimer is gone: the claim came right after that process said it would make it
+        return age >= LEASE or (age >= GRACE and bool(dead))
 
     @staticmethod
     def age(t) -> Optional[float]:
@@ -174,6 +200,6 @@ class Owners:
         if t.system_attrs.get(OWNER) is not None:
             return None
         age = self.age(t) or 0.0
-        wait = (GRACE if t.number in self._dead_claimers.values() else LEASE) - age
+        wait = (GRACE if any(c.number == t.number and not c.alive for c in self._claims()) else LEASE) - age
         return (f'trial {t.number:04d} was claimed by a process that was killed before it recorded itself; '
                 f'lazylab sweep --resume takes it over from {max(1, round(wait))} s from now')

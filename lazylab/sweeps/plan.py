@@ -19,7 +19,7 @@ from lazylab import runs
 from lazylab.command_line import Parser
 from lazylab.errors import UsageError
 from lazylab.experiments import discovery
-from lazylab.redaction import redact, redact_url
+from lazylab.redaction import StorageURLError, parse_database_url, redact, redact_url
 from lazylab.slurm import SlurmOptions, parse_options
 from lazylab.slurm.executor import check_options
 from lazylab.sweeps import scripts
@@ -285,8 +285,15 @@ def _metric(a: argparse.Namespace, any_metric: bool = False) -> tuple[str, str]:
 
 
 def _storage(storage: Optional[str], given: Optional[str]) -> Optional[str]:
-    """A journal file's absolute path (its folder must exist), or the database URL as given."""
-    if storage is None or '://' in storage:
+    """A journal file's absolute path (its folder must exist), or the database URL as given: one that reads one way
+    only (lazylab.redaction.parse_database_url), checked before anything shows or writes it."""
+    if storage is None:
+        return storage
+    if '://' in storage:
+        try:
+            parse_database_url(storage)
+        except StorageURLError as e:
+            raise UsageError(f'--storage: {e}') from None
         return storage
     path = Path(storage).resolve()
     if not path.parent.is_dir():

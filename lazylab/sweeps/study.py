@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable, Optional
 
 from lazylab.errors import UsageError
-from lazylab.redaction import redact, redact_url
+from lazylab.redaction import StorageURLError, database_connection, redact, redact_url
 
 #: the study's user attr holding the sweep's signature (written last by the process that created the study)
 SIGNATURE = 'lazylab'
@@ -54,11 +54,11 @@ def open_storage(url_or_file: str):
         from optuna.storages.journal import JournalFileBackend  # (optuna: on first use, as load_optuna)
         _check_journal(url_or_file)
         return optuna.storages.JournalStorage(JournalFileBackend(url_or_file))
-    url = _with_driver(url_or_file)
+    url, connect_args = _connection(url_or_file)
     last: Optional[Exception] = None
     for attempt in range(5):  # two processes creating the schema at once: one of them may fail; try again
         try:
-            rdb = optuna.storages.RDBStorage(url, engine_kwargs={'pool_pre_ping': True})
+            rdb = optuna.storages.RDBStorage(url, engine_kwargs={'pool_pre_ping': True, 'connect_args': connect_args})
             return optuna.storages.get_storage(rdb)  # Optuna's cached wrapper, as create_study would use
         except ImportError as e:
             raise _driver_error(url_or_file, e) from None
@@ -80,10 +80,11 @@ def check_storage(url_or_file: str) -> None:
     if '://' not in url_or_file:
         _check_journal(url_or_file)
         return
+    url, connect_args = _connection(url_or_file)
     try:
         import sqlalchemy  # optuna's dependency; only a --dry-run on a database connects
         from sqlalchemy.pool import NullPool
-        engine = sqlalchemy.create_engine(_with_driver(url_or_file), poolclass=NullPool)
+        engine = sqlalchemy.create_engine(url, poolclass=NullPool, connect_args=connect_args)
         try:
             with engine.connect():
                 pass
@@ -93,6 +94,19 @@ def check_storage(url_or_file: str) -> None:
         raise _driver_error(url_or_file, e) from None
     except Exception as e:  # sqlalchemy's errors: a bad URL, a refused connection
         raise _storage_error(url_or_file, e) from None
+
+
+def _connection(url: str) -> tuple[str, dict]:
+    """(the URL with no secret in it, the connect_args with them) for SQLAlchemy: the driver never parses a URL
+    with a password in it (lazylab.redaction.database_connection says why).
+
+    Raises:
+        UsageError: a URL that reads two ways, or a port that is not a number; the message quotes none of it.
+    """
+    try:
+        return database_connection(_with_driver(url))
+    except StorageURLError as e:
+        raise UsageError(f'--storage: {e}') from None
 
 
 def _check_journal(path: str) -> None:

@@ -499,5 +499,61 @@ def test_killing_one_rank_ends_the_job_and_the_run_resumes_exactly(single_and_dd
         assert torch.equal(ours['model'][k], v), k
 
 
+#: 120 steps, validated every 50: a stop lands between validations; a record every 3 steps shows the progress
+LONG = [*(a for a in E2E if not a.startswith(('max_steps=', 'valid_interval='))), 'max_steps=120',
+        'valid_interval=50', 'batch_size=4']
+
+
+@pytest.fixture(scope='module')
+def ddp_reference(tmp_path_factory):
+    """A two-process run of LONG that nobody stops."""
+    base = tmp_path_factory.mktemp('ddp-long')
+    run(TORCHRUN + ['-m', 'lazylab.experiments.transformer', *LONG, f'runs_dir={base}'], cwd=base)
+    return _run_dir(base)
+
+
+def test_a_stop_signal_to_one_process_stops_all_after_the_same_step_and_resumes_exactly(ddp_reference, tmp_path):
+    """SIGUSR1 (a cluster's preemption warning) reaches rank 1 only: the processes agree on the step to stop after
+    (the step's all-reduce carries the signal), rank 0 writes that step's checkpoint and run.json, and a resume under
+    torchrun ends equal, bit for bit, to the run that never stopped."""
+    from lazylab.experiments.trainer import load_checkpoint, read_metrics
+    runs = tmp_path / 'runs'
+    job = Job(TORCHRUN + ['-m', 'lazylab.experiments.transformer', *LONG, f'runs_dir={runs}'], cwd=tmp_path,
+              env={'LAZYLAB_DIST_TIMEOUT': '300'})
+    try:
+        workers = job.find_workers(2)
+        rank1 = next(pid for pid in workers if _rank_of(pid) == 1)
+        deadline, signalled = time.monotonic() + 180, False
+        while time.monotonic() < deadline and job.proc.poll() is None:
+            metrics = list(runs.glob('transformer/*/metrics.jsonl'))
+            if metrics and [r['step'] for r in read_metrics(metrics[0])][-1:] >= [9]:
+                os.kill(rank1, signal.SIGUSR1)
+                signalled = True
+                break
+            time.sleep(0.01)
+        assert signalled, job.output()
+        rc = job.wait(within=120)
+        log = job.output()
+    finally:
+        job.close()
+    run_dir = _run_dir(runs)
+    info = json.loads((run_dir / 'run.json').read_text())
+    assert rc != 0 and (info['status'], info['signal']) == ('preempted', 'SIGUSR1'), log
+    saved = load_checkpoint(run_dir / 'checkpoint.pt')
+    assert info['steps'] == info['checkpoint_step'] == saved['position']['step'] < 120, log
+    assert saved['world_size'] == 2 and len(saved['rng_per_rank']) == 2
+    assert f'lazylab: preempted (SIGUSR1) at step {info["steps"]}; lazylab resume' in log, log
+
+    run(TORCHRUN + ['-m', 'lazylab.cli', 'resume', str(run_dir)], cwd=tmp_path)
+    got, want = read_metrics(run_dir / 'metrics.jsonl'), read_metrics(ddp_reference / 'metrics.jsonl')
+    assert [r['step'] for r in got] == [r['step'] for r in want]
+    for g, w in zip(got, want):
+        for key in ('loss.train', 'accuracy.train', 'loss.valid', 'accuracy.valid', 'lr', 'tokens'):
+            assert g.get(key) == w.get(key), (g['step'], key)  # bitwise
+    ours, theirs = load_checkpoint(run_dir / 'checkpoint.pt'), load_checkpoint(ddp_reference / 'checkpoint.pt')
+    for k, v in theirs['model'].items():
+        assert torch.equal(ours['model'][k], v), k
+
+
 if __name__ == '__main__':
     _worker_main(sys.argv[1], sys.argv[2])

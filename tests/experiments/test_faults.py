@@ -11,8 +11,10 @@ import io
 import json
 import multiprocessing
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,7 @@ from lazylab.errors import CheckpointError, UsageError
 from lazylab.experiments import checkpoint as checkpoint_module
 from lazylab.experiments.checkpoint import load_checkpoint, save_checkpoint
 from lazylab.runs import CHECKPOINT_PT as CHECKPOINT
-from lazylab.testing import TINY, tiny
+from lazylab.testing import TINY, lazylab_argv, lazylab_env, tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 ENOSPC = os.strerror(errno.ENOSPC)  # 'No space left on device'
@@ -241,8 +243,8 @@ def test_a_full_disk_at_the_first_checkpoint_of_a_lazylab_process(tmp_path):
 
 
 def test_a_failure_that_run_json_cannot_record_is_still_one_error_line(tmp_path, capsys, monkeypatch):
-    """The disk is still full when the failure is recorded: a warning says run.json could not take it, then the
-    error line; no traceback, exit 2, and run.json is the one written at the start (status running)."""
+    """The disk is still full when the failure is recorded: the one error line ends saying run.json could not
+    take it; no traceback, exit 2, and run.json is the one written at the start (status running)."""
     monkeypatch.setattr(checkpoint_module, 'open', full_disk_after(0), raising=False)
     real = runs_module.write_record
 
@@ -254,8 +256,8 @@ def test_a_failure_that_run_json_cannot_record_is_still_one_error_line(tmp_path,
     assert cli.main(['train', 'transformer', *TINY, f'runs_dir={tmp_path}']) == 2
     run = _only_run(tmp_path)
     assert capsys.readouterr().err.splitlines() == [
-        f'lazylab: warning: cannot record the failure in {run / "run.json"}: {ENOSPC}',
-        f'lazylab: error: cannot write the checkpoint {run / CHECKPOINT} (no checkpoint was written): {ENOSPC}']
+        f'lazylab: error: cannot write the checkpoint {run / CHECKPOINT} (no checkpoint was written): {ENOSPC} '
+        f'({run / "run.json"} could not record the failure: {ENOSPC})']
     assert json.loads((run / 'run.json').read_text(encoding='utf-8'))['status'] == 'running'
 
 
@@ -392,3 +394,83 @@ def test_three_lazylab_trains_started_together_on_a_new_runs_dir_all_complete(tm
     runs_made = sorted((runs / 'transformer').iterdir())
     assert len(runs_made) == 3
     assert [json.loads((r / 'run.json').read_text())['status'] for r in runs_made] == ['completed'] * 3
+
+
+# --- a run directory that fails mid-run -------------------------------------------------------------------------
+
+def _read_only_mounts_allowed(folder: Path) -> bool:
+    """Whether this process may bind-mount a folder read-only over itself (root, with mount rights)."""
+    probe = folder / 'probe'
+    probe.mkdir()
+    try:
+        done = subprocess.run(['mount', '--bind', str(probe), str(probe)], capture_output=True)
+        if done.returncode != 0:
+            return False
+        subprocess.run(['umount', str(probe)], capture_output=True)
+        return True
+    except OSError:
+        return False
+
+
+def test_a_run_directory_that_turns_read_only_mid_run_ends_it_at_once_with_one_line(tmp_path):
+    """The issue's case: `mount -o remount,ro,bind` on the run directory while it trains. Before, labml's own
+    OSError hid lazylab's, and the process hung for good on labml's writer thread."""
+    if os.geteuid() != 0 or not _read_only_mounts_allowed(tmp_path):
+        pytest.skip('needs root with mount rights, to make the run directory read-only under the running process')
+    proc = subprocess.Popen(lazylab_argv('train', 'transformer', *tiny('max_steps=100000', 'valid_interval=10'),
+                                         f'runs_dir={tmp_path / "runs"}'),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=lazylab_env())
+    mounted = None
+    try:
+        deadline = time.monotonic() + 120
+        while not list((tmp_path / 'runs').glob('transformer/*/checkpoint.pt')):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        run = _only_run(tmp_path / 'runs')
+        subprocess.run(['mount', '--bind', str(run), str(run)], check=True)
+        mounted = run
+        subprocess.run(['mount', '-o', 'remount,ro,bind', str(run)], check=True)
+        out, err = proc.communicate(timeout=60)  # within seconds; a minute only guards against a hang
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        if mounted is not None:
+            subprocess.run(['umount', '-l', str(mounted)], check=True)
+    assert proc.returncode == 2, err
+    assert 'Traceback' not in err and len(err.strip().splitlines()) == 1, err
+    rofs = os.strerror(errno.EROFS)
+    line = re.fullmatch(rf'lazylab: error: cannot write (the checkpoint )?{re.escape(str(run))}/(\S+?):? .*'
+                        rf'\({re.escape(str(run / "run.json"))} could not record the failure: {rofs}\)', err.strip())
+    assert line and rofs in err, err
+    assert json.loads((run / 'run.json').read_text())['status'] == 'running'  # as it was: it could not be written
+    assert load_checkpoint(run / CHECKPOINT)['position']['step'] % 10 == 0  # the last one written whole is kept
+
+
+LABML_FAILS = '''
+import errno, sys
+import labml.internal.experiment as experiment
+import labml.internal.tracker.writers.file as file_writer
+from lazylab import cli
+
+def read_only(path, *args, **kwargs):
+    raise OSError(errno.EROFS, 'Read-only file system', str(path))
+
+for module in {modules}:
+    module.open = read_only  # labml's files only; lazylab's own are written as usual
+sys.exit(cli.main(sys.argv[1:]))
+'''
+
+
+@pytest.mark.parametrize('modules, culprit', [('[experiment]', 'run_log.jsonl'), ('[file_writer]', 'log.jsonl'),
+                                              ('[experiment, file_writer]', 'run_log.jsonl')])
+def test_labmls_own_files_failing_end_the_run_with_one_line_and_no_hang(tmp_path, modules, culprit):
+    script = tmp_path / 'labml_fails.py'
+    script.write_text(LABML_FAILS.format(modules=modules))
+    done = subprocess.run([sys.executable, str(script), 'train', 'transformer', *TINY, f'runs_dir={tmp_path}'],
+                          capture_output=True, text=True, env=lazylab_env(), timeout=120)
+    run = _only_run(tmp_path)
+    assert done.returncode == 2, done.stderr
+    labml_run = next(run.glob('labml/transformer/*'))
+    assert done.stderr.splitlines() == [f'lazylab: error: cannot write {labml_run / culprit}: Read-only file system']
+    assert json.loads((run / 'run.json').read_text())['status'] == 'failed'

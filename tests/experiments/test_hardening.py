@@ -20,7 +20,7 @@ from lazylab.experiments.checkpoint import Position, load_checkpoint, save_check
 from lazylab.experiments.metrics import Progress, read_metrics
 from lazylab.models.sampling import MAX_NEW_TOKENS, NonFiniteLogitsError, check_generate_arguments, sample_next
 from lazylab.runs import CHECKPOINT_PT as CHECKPOINT
-from lazylab.testing import TINY
+from lazylab.testing import TINY, as_stopped
 
 
 def _everything(folder: Path) -> set:
@@ -164,7 +164,7 @@ def _copy_with(run: Path, folder: Path, **values) -> Path:
         doc['values'].pop(key)
         doc['given'].pop(key)
     (copy / 'configs.yaml').write_text(yaml.safe_dump(doc, allow_unicode=True), encoding='utf-8')
-    return copy
+    return as_stopped(copy)
 
 
 def _files(run: Path) -> dict:

@@ -21,6 +21,7 @@ from lazylab.experiments.checkpoint import load_checkpoint
 from lazylab.experiments.metrics import read_metrics
 from lazylab.experiments.replay import open_run
 from lazylab.runs import CHECKPOINT_PT, read_record
+from lazylab.testing import as_stopped
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ['d_model=16', 'seq_len=16', 'batch_size=4', 'max_steps=3', 'valid_interval=1', 'valid_batches=1',
@@ -206,6 +207,7 @@ def test_resume_of_an_edited_file_warns_once_and_still_checks_the_run(here, caps
     assert 'nothing to do' in out
     f.write_text(GRU.replace('hidden: int = 12', 'hidden: int = 10'))  # another model than the checkpoint's
     del sys.modules['char_gru_d']
+    as_stopped(run)  # with steps left to train, the resume checks the model against the checkpoint
     assert cli.main(['resume', str(run)]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and 'changed since the run started' in err[0] and err[1] == (

@@ -321,3 +321,23 @@ def test_L14_a_created_run_moves_with_its_paths_and_starts_there(tmp_path):
     assert (run.run_path / 'run.yaml').is_file() and (run.run_path / 'run_log.jsonl').is_file()
     assert not (tmp_path / 'logs').exists()
     assert labml_lab.lab_singleton().experiments == tmp_path / 'moved' / 'labml'
+
+
+def test_L15_a_failed_write_of_the_file_writer_is_kept_and_its_thread_still_ends(tmp_path):
+    from labml.internal.tracker.writers import file as labml_file_writer
+    internals.guard_file_writer()
+    internals.reset_file_writer_failure()
+    _created(writers={'file'})
+    labml.experiment.start()
+    writer, = (w for w in labml_tracker.tracker_singleton()._Tracker__writers
+               if isinstance(w, labml_file_writer.Writer))
+    gone = tmp_path / 'gone' / 'log.jsonl'
+    writer.thread.file_path = gone  # its folder is not there: every write fails, as on a read-only disk
+    labml.tracker.save(1, {'loss.train': 1.0})
+    internals.finish_writers()  # what labml's finish does last, and what a failed finish left undone
+    internals.wait_for_file_writer(60)
+    assert not writer.thread.is_alive()  # it got its 'done' and ended: nothing keeps the process from exiting
+    failure = internals.file_writer_failure()
+    assert isinstance(failure, FileNotFoundError) and failure.filename == str(gone)
+    internals.reset_file_writer_failure()
+    assert internals.file_writer_failure() is None

@@ -3,12 +3,16 @@ error line naming the file, or (for metrics.jsonl, whose torn lines are expected
 
 The run directories are written by hand (compare reads files only), so no training is needed."""
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from lazylab import cli
+from lazylab.runs import load_run
 from lazylab.sweeps import compare
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_run(folder: Path, d_model: int, losses: list[float]) -> Path:
@@ -267,3 +271,84 @@ def test_plot_of_a_metrics_file_cut_off_mid_line_warns_and_draws_the_whole_recor
                                                     f'line is cut off (a crash while it was written?); only its 2 '
                                                     f'whole records are read']
     assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+#: a process that trains a run as far as its lock goes: it holds the run's training lock (an flock on the folder, as
+#: lazylab.experiments.lifecycle.training_lock) and says so, then waits to be killed
+HOLD_TRAINING_LOCK = """
+import sys
+from lazylab.runs import exclusive_lock
+with exclusive_lock(sys.argv[1]):
+    print('locked', flush=True)
+    sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize('checkpoint', [True, False], ids=['with a checkpoint', 'without one'])
+def test_a_run_whose_process_was_killed_is_dead_not_running_and_says_how_to_go_on(tmp_path, capsys, checkpoint):
+    import signal
+    import subprocess
+    import sys
+    a = make_run(tmp_path / 'transformer' / 'a', 16, [2.0, 1.5])
+    (a / 'run.json').write_text(json.dumps({'experiment': 'transformer', 'status': 'running'}))
+    if checkpoint:
+        (a / 'checkpoint.pt').write_bytes(b'weights')
+    trainer = subprocess.Popen([sys.executable, '-c', HOLD_TRAINING_LOCK, str(a)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True, env={**os.environ, 'PYTHONPATH': str(ROOT)})
+    try:
+        assert trainer.stdout.readline() == 'locked\n'  # (waits until it holds the lock)
+        assert compare.compare([str(a)]).rows[0]['status'] == 'running'
+    finally:
+        trainer.kill()  # SIGKILL: nothing is recorded; the kernel drops the lock
+        trainer.wait(timeout=60)
+    assert trainer.returncode == -signal.SIGKILL
+    assert cli.main(['compare', str(a)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2].split()[-1] == 'dead'
+    then = f'lazylab resume {a} continues it from its last checkpoint' if checkpoint else \
+        (f'it wrote no checkpoint, so lazylab resume cannot continue it (lazylab train with --config '
+         f'{a / "configs.yaml"} starts it again with its settings)')
+    assert out[3:] == [f'run transformer/a is dead: its process is gone without recording how it ended (killed by '
+                       f'SIGKILL or out of memory?); {then}']
+    # a lazylab labml run holds no training lock: its status is what run.json says
+    (a / 'run.json').write_text(json.dumps({'experiment': 'mnist', 'status': 'running', 'labml_run': 'labml/x'}))
+    assert compare.compare([str(a)]).rows[0]['status'] == 'running'
+
+
+def test_a_run_json_that_is_garbage_names_no_experiment_and_counts_as_none(tmp_path, capsys):
+    t1 = make_run(tmp_path / 'runs' / 'transformer' / 'r1', 16, [2.0, 1.5])
+    t2 = make_run(tmp_path / 'runs' / 'transformer' / 'r2', 32, [2.0, 1.4])
+    (t2 / 'run.json').write_text('garbage{')
+    assert load_run(t2).experiment is None
+    assert cli.main(['compare', str(t1), str(t2)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith('(2 runs; keys that differ: 1)') and 'experiment' not in out[1].split()
+    # a trial's: its sweep's experiment, as sweep.yaml records it (not the folder above the sweep: here `runs`)
+    sweep = tmp_path / 'runs' / 'sweep-x'
+    trial = make_run(sweep / 'trial-0000', 64, [2.0, 1.3])
+    (trial / 'trial.json').write_text(json.dumps({'number': 0, 'state': 'completed', 'sweep': str(sweep)}))
+    (trial / 'run.json').write_text('garbage{')
+    (sweep / 'sweep.yaml').write_text('experiment: transformer\nmetric: loss.valid\ndirection: minimize\n')
+    assert load_run(trial).experiment == 'transformer'
+    t = compare.compare([str(sweep), str(t1)])
+    assert 'experiment' not in t.columns and len(t.rows) == 2
+    # among runs of two experiments, the damaged one shows none and the header counts two
+    f = make_experiment_run(tmp_path / 'runs' / 'feedback' / 'r3', 'feedback', {'d_model': 16, 'n': 1},
+                            {'d_model': 'user', 'n': 'user'}, {})
+    assert cli.main(['compare', str(t1), str(t2), str(f)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith('(3 runs; keys that differ: 1; 2 more keys only some of the 2 experiments have: lazylab '
+                           'diff lists them)'), out[0]
+    assert sorted(line.split()[1] for line in out[2:5]) == ['feedback', 'transformer', '—']
+
+
+@pytest.mark.parametrize('record, name', [('experiment: ./my_exp.py\n', 'my_exp'), ('experiment: pkg.conv\n', 'conv'),
+                                          ('experiment: pkg.mnist\nlabml: true\n', 'pkg.mnist'), ('metric: x\n', None)],
+                         ids=['a file', 'a module', 'a labml script', 'none recorded'])
+def test_a_trial_without_its_run_json_is_named_as_its_sweep_names_its_runs(tmp_path, record, name):
+    sweep = tmp_path / 'elsewhere' / 'sweep-x'
+    trial = sweep / 'trial-0000'
+    trial.mkdir(parents=True)
+    (trial / 'trial.json').write_text(json.dumps({'number': 0, 'state': 'failed', 'error': 'x'}))  # (never started)
+    (sweep / 'sweep.yaml').write_text(record)
+    assert load_run(trial).experiment == name

@@ -1,11 +1,18 @@
 """A trial claimed but never tagged with its owner (the claimer killed between the two writes) is taken over by
-`--resume` once it is known to be dead; a resume with nothing left says so (issue 24).
+`--resume` once it is known to be dead — at once when its process is gone (issue 34); a resume with nothing left says
+so (issue 24).
 
 The half-written state is made directly: a sweep process's set-up (study, trials, sweep.yaml, owner lock) is run
-in this process, a trial is claimed without its owner being recorded, and the lock is let go as a kill would.
+in this process, a trial is claimed without its owner being recorded, and the lock is let go as a kill would; or,
+in a child process that claims the trial and SIGKILLs itself before it records itself.
 """
 import datetime
+import fcntl
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,11 +92,69 @@ def test_a_claimed_trial_with_no_record_of_its_claimer_is_taken_over_after_the_l
     assert states(d) == ['COMPLETE', 'COMPLETE']
 
 
+#: a sweep process's set-up and claim of its first trial, then a SIGKILL before it tags the trial with its token
+CLAIM_AND_DIE = """
+import os, signal, sys
+from lazylab.sweeps.plan import make_plan
+from lazylab.sweeps.workers import Sweep
+sweep = Sweep(make_plan(sys.argv[1:]))
+sweep.prepare()
+trial = sweep.study.claim(before=sweep.owners.claiming)
+print(trial.number, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_resume_right_after_the_claimer_was_killed_takes_its_trial_over(tools, tmp_path, capsys, monkeypatch):
+    args = ['transformer', *tools.TINY, 'seed=0,1', f'runs_dir={tmp_path}', '--study', 'half']
+    killed = subprocess.run([sys.executable, '-c', CLAIM_AND_DIE, *args], env=tools.ENV, capture_output=True,
+                            text=True, timeout=240)
+    assert killed.returncode == -signal.SIGKILL and killed.stdout == '0\n', killed.stderr
+    d = tmp_path / 'transformer' / 'sweep-half'
+    assert [p.read_text() for p in (d / '.owners').iterdir()] == ['claiming 0\n']
+    # the trial's age cannot be what lets it go: only its claimer being gone can
+    monkeypatch.setattr(owners_module, 'GRACE', owners_module.LEASE)
+    assert cli.main(['sweep', '--resume', str(d)]) == 0
+    out = capsys.readouterr().out
+    assert 'trial 0000 resumed' in out and 'trial 0001 started' in out and 'takes it over' not in out
+    assert states(d) == ['COMPLETE', 'COMPLETE']
+    assert not list((d / '.owners').iterdir())  # the dead claimer's lock file went with its claim
+
+
+def test_a_claim_long_after_the_dead_process_said_it_would_claim_is_not_taken_at_once(tools, tmp_path, capsys,
+                                                                                         monkeypatch):
+    """The dead process wrote `claiming 0` a minute before trial 0 was claimed: that claim is another's (a process of
+    another machine, which tags it within milliseconds), so it waits for the grace; the record stays for then."""
+    d = half_claimed(tools, tmp_path, keep_claim_record=True)
+    record = next((d / '.owners').iterdir())
+    then = datetime.datetime.now().timestamp() - 60
+    os.utime(record, (then, then))
+    monkeypatch.setattr(owners_module, 'GRACE', 300.0)
+    assert cli.main(['sweep', '--resume', str(d)]) == 1
+    out = capsys.readouterr().out
+    note = next(x for x in out.splitlines() if x.startswith('trial 0000 was claimed'))
+    assert 'trial 0001 started' in out and 0 < int(note.split(' from ')[1].split()[0]) <= 300
+    assert states(d) == ['RUNNING', 'COMPLETE'] and record.read_text() == 'claiming 0\n'
+
+
+def test_a_live_process_that_says_it_is_claiming_the_trial_keeps_it_from_a_dead_ones_record(tools, tmp_path):
+    d = half_claimed(tools, tmp_path, keep_claim_record=True)
+    live = d / '.owners' / 'live-token'
+    live.write_text('claiming 0\n')
+    from lazylab.sweeps.owners import Owners
+    from lazylab.sweeps.study import Study, make_pruner, make_sampler, open_storage
+    study = Study(open_storage(str(d / 'study.journal')), 'half', 'minimize', make_sampler('grid', 0),
+                  make_pruner('none'))
+    with open(live) as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # its process lives: trial 0 may be the claim it is about to tag
+        assert Owners(d / '.owners', study, 'another-token').take_over() == []
+    assert Owners(d / '.owners', study, 'another-token').take_over() == [0]  # both dead: the trial is taken
+
+
 def test_a_claimer_that_is_alive_keeps_its_trial(tools, tmp_path):
     d = half_claimed(tools, tmp_path, keep_claim_record=True)
     backdate_claim(d, owners_module.GRACE + 1)
     token = next((d / '.owners').iterdir())
-    import fcntl
     with open(token) as f:  # its process lives (holds the lock): the claim is its own
         fcntl.flock(f, fcntl.LOCK_EX)
         from lazylab.sweeps.owners import Owners
