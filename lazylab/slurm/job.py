@@ -8,19 +8,19 @@ On start: a run directory with a checkpoint is resumed (`lazylab resume`: bit fo
 run.json but no checkpoint yet (stopped before its first step) is cleared and trained again; an empty one is trained
 into (`lazylab train`). Several processes (nodes × ntasks_per_node) are the ranks of one data-parallel run: each
 gets torchrun's variables from Slurm's (RANK = SLURM_PROCID, WORLD_SIZE = SLURM_NTASKS, LOCAL_RANK = SLURM_LOCALID,
-MASTER_ADDR = the job's first node (its NodeAddr), MASTER_PORT drawn from the job id: submitit's TorchDistributedEnvironment), which
-lazylab.experiments.distributed reads as under torchrun. (srun starts them, not torchrun: torchrun's agent handles
-TERM, INT, HUP and QUIT only, so the warning signal would end it, and on a signal it gives its workers 30 s before
-SIGKILL, where Slurm's KillWait should rule.)
+MASTER_ADDR = the job's first node (its NodeAddr), MASTER_PORT drawn from the job id: submitit's
+TorchDistributedEnvironment), which lazylab.experiments.distributed reads as under torchrun. (srun starts them, not
+torchrun: torchrun's agent handles TERM, INT, HUP and QUIT only, so the warning signal would end it, and on a signal
+it gives its workers 30 s before SIGKILL, where Slurm's KillWait should rule.)
 
-At the warning signal (USR1, or LAZYLAB_STOP_SIGNAL) the trainer finishes its step, writes the checkpoint of that
-step and raises `Interrupted` with status 'preempted' (lazylab.experiments.lifecycle). Rank 0 then appends
-{'job_id', 'time', 'signal', 'step'} to run.json's `requeues`, runs `scontrol requeue $SLURM_JOB_ID` and the process
-exits with 128 + the signal; Slurm starts the job again (after its `cred_expire`, 120 s by default), and it resumes.
-The other ranks exit 0, so that srun's --kill-on-bad-exit does not end rank 0 while it writes. The same happens at
-SIGTERM when Slurm says the job reached its time limit (TIMEOUT: the warning came too late) or was preempted. At
-SIGTERM from `scancel` (the job CANCELLED) run.json says `cancelled`: the checkpoint is there, and `lazylab resume
-RUN [--slurm …]` continues it.
+At the warning signal (USR1, or $LAZYLAB_STOP_SIGNAL: `lazylab.errors.stop_signals`) the trainer finishes its step,
+writes the checkpoint of that step and raises `Interrupted` with status 'preempted' (lazylab.experiments.lifecycle).
+Rank 0 then appends {'job_id', 'time', 'signal', 'step'} to run.json's `requeues`, runs `scontrol requeue
+$SLURM_JOB_ID` and the process exits with 128 + the signal; Slurm starts the job again (after its `cred_expire`, 120
+s by default), and it resumes. The other ranks exit 0, so that srun's --kill-on-bad-exit does not end rank 0 while
+it writes. The same happens at SIGTERM when Slurm says the job reached its time limit (TIMEOUT: the warning came too
+late) or was preempted. At SIGTERM from `scancel` (the job CANCELLED) run.json says `cancelled`: the checkpoint is
+there, and `lazylab resume RUN [--slurm …]` continues it.
 
 A signal that arrives before the trainer listens for it (while the job starts) raises `Interrupted` at once (the
 warning signal: the job requeues from where it was, a checkpoint or nothing yet; SIGTERM: it ends); one that
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from lazylab import runs
-from lazylab.errors import Interrupted, run_cli
+from lazylab.errors import Interrupted, run_cli, stop_signals
 from lazylab.experiments.discovery import Experiment
 from lazylab.experiments.lifecycle import resume_main, train_main
 from lazylab.slurm import cluster
@@ -45,22 +45,6 @@ from lazylab.slurm.executor import SLURM_DIR, ready_dir
 PENDING_REQUEUES = 'requeues.json'
 #: Slurm's states in which a SIGTERM is Slurm stopping the job for a while, not for good: requeue as at the warning
 REQUEUE_STATES = ('TIMEOUT', 'PREEMPTED')
-
-
-def stop_signal() -> int:
-    """The warning signal's number: LAZYLAB_STOP_SIGNAL ('USR2', 'SIGUSR2'), else SIGUSR1."""
-    name = os.environ.get('LAZYLAB_STOP_SIGNAL', '').strip().upper() or 'USR1'
-    return int(getattr(signal, name if name.startswith('SIG') else 'SIG' + name, signal.SIGUSR1))
-
-
-def stop_status(e: Interrupted) -> str:
-    """How `e` stopped the run: 'preempted' (the warning signal), 'killed' (SIGTERM) or 'interrupted' (SIGINT)."""
-    status = getattr(e, 'status', None)
-    if status:
-        return status
-    if e.signal_name == signal.Signals(stop_signal()).name or e.signal_name == 'SIGUSR1':
-        return 'preempted'
-    return 'interrupted' if e.signal_name == 'SIGINT' else 'killed'
 
 
 class RunJob:
@@ -118,7 +102,7 @@ def in_job(run_dir: Path, body: Callable[[], Any]) -> int:
         A programming error of `body`, with its traceback (submitit records it; the job fails).
     """
     export_ranks()
-    numbers = (stop_signal(), signal.SIGTERM)  # until the trainer listens (it puts these back when it ends)
+    numbers = stop_signals()  # until the trainer listens (it puts these back when it ends): raise Interrupted
     for number in numbers:
         signal.signal(number, _raise_interrupted)  # replaces submitit's handlers (its preempt signal; TERM ignored)
     mark_ready()
@@ -165,7 +149,7 @@ def mark_ready() -> None:
 def after_stop(run_dir: Path, e: Interrupted) -> int:
     """Rank 0 records the stop and requeues the job when Slurm will give it back (see the module docstring); the
     exit code of this process."""
-    status = stop_status(e)
+    status = e.status
     if _rank() != 0:
         return 0
     state = cluster.own_state()

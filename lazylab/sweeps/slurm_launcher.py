@@ -16,8 +16,9 @@ or timed out for good is `cancelled`, `preempted` or `timeout`: left to `lazylab
 again (it resumes from its checkpoint).
 
 The jobs outlive the sweep process: Ctrl-C, SIGTERM or SIGKILL of `lazylab sweep` leaves them queued or running
-(`scancel` stops them), and `lazylab sweep --resume` reattaches to those still queued or running instead of
-submitting them twice (trial.json's job id, checked with squeue).
+(`scancel` stops them), and `lazylab sweep --resume` reattaches to those still queued or running, and to those that
+completed or failed meanwhile (their outcome is in their folders), instead of submitting them twice (trial.json's
+job id, checked with squeue).
 """
 import sys
 import time
@@ -160,21 +161,35 @@ class SlurmLauncher:
             self._asked = time.monotonic()
         return self._states[job_id]
 
-    def still_running(self, folder: Path) -> Optional[str]:
-        """The job id of a trial's job that is still queued or running (to reattach to), else None."""
+    def previous_job(self, folder: Path) -> Optional[JobState]:
+        """The state of the last job a trial had (trial.json), or None when it had none."""
         record = runs.read_json(Path(folder) / runs.TRIAL_JSON) or {}
         job_id = (record.get('slurm') or {}).get('job_id')
-        if job_id and job_states([job_id])[str(job_id)].state in ('pending', 'running'):
-            return str(job_id)
-        return None
+        return job_states([job_id])[str(job_id)] if job_id else None
+
+    def still_running(self, folder: Path) -> Optional[str]:
+        """The job id of a trial's job that is still queued or running (to reattach to), else None."""
+        state = self.previous_job(folder)
+        return state.job_id if state is not None and state.state in ('pending', 'running') else None
+
+    def _to_collect(self, folder: Path) -> Optional[JobState]:
+        """A --resume's trial whose job is still queued or running, or ended while no sweep watched it (completed or
+        failed: its outcome is in its folder): the sweep follows that job instead of submitting another."""
+        state = self.previous_job(folder)
+        if state is None:
+            return None
+        if state.state in ('pending', 'running', 'completed', 'failed'):
+            return state
+        status = (runs.read_json(Path(folder) / runs.RUN_JSON) or {}).get('status')
+        return state if not state.known and status in ('completed', 'pruned', 'failed') else None
 
     def launch(self, trial: TrialSpec) -> SlurmTrial:
-        """Submit `trial` as a job, or reattach to its job still queued or running (a --resume)."""
+        """Submit `trial` as a job, or (a --resume) follow the job it has already (see `_to_collect`)."""
         path = trial.folder / runs.TRIAL_JSON
-        alive = self.still_running(trial.folder) if trial.resume else None
-        if alive:
-            self._log(trial, f'reattached to Slurm job {alive}')
-            return SlurmTrial(self, alive, trial.folder)
+        earlier = self._to_collect(trial.folder) if trial.resume else None
+        if earlier is not None:
+            self._log(trial, f'reattached to Slurm job {earlier.job_id} ({earlier.state})')
+            return SlurmTrial(self, earlier.job_id, trial.folder)
         env = {**trial.env, 'OMP_NUM_THREADS': str(trial.threads), 'MKL_NUM_THREADS': str(trial.threads),
                'PYTHONUNBUFFERED': '1'}
         job_name = str(self.options.parameters.get('job_name') or f'{self.name}-{trial.number:04d}')
@@ -183,8 +198,8 @@ class SlurmLauncher:
         command = ' '.join([sys.executable, '-m', TRIAL_MODULE, *trial.args])
         self._log(trial, f'{"resumed" if trial.resume else "started"} as Slurm job {job_id}: {self.shown(command)}')
         record = runs.read_json(path) or {}
-        earlier = (record.get('slurm') or {}).get('jobs') or []
-        record['slurm'] = {'job_id': job_id, 'state': 'PENDING', 'requeues': 0, 'jobs': [*earlier, job_id]}
+        jobs = (record.get('slurm') or {}).get('jobs') or []
+        record['slurm'] = {'job_id': job_id, 'state': 'PENDING', 'requeues': 0, 'jobs': [*jobs, job_id]}
         runs.write_json(path, record)
         return SlurmTrial(self, job_id, trial.folder)
 

@@ -76,7 +76,9 @@ def test_the_warning_signal_to_the_batch_shell_requeues_and_the_run_ends_as_if_n
     [requeue] = record['requeues']
     assert requeue['job_id'] == job_id and requeue['signal'] == 'SIGUSR1' and requeue['step'] >= 600
     log = (run_dir / 'output.log').read_text()
-    assert f'lazylab: requeued Slurm job {job_id}' in log
+    # no step lost: the checkpoint is of the step it stopped at, between two validations
+    assert f'lazylab: requeued Slurm job {job_id}: it continues from the checkpoint of step {requeue["step"]:,}' in log
+    assert requeue['step'] % 500
     assert [computed(r) for r in records(run_dir)] == [computed(r) for r in local_run]
 
 
