@@ -20,6 +20,8 @@ Without root or without the programs the tests skip, with one line saying what t
 LAZYLAB_REQUIRE_SLURM=1 (set by .ci/run) or CI set, they fail instead: a skip there would hide a broken install.
 """
 import os
+import re
+import shlex
 import shutil
 import signal
 import socket
@@ -33,6 +35,8 @@ from typing import Callable, Optional
 
 import pytest
 
+from lazylab.slurm.options import split_options
+
 ROOT = Path(__file__).resolve().parents[2]
 #: what a lazylab subprocess gets: this checkout first (the jobs inherit it through sbatch)
 ENV_EXTRA = {'PYTHONPATH': str(ROOT), 'PYTHONUNBUFFERED': '1'}
@@ -41,6 +45,68 @@ PROGRAMS = ('munged', 'slurmctld', 'slurmd', 'sinfo', 'sbatch', 'squeue', 'scont
 RUN = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_size=4', 'sample_tokens=5',
        'valid_batches=1', 'final_valid_batches=1', 'device=cpu', 'threads=1', 'max_steps=1500', 'valid_interval=500',
        'log_interval=50', 'max_minutes=0']
+
+
+#: the guide whose commands these tests run (docs/guide/slurm.md; tests/docs/test_docs_code.py names the tests)
+GUIDE = ROOT / 'docs' / 'guide' / 'slurm.md'
+#: --slurm options the one-node test cluster has no use for (no such partition, no GPUs), and those it changes
+DROPPED_OPTIONS = ('partition', 'gpus_per_node', 'gpus', 'account', 'qos', 'constraint')
+CHANGED_OPTIONS = {'time': 'time=10', 'nodes': 'nodes=1', 'ntasks_per_node': 'ntasks_per_node=2'}
+#: a swept key's values on the test cluster
+TINY_SWEEPS = {'d_model': 'd_model=16,24'}
+
+
+def guide_commands() -> list[str]:
+    """The commands of the guide's bash blocks (continuation lines joined, comments dropped)."""
+    text = GUIDE.read_text(encoding='utf-8')
+    commands = []
+    for block in re.findall(r'```bash\n(.*?)```', text, re.S):
+        for line in block.replace('\\\n', ' ').splitlines():
+            line = re.sub(r'\s+#\s.*$', '', line).strip()
+            if line:
+                commands.append(' '.join(line.split()))
+    return commands
+
+
+def guide_command(start: str) -> str:
+    """The one command of the guide that starts with `start`."""
+    [command] = [c for c in guide_commands() if c.startswith(start)]
+    return command
+
+
+def on_cluster(command: str, runs_dir: Path, **paths: str) -> list[str]:
+    """A `lazylab …` command of the guide as arguments after `lazylab` on the test cluster: RUN's tiny sizes for
+    the sizes it sets (a swept key's values from TINY_SWEEPS), runs_dir=RUNS_DIR, the --slurm options the cluster can
+    take (DROPPED_OPTIONS, CHANGED_OPTIONS); `paths` replace the guide's placeholders (run_dir for
+    runs/transformer/RUN_ID, sweep_dir for runs/transformer/sweep-ID)."""
+    command = command.replace('runs/transformer/RUN_ID', paths.get('run_dir', 'RUN_ID'))
+    command = command.replace('runs/transformer/sweep-ID', paths.get('sweep_dir', 'sweep-ID'))
+    words, out, settings = shlex.split(command)[1:], [], False
+    sizes = {t.split('=', 1)[0] for t in RUN} | {'batch_size'}
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w == '--slurm':
+            kept = [CHANGED_OPTIONS.get(o.split('=', 1)[0], o) for o in split_options(words[i + 1])
+                    if o.split('=', 1)[0] not in DROPPED_OPTIONS]
+            out += ['--slurm', ','.join(kept)]
+            i += 2
+            continue
+        key = w.split('=', 1)[0]
+        if '=' in w and not w.startswith('-'):
+            settings = True
+            if ',' in w:
+                out.append(TINY_SWEEPS.get(key, w))
+            elif key not in sizes:
+                out.append(w)
+        else:
+            out.append(w)
+        i += 1
+    if out[0] in ('train', 'sweep') and not out[1].startswith('-'):
+        swept = {w.split('=', 1)[0] for w in out if '=' in w and ',' in w}
+        out[2:2] = [t for t in RUN if t.split('=', 1)[0] not in swept] + [f'runs_dir={runs_dir}']
+    assert settings or out[0] != 'train', command
+    return out
 
 
 def missing() -> str:
@@ -266,4 +332,5 @@ def slurm():
 def slurm_tools():
     """The module's helpers for the test files (they cannot import a conftest under --import-mode=importlib)."""
     from types import SimpleNamespace
-    return SimpleNamespace(RUN=RUN, ROOT=ROOT, wait_until=wait_until)
+    return SimpleNamespace(RUN=RUN, ROOT=ROOT, wait_until=wait_until, guide_command=guide_command,
+                           guide_commands=guide_commands, on_cluster=on_cluster)

@@ -1,6 +1,7 @@
 """Runs as Slurm jobs on a real one-node cluster (tests/slurm/conftest.py): submitted and completed, stopped by the
 warning signal and requeued, at their time limit, cancelled and resumed; each compared with a run here."""
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -47,8 +48,9 @@ def local_run(tmp_path_factory, slurm, slurm_tools):
 
 
 def test_a_submitted_run_completes_and_equals_a_run_here(slurm, slurm_tools, local_run, tmp_path):
-    done = slurm.lazylab('train', 'transformer', *slurm_tools.RUN, f'runs_dir={tmp_path}', '--slurm',
-                         'time=10,cpus_per_task=1', '--wait')
+    # the guide's first command, with the sizes of RUN, on the test cluster (no gpu partition), and --wait
+    command = slurm_tools.guide_command('lazylab train transformer d_model=')
+    done = slurm.lazylab(*slurm_tools.on_cluster(command, tmp_path), '--wait')
     assert done.returncode == 0, done.stderr
     job_id, run_dir = submitted(done)
     assert run_dir.parent == tmp_path / 'transformer'
@@ -67,7 +69,7 @@ def test_the_warning_signal_to_the_batch_shell_requeues_and_the_run_ends_as_if_n
     job_id, run_dir = submitted(done)
     # mid-run, between two validations (every 500 steps)
     slurm_tools.wait_until(lambda: any(r['step'] >= 600 for r in records(run_dir)), 120, 'step 600', every=0.05)
-    slurm.command('scancel', '--signal=USR1', '--batch', job_id)
+    slurm.command(*slurm_tools.guide_command('scancel --signal=USR1 --batch').replace('4242', job_id).split())
     slurm_tools.wait_until(lambda: slurm.state(job_id) in ('COMPLETED', 'FAILED', 'CANCELLED'), 180,
                            'the requeued job to end')
     assert slurm.state(job_id) == 'COMPLETED', (run_dir / 'output.log').read_text()[-3000:]
@@ -113,8 +115,8 @@ def test_two_processes_in_a_job_train_as_under_torchrun_and_requeue_once(slurm, 
                           capture_output=True, text=True, timeout=240, env=slurm.env)
     assert done.returncode == 0, done.stderr[-3000:]
     [reference] = (here / 'transformer').iterdir()
-    done = slurm.lazylab('train', 'transformer', *slurm_tools.RUN, f'runs_dir={tmp_path / "slurm"}', '--slurm',
-                         'time=10,ntasks_per_node=2')
+    command = slurm_tools.guide_command('lazylab train transformer batch_size=')  # nodes=1, ntasks_per_node=2 here
+    done = slurm.lazylab(*slurm_tools.on_cluster(command, tmp_path / 'slurm'))
     assert done.returncode == 0, done.stderr
     job_id, run_dir = submitted(done)
     slurm_tools.wait_until(lambda: any(r['step'] >= 600 for r in records(run_dir)), 120, 'step 600', every=0.05)
@@ -126,3 +128,26 @@ def test_two_processes_in_a_job_train_as_under_torchrun_and_requeue_once(slurm, 
     assert '2 processes' in log and log.count(f'lazylab: requeued Slurm job {job_id}') == 1
     assert len(run_json(run_dir)['requeues']) == 1
     assert [computed(r) for r in records(run_dir)] == [computed(r) for r in records(reference)]
+
+
+def test_a_run_stopped_here_resumes_as_a_slurm_job_and_ends_as_if_never_stopped(slurm, slurm_tools, local_run,
+                                                                                tmp_path):
+    here = slurm.start_lazylab('train', 'transformer', *slurm_tools.RUN, f'runs_dir={tmp_path}')
+    try:
+        run_dir = slurm_tools.wait_until(lambda: next((tmp_path / 'transformer').glob('*'), None), 120, 'the run')
+        slurm_tools.wait_until(lambda: any(r['step'] >= 600 for r in records(run_dir)), 120, 'step 600', every=0.05)
+        here.send_signal(signal.SIGINT)
+        assert here.wait(timeout=60) == 130
+    finally:
+        if here.poll() is None:
+            here.kill()
+        here.communicate()
+    assert run_json(run_dir)['status'] == 'interrupted'
+    command = slurm_tools.guide_command('lazylab resume ')
+    done = slurm.lazylab(*slurm_tools.on_cluster(command, tmp_path, run_dir=str(run_dir)), '--wait')
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    assert done.stdout.startswith('submitted Slurm job ') and ': resumes ' in done.stdout.splitlines()[0]
+    assert [computed(r) for r in records(run_dir)] == [computed(r) for r in local_run]
+    again = slurm.lazylab(*slurm_tools.on_cluster(command, tmp_path, run_dir=str(run_dir)))
+    assert again.returncode == 0 and again.stdout.startswith('nothing to do: '), again.stdout + again.stderr
+    assert len(json.loads((run_dir / 'slurm' / 'job.json').read_text())['jobs']) == 1

@@ -42,12 +42,10 @@ class Queue(threading.Thread):
 
 def test_a_sweep_keeps_two_jobs_in_the_queue_reruns_a_cancelled_trial_and_reattaches_after_a_kill(slurm, slurm_tools,
                                                                                                   tmp_path):
-    run = [s for s in slurm_tools.RUN if not s.startswith('d_model=')]
+    command = slurm_tools.guide_command('lazylab sweep transformer')  # 2 × 2 points, --workers 2
     queue = Queue(slurm)
     queue.start()
-    sweep = slurm.start_lazylab('sweep', 'transformer', 'd_model=16,24', 'optimizer.learning_rate=1e-3,3e-3', *run,
-                                f'runs_dir={tmp_path}', '--workers', '2', '--study', 'grid', '--launcher', 'slurm',
-                                '--slurm', 'time=10')
+    sweep = slurm.start_lazylab(*slurm_tools.on_cluster(command, tmp_path), '--study', 'grid')
     sweep_dir = tmp_path / 'transformer' / 'sweep-grid'
     trials = [sweep_dir / f'trial-{n:04d}' for n in range(4)]
     try:
@@ -65,7 +63,8 @@ def test_a_sweep_keeps_two_jobs_in_the_queue_reruns_a_cancelled_trial_and_reatta
         sweep.communicate(timeout=30)
         left = {t.name: trial_json(t)['slurm']['job_id'] for t in trials[1:3]}
         assert set(left.values()) <= set(slurm.jobs()), (left, slurm.jobs())  # the jobs outlive the sweep
-        done = slurm.lazylab('sweep', '--resume', str(sweep_dir), timeout=300)
+        again = slurm_tools.guide_command('lazylab sweep --resume')
+        done = slurm.lazylab(*slurm_tools.on_cluster(again, tmp_path, sweep_dir=str(sweep_dir)), timeout=300)
     finally:
         if sweep.poll() is None:
             sweep.kill()
