@@ -1,8 +1,9 @@
 """The one parser class of the command line, and its one `key=value` splitter.
 
-It lives below every layer (it imports only `lazylab.errors`), not in `lazylab.cli`: the commands parse with it, and
-so do the layers that read a command line back — a sweep's `--resume` re-reads the recorded `lazylab sweep`
-command (`lazylab.sweeps.plan`), and a sweep's trial process reads its own (`lazylab.sweeps.trial`).
+It lives below every layer (it imports only `lazylab.errors` and `lazylab.user_files`), not in `lazylab.cli`: the
+commands parse with it, and so do the layers that read a command line back — a sweep's `--resume` re-reads the
+recorded `lazylab sweep` command (`lazylab.sweeps.plan`), and a sweep's trial process reads its own
+(`lazylab.sweeps.trial`).
 
 Every `lazylab` command parses its flags with a `Parser`: argparse, except that a mistake is a one-line
 `UsageError` (printed by `run_cli` as `lazylab: error: …`, exit 2; never argparse's usage block and exit code) and
@@ -19,7 +20,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn, Optional
 
-from lazylab.errors import UsageError
+from lazylab.errors import UsageError, shown
+from lazylab.user_files import control_character
 
 
 class HelpShown(Exception):
@@ -68,7 +70,8 @@ class Parser(argparse.ArgumentParser):
 
         Raises:
             UsageError: a flag the command does not have; a token after the positional arguments that is neither a
-                flag nor `key=value` (the message says how settings are written); argparse's own errors.
+                flag nor `key=value` (the message says how settings are written); a key with a control character
+                (`split_setting`); argparse's own errors.
         """
         positionals = [a for a in self._actions if not a.option_strings and a.nargs is None]
         flags: list[str] = []
@@ -87,11 +90,31 @@ class Parser(argparse.ArgumentParser):
                 flags.append(a)
                 taken += 1
             elif '=' in a:
+                split_setting(a)  # a key with a control character is refused here, before anything reads it
                 settings.append(a)
             else:
                 raise UsageError(f'unexpected argument {a!r}: give {what} as key=value (see: {self.prog} --help)')
             i += 1
         return self.parse_args(flags), settings
+
+
+def split_setting(token: str, expected: str = 'key=value') -> tuple[str, str]:
+    """(key, value) of a `key=value` token, the key stripped of spaces: the one splitter of settings (the config
+    engine's `parse_overrides` splits by the same rule).
+
+    Raises:
+        UsageError: no `=`, or an empty key (`expected KEY=VALUE, got …`); a key with a control character (a
+            newline, a tab, …), shown escaped: `'d_model\\n'=16` must not quietly mean `d_model=16`.
+    """
+    key, eq, text = token.partition('=')
+    bad = control_character(key)
+    if bad is not None:
+        raise UsageError(f'bad key {key!r} in {shown(token)}: a key holds no control characters, and this one holds '
+                         f'{bad!r}')
+    key = key.strip()
+    if not eq or not key:
+        raise UsageError(f'expected {expected}, got {token!r}')
+    return key, text
 
 
 def asks_help(argv: Sequence[str]) -> bool:

@@ -18,9 +18,9 @@ A run id is the start time and 4 random hex digits (`20261201-225659-3fa2`), so 
 creates one without a race (an exclusive mkdir, retried with a new id on a clash). JSON files are written to a
 temporary file beside them and renamed over (`write_json`), so a reader sees the old file or the new one, never half.
 
-Locks are `flock`s, which the kernel drops when the process ends, even by SIGKILL: `exclusive_lock` (one process
-trains a run; one sweep process owns its trials) and `lock_is_held` (is that process still alive?). Where there is no
-flock (Windows) they lock nothing and say so in their docstrings: a second process is not refused there.
+The locks that keep one process on a run or a sweep's trials are `flock`s (`lazylab.locks`: `exclusive_lock`,
+`hold_lock`, `lock_is_held`, which the kernel drops when the process ends, even by SIGKILL); this module decides
+what is locked (the run directory itself while it trains, see `training_pid`) and reads them back (`load_run`).
 
 Reading a run directory back (`load_run` → `Run`: its record, configuration dump, metrics and status, a sweep
 trial's whether its process is alive) is here too, for `lazylab compare`, `lazylab diff` and a sweep's table: a
@@ -33,20 +33,15 @@ import os
 import platform
 import subprocess
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TypedDict
 
 import yaml
 
-from lazylab import safe_yaml
-from lazylab.errors import UsageError, plural
-
-try:  # POSIX; the one place lazylab asks whether there is a flock
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None
+from lazylab import safe_yaml, user_files
+from lazylab.errors import LazylabError, UsageError, plural
+from lazylab.locks import HAS_FLOCK, lock_is_held
 
 # the files of a run directory
 RUN_JSON = 'run.json'
@@ -219,10 +214,11 @@ def remove_leftovers(folder: Path) -> list[str]:
 
 
 def read_json(path: Path) -> Optional[dict[str, Any]]:
-    """The JSON object in `path`; None when the file is missing, unreadable, not JSON or not an object."""
+    """The JSON object in `path`; None when the file is missing, unreadable, not JSON or not an object, or not a
+    regular file of at most `user_files.CONFIG`'s size (a FIFO put in a run's place would block the reader)."""
     try:
-        doc = json.loads(Path(path).read_text(encoding='utf-8'))
-    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
+        doc = json.loads(user_files.read_bytes(path, 'JSON file', user_files.CONFIG))
+    except (LazylabError, ValueError):  # UnicodeDecodeError is a ValueError
         return None
     return doc if isinstance(doc, dict) else None
 
@@ -297,83 +293,6 @@ def training_pid(run_dir: Path) -> Optional[int]:
         return int(next((Path(run_dir) / LABML_DIR).glob(f'*/{uuid}/run.pid')).read_text().strip())
     except (OSError, ValueError, KeyError, TypeError, StopIteration, UsageError):
         return None
-
-
-class Locked(UsageError):
-    """Another live process holds the lock (`exclusive_lock`); the message says who, when the caller knows."""
-
-
-@contextlib.contextmanager
-def exclusive_lock(path: Path, busy: str = '', *, wait: bool = False) -> Iterator[None]:
-    """While the block runs, this process holds an exclusive flock on `path` (a folder or an existing file; nothing
-    is written into it). The kernel drops it when the process ends, even by SIGKILL. `wait`: wait for another
-    process to let go instead of raising `Locked`. Without flock (Windows) this locks nothing.
-
-    Raises:
-        Locked: another process holds it; `busy` is the message (e.g. 'RUN is still being trained by process 12').
-        FileNotFoundError: there is no `path`.
-    """
-    fd = _hold(path, busy, wait)
-    try:
-        yield
-    finally:
-        if fd is not None:
-            os.close(fd)  # and with it the lock
-
-
-@dataclass
-class HeldLock:
-    """An exclusive flock held for as long as the object is not `release`d (a sweep owner's lock file, for the
-    life of the process: see `hold_lock`)."""
-    path: Path
-    fd: Optional[int] = field(default=None, repr=False)
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-
-def hold_lock(path: Path, busy: str, *, create: bool = False) -> HeldLock:
-    """An exclusive flock on `path` (made empty first when `create`), held until `.release()` or the process ends.
-
-    Raises:
-        Locked: another process holds it (`busy` is the message); FileNotFoundError: no such file (not `create`).
-    """
-    if create:
-        Path(path).touch(exist_ok=True)
-    return HeldLock(Path(path), _hold(path, busy))
-
-
-def _hold(path: Path, busy: str, wait: bool = False) -> Optional[int]:
-    if fcntl is None:
-        return None
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise Locked(busy) from None
-    return fd
-
-
-def lock_is_held(path: Path, *, unreadable: bool = True) -> bool:
-    """Whether a live process holds an exclusive flock on `path` (see `exclusive_lock`). A path that cannot be opened
-    here counts as `unreadable` says: held by default (another machine's lock file, on a folder this one cannot
-    read); without flock, False."""
-    if fcntl is None:
-        return False
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return unreadable
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
 
 
 # --- reading a run directory back --------------------------------------------------------------------------------
@@ -508,7 +427,7 @@ def _read_object(path: Path, damage: list[str]) -> dict[str, Any]:
 def _read_records(path: Path, damage: list[str], being_written: bool) -> list[dict[str, Any]]:
     """The records of a metrics.jsonl file, each whole line that is a JSON object; a line in `damage` for the lines
     that are not (a last line cut off by a crash, say), but for the last line of a run still being written."""
-    lines = path.read_bytes().split(b'\n')
+    lines = user_files.read_bytes(path, METRICS_JSONL, None).split(b'\n')  # a FIFO: refused, not waited on
     torn = lines[-1] != b''
     records, bad = [], 0
     for i, line in enumerate(lines):
@@ -540,10 +459,12 @@ def read_dump(path: Path) -> dict[str, Any]:
     """A run's configs.yaml as a mapping.
 
     Raises:
-        UsageError: the file is not UTF-8, not YAML, or not a mapping (it names the file).
+        UsageError: the file is not UTF-8, not YAML, or not a mapping (it names the file); missing, not a regular
+            file or larger than `user_files.CONFIG` allows (`user_files.read_bytes`).
     """
+    raw = user_files.read_bytes(path, CONFIGS_YAML, user_files.CONFIG)
     try:
-        doc = safe_yaml.load(path.read_text(encoding='utf-8'))
+        doc = safe_yaml.load(raw.decode('utf-8'))
     except (UnicodeDecodeError, yaml.YAMLError):
         raise UsageError(f'{path} is damaged (not a YAML configuration dump)') from None
     sections = ('values', 'given', 'computed', 'objects')
@@ -563,7 +484,7 @@ def _status(run: Run) -> tuple[str, Optional[str]]:
     # `lazylab train` and `resume` hold the training lock (an flock on the folder) while they train, and the kernel
     # drops it even on SIGKILL: free, the run ended without recording how. Not known without flock (Windows), for a
     # folder this process cannot open, or for a `lazylab labml` run (its script's loop holds no lock)
-    if status == 'running' and fcntl is not None and not run.info.get('labml_run') and not lock_is_held(run.path):
+    if status == 'running' and HAS_FLOCK and not run.info.get('labml_run') and not lock_is_held(run.path):
         return 'dead', None
     return status, run.info.get('error')
 
@@ -606,10 +527,12 @@ def read_sweep_record(sweep_dir: Path) -> Optional[dict[str, Any]]:
     """The mapping in SWEEP_DIR/sweep.yaml; None when the file is not UTF-8, not YAML or not a mapping.
 
     Raises:
-        OSError: the file cannot be read (FileNotFoundError: there is none).
+        UsageError: the file is missing, unreadable, not a regular file or larger than `user_files.CONFIG` allows
+            (`user_files.read_bytes`).
     """
+    raw = user_files.read_bytes(Path(sweep_dir) / SWEEP_YAML, SWEEP_YAML, user_files.CONFIG)
     try:
-        record = safe_yaml.load((Path(sweep_dir) / SWEEP_YAML).read_text(encoding='utf-8'))
+        record = safe_yaml.load(raw.decode('utf-8'))
     except (UnicodeDecodeError, yaml.YAMLError):
         return None
     return record if isinstance(record, dict) else None

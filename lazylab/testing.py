@@ -16,6 +16,7 @@ Importing it imports no torch (`keep_threads` does, when called), so the import-
 import ast
 import contextlib
 import io
+import json
 import os
 import subprocess
 import sys
@@ -77,8 +78,6 @@ def as_stopped(run_dir: Path, steps_left: int = 7) -> Path:
     """A finished run's folder made to look like one a signal stopped at its last step, `steps_left` steps short
     of its end (its checkpoint's position and run.json's status), so that `lazylab resume` has work to do and checks
     the run (a finished run's resume has nothing to do, and checks nothing). Returns `run_dir`."""
-    import json
-
     import torch  # here, not at the top: the module's other helpers need no torch
     ck = torch.load(Path(run_dir) / 'checkpoint.pt', weights_only=True)
     ck['position'].update(total_steps=ck['position']['step'] + steps_left, finished='')

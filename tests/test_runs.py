@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lazylab import runs
+from lazylab import locks, runs
 from lazylab.errors import UsageError
 
 
@@ -98,8 +98,8 @@ def test_environment_reads_versions_without_importing_torch():
 
 
 def _holder(path: Path) -> subprocess.Popen:
-    code = (f'import sys, time; from lazylab import runs\n'
-            f'with runs.exclusive_lock({str(path)!r}, "busy"):\n'
+    code = (f'import sys, time; from lazylab import locks\n'
+            f'with locks.exclusive_lock({str(path)!r}, "busy"):\n'
             f'    print("held", flush=True); time.sleep(60)\n')
     p = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == 'held'
@@ -109,25 +109,25 @@ def _holder(path: Path) -> subprocess.Popen:
 def test_an_exclusive_lock_refuses_a_second_process_until_the_first_dies(tmp_path):
     p = _holder(tmp_path)
     try:
-        assert runs.lock_is_held(tmp_path)
-        with pytest.raises(runs.Locked, match='^RUN is busy$'):
-            with runs.exclusive_lock(tmp_path, 'RUN is busy'):
+        assert locks.lock_is_held(tmp_path)
+        with pytest.raises(locks.Locked, match='^RUN is busy$'):
+            with locks.exclusive_lock(tmp_path, 'RUN is busy'):
                 pass
     finally:
         p.kill()  # SIGKILL: the kernel drops the lock
         p.wait()
-    assert not runs.lock_is_held(tmp_path)
-    with runs.exclusive_lock(tmp_path, 'busy'):
-        assert runs.lock_is_held(tmp_path)  # another open file of this process sees the flock too
-    held = runs.hold_lock(tmp_path / 'owner', 'owner busy', create=True)
-    with pytest.raises(runs.Locked, match='owner busy'):
-        runs.hold_lock(tmp_path / 'owner', 'owner busy')
+    assert not locks.lock_is_held(tmp_path)
+    with locks.exclusive_lock(tmp_path, 'busy'):
+        assert locks.lock_is_held(tmp_path)  # another open file of this process sees the flock too
+    held = locks.hold_lock(tmp_path / 'owner', 'owner busy', create=True)
+    with pytest.raises(locks.Locked, match='owner busy'):
+        locks.hold_lock(tmp_path / 'owner', 'owner busy')
     held.release()
-    runs.hold_lock(tmp_path / 'owner', 'owner busy').release()
+    locks.hold_lock(tmp_path / 'owner', 'owner busy').release()
 
 
 def test_a_lock_file_that_cannot_be_opened_counts_as_held(tmp_path):
-    assert runs.lock_is_held(tmp_path / 'missing')
+    assert locks.lock_is_held(tmp_path / 'missing')
 
 
 def test_removing_what_a_failed_start_made_keeps_a_run_started_beside_it(tmp_path):

@@ -3,9 +3,9 @@ run a labml experiment module on lazylab's engine (lazylab.labml.runner)."""
 from pathlib import Path
 from typing import Optional
 
+from lazylab import user_files
 from lazylab.command_line import Parser, asks_help
 from lazylab.errors import UsageError
-from lazylab.labml.runner import run_labml
 
 USAGE = 'lazylab labml MODULE [key=value …] [--config FILE] [--options] [--steps N] [--runs-dir DIR] [--dashboard URL]'
 DEFAULT_RUNS_DIR = 'runs/labml'
@@ -34,6 +34,9 @@ def run(argv: list[str]) -> None:
     if not asks_help(argv) and not any(not a.startswith('-') for a in argv):
         raise UsageError(f'usage: {USAGE}')
     args, settings = parser().parse_with_settings(argv)
+    if args.config:  # a FIFO, /dev/zero or a huge file: one line at once, not after torch's import (read later)
+        user_files.check_file(args.config, 'config file', user_files.CONFIG)
+    from lazylab.labml.runner import run_labml  # torch and labml: only once the flags and the --config file are fine
     run_labml(args.module, settings, config=args.config, options=args.options, steps=_steps(args.steps),
               runs_dir=_runs_dir(args.runs_dir), dashboard=args.dashboard, argv=tuple(argv))
 
@@ -56,10 +59,11 @@ def _runs_dir(text: str) -> str:
     """--runs-dir, checked: a folder, or a path whose first existing parent is one.
 
     Raises:
-        UsageError: empty, or inside a file (naming the file).
+        UsageError: empty, inside a file (naming the file), or holding a control character.
     """
     if not text:
         raise UsageError('--runs-dir needs a folder')
+    user_files.check_path_text(text, '--runs-dir')  # a newline in a folder's name splits every line showing it
     runs_dir = Path(text)
     existing = next(p for p in (runs_dir, *runs_dir.parents) if p.exists())  # '.' or '/' at the latest
     if not existing.is_dir():

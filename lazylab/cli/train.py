@@ -1,5 +1,6 @@
 """`lazylab train EXPERIMENT [key=value …] [--config FILE.yaml] [--allow-changes] [--slurm KEY=VALUE,… [--wait]]`:
 train an experiment, here or as a Slurm job."""
+from lazylab import user_files
 from lazylab.command_line import Parser, asks_help
 from lazylab.errors import UsageError
 from lazylab.experiments.discovery import registered  # torch-free: names and entry points only
@@ -56,17 +57,19 @@ def slurm_options(a):
 
 
 def run(argv: list[str]) -> int:
-    from lazylab.experiments.lifecycle import train_main  # torch: only once a run starts
-    from lazylab.experiments.listing import options_text  # torch: only once an experiment's keys are listed
     if argv and not argv[0].startswith('-') and asks_help(argv):  # `lazylab train EXPERIMENT --help`: its keys
+        from lazylab.experiments.listing import options_text  # torch: only once an experiment's keys are listed
         print(f'usage: lazylab train {argv[0]} [key=value …] [--config FILE.yaml] [--allow-changes] '
               f'[--slurm KEY=VALUE,… [--wait]]\n\n' + options_text(argv[0]))
         return 0
     a, settings = parser().parse_with_settings(argv)
+    if a.config:  # a FIFO, /dev/zero or a huge file: one line at once, not after torch's import (read later, bounded)
+        user_files.check_file(a.config, 'config file', user_files.CONFIG)
     options = slurm_options(a)
     if options is not None:
         from lazylab.slurm.jobs import submit_train  # submitit and Slurm's commands: only for --slurm
         return submit_train(a.experiment, settings, options=options, config=a.config, allow_changes=a.allow_changes,
                             wait=a.wait)
+    from lazylab.experiments.lifecycle import train_main  # torch: only once a run starts
     train_main(a.experiment, settings, config=a.config, allow_changes=a.allow_changes)
     return 0

@@ -12,10 +12,12 @@ A bad value is one line naming the key: ``bad value for batch_size: must be ≥ 
 """
 from typing import Annotated
 
-from annotated_types import Ge, Gt, Interval, IsFinite, MinLen
+from annotated_types import Ge, Gt, Interval, IsFinite, MinLen, Predicate
+
+from lazylab.user_files import control_character
 
 __all__ = ['PositiveInt', 'NonNegativeInt', 'LayerCount', 'ThreadCount', 'PositiveFloat', 'NonNegativeFloat',
-           'Probability', 'Fraction', 'NonEmptyStr']
+           'Probability', 'Fraction', 'NonEmptyStr', 'PathStr', 'printable']
 
 #: a count or size: ≥ 1 (layers, heads, widths, batch sizes, sequence lengths)
 PositiveInt = Annotated[int, Ge(1)]
@@ -35,3 +37,16 @@ Probability = Annotated[float, Interval(ge=0, lt=1)]
 Fraction = Annotated[float, Interval(ge=0, le=1)]
 #: text that must not be empty (a path, a prompt)
 NonEmptyStr = Annotated[str, MinLen(1)]
+
+
+def printable(text: str) -> bool:
+    """Whether `text` holds no control character (C0 such as \\n, \\r, \\t and NUL; DEL; C1): a folder whose name
+    holds a newline splits every line that shows it (the run's directory, a compare table), and a NUL cuts it short.
+    (`constraint_text` is how listings and errors name the rule.)"""
+    return isinstance(text, str) and control_character(text) is None
+
+
+printable.constraint_text = 'free of control characters'  # type: ignore[attr-defined]
+
+#: a file or folder path (a run's folder, a text file): not empty, and free of control characters
+PathStr = Annotated[str, MinLen(1), Predicate(printable)]

@@ -37,6 +37,7 @@ from optuna.storages.journal import JournalFileBackend
 
 from lazylab import runs
 from lazylab.dashboard.guard import DEFAULT_MAX_BODY_MB, WsgiGuard
+from lazylab.errors import UsageError
 from lazylab.redaction import database_connection, redact, redact_url
 
 #: backends per id: an id is local_id * SLOTS + the backend's number
@@ -62,8 +63,8 @@ def sweep_storage(sweep_dir: Path) -> str:
     """
     try:
         record = runs.read_sweep_record(sweep_dir)
-    except OSError as e:
-        raise ValueError(f'cannot read {sweep_dir / runs.SWEEP_YAML}: {type(e).__name__}') from None
+    except UsageError as e:  # missing, unreadable, not a regular file or too large: the one line says which
+        raise ValueError(str(e)) from None
     if record is None:
         raise ValueError(f'cannot read {sweep_dir / runs.SWEEP_YAML}: not a YAML mapping')
     url = record.get('storage_url')

@@ -25,6 +25,7 @@ from typing import Optional, Union
 
 import torch
 
+from lazylab import user_files
 from lazylab.errors import DataError
 
 __all__ = ['DataError', 'TINY_SHAKESPEARE', 'TINY_SHAKESPEARE_SHA256', 'bundled_text_path', 'load_text',
@@ -47,25 +48,14 @@ def load_text(path: Union[str, Path, None] = None) -> str:
     """Read a UTF-8 text file; `None` or 'tiny_shakespeare' reads the bundled Tiny Shakespeare.
 
     Raises:
-        DataError: the file is missing, is a directory or not a regular file (a pipe or a device, which could block
-            or never end); its bytes are not valid UTF-8 (the message gives the byte offset of the first bad
+        DataError: the file is missing, is not a regular file (a directory, a FIFO or a device, which could block or
+            never end: which, is said), or larger than `lazylab.user_files.TEXT` allows (256 MB, or
+            LAZYLAB_MAX_TEXT_MB); its bytes are not valid UTF-8 (the message gives the byte offset of the first bad
             byte); the bundled copy does not match its sha256 (a damaged install).
     """
     bundled = path is None or str(path) == TINY_SHAKESPEARE
     file = bundled_text_path() if bundled else Path(path).expanduser()
-    try:
-        special = file.exists() and not file.is_file() and not file.is_dir()
-        raw = b'' if special else file.read_bytes()
-    except FileNotFoundError:
-        raise DataError(f'text file not found: {file}') from None
-    except IsADirectoryError:
-        raise DataError(f'text file is a directory: {file}') from None
-    except OSError as e:
-        raise DataError(f'cannot read text file {file}: {e.strerror}') from None
-    except ValueError:  # a path the OS cannot take (a NUL character)
-        raise DataError(f'not a usable text file path: {str(path)!r}') from None
-    if special:
-        raise DataError(f'text file is not a regular file: {file}')
+    raw = user_files.read_bytes(file, 'text file', user_files.TEXT, DataError)
     if bundled:
         digest = hashlib.sha256(raw).hexdigest()
         if digest != TINY_SHAKESPEARE_SHA256:

@@ -22,7 +22,7 @@ from typing import Any, Optional, Union
 import torch
 import yaml
 
-from lazylab import safe_yaml
+from lazylab import safe_yaml, user_files
 from lazylab.configs import apply_overrides, describe, inspect, label_given, load, parse_overrides, suggestion
 from lazylab.dashboard_client import track_url
 from lazylab.errors import UsageError
@@ -39,15 +39,11 @@ def read_config_file(path: str) -> dict[str, Any]:
         path: the file given to `--config`.
 
     Raises:
-        UsageError: the file is missing, unreadable, not YAML, not a mapping, or empty (no settings: only
+        UsageError: the file is missing, unreadable, not a regular file (a FIFO, a device, a directory), larger
+            than `user_files.CONFIG` allows, not UTF-8, not YAML, not a mapping, or empty (no settings: only
             comments, `{}`, or a dump whose `values` are empty), naming the file.
     """
-    try:
-        text = Path(path).read_text(encoding='utf-8')
-    except FileNotFoundError:
-        raise UsageError(f'config file not found: {path}') from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f'cannot read config file {path}: {e}') from None
+    text = user_files.read_text(path, 'config file', user_files.CONFIG)
     try:
         doc = safe_yaml.load(text)
     except yaml.YAMLError as e:

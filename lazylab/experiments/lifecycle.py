@@ -49,13 +49,13 @@ from lazylab.experiments.replay import check_data_changes, check_replay, reopen
 from lazylab.experiments.summary import first_line, last_line, parameter_count
 from lazylab.experiments.tracking import LabmlRun
 from lazylab.experiments.trainer import ValidationHook, check_resume, train
+from lazylab.locks import exclusive_lock
 from lazylab.runs import (
     CHECKPOINT_PT,
     CONFIGS_YAML,
     END_FIELDS,
     RUN_JSON,
     environment,
-    exclusive_lock,
     make_run_dir,
     read_record,
     remove_leftovers,
@@ -244,7 +244,7 @@ def run_environment(conf) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def training_lock(run_dir: Path, take: bool = True) -> Iterator[None]:
-    """While the block runs, this process holds the run's training lock (`lazylab.runs.exclusive_lock` on the
+    """While the block runs, this process holds the run's training lock (`lazylab.locks.exclusive_lock` on the
     folder: nothing is written into it, and the kernel drops it when the process ends, even by SIGKILL). A second
     process (`lazylab resume` while `lazylab train` or another resume still trains the run) is refused before it
     prints or writes anything. `take=False` (a torchrun rank other than 0): no lock. Where there is no flock

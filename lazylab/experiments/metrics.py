@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
+from lazylab import user_files
 from lazylab.errors import TrainingError, point_at_devnull
 from lazylab.runs import METRICS_JSONL, SAMPLES_TXT
 
@@ -97,9 +98,13 @@ class MetricsLog:
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """All records of a metrics.jsonl file (a torn last line from a killed process, or any other line that is not
-    a JSON object, is skipped)."""
+    a JSON object, is skipped).
+
+    Raises:
+        UsageError: the file is not a regular file (a FIFO in a run directory would block the reader), or unreadable.
+    """
     records = []
-    for line in Path(path).read_text(encoding='utf-8', errors='replace').splitlines():
+    for line in user_files.read_bytes(path, 'metrics file', None).decode('utf-8', 'replace').splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:

@@ -15,7 +15,7 @@ from annotated_types import Ge, Le
 from torch import nn
 
 from lazylab.configs import option
-from lazylab.configs.types import NonEmptyStr, NonNegativeFloat, NonNegativeInt, PositiveInt
+from lazylab.configs.types import NonEmptyStr, NonNegativeFloat, NonNegativeInt, PathStr, PositiveInt
 from lazylab.data import TINY_SHAKESPEARE, SequentialLoader, ShuffledLoader, TextDataset, vocabulary_change
 from lazylab.errors import CheckpointError, DataError, plural
 from lazylab.experiments import distributed
@@ -43,7 +43,7 @@ class NLPAutoRegressionConfigs(TrainerConfigs):
     seq_len: PositiveInt = 64         # characters per sequence
     batch_size: PositiveInt = 32      # sequences per step (per process)
     valid_interval: NonNegativeInt = 250  # steps between validations (and checkpoints)
-    text: NonEmptyStr = TINY_SHAKESPEARE  # tiny_shakespeare (bundled) or the path of a UTF-8 text file
+    text: PathStr = TINY_SHAKESPEARE  # tiny_shakespeare (bundled) or the path of a UTF-8 text file
     dataset: TextDataset              # the tokenized 90% / 10% split of `text`
     task: Task                        # what the trainer trains on: batches, loss, validation, samples
     n_tokens: PositiveInt             # vocabulary size (from the dataset)

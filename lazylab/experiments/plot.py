@@ -3,6 +3,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from lazylab import user_files
 from lazylab.errors import UsageError
 from lazylab.runs import (
     CONFIGS_YAML,
@@ -26,7 +27,7 @@ def check_output(path: str, flag: str, figure: bool = False) -> Path:
     (`lazylab.runs.OWN_FILES` in a folder holding a run or a sweep): `--csv RUN/run.json` would destroy the run.
 
     Raises:
-        UsageError: any of those is not so.
+        UsageError: any of those is not so; the path exists and is not a regular file (a FIFO, a device).
     """
     if not path:
         raise UsageError(f'{flag} needs a file name')
@@ -35,6 +36,7 @@ def check_output(path: str, flag: str, figure: bool = False) -> Path:
         raise UsageError(f'{flag} {path} is a folder; give a file name')
     if not out.parent.is_dir():
         raise UsageError(f'{flag} {path}: folder {out.parent} does not exist')
+    user_files.check_output_file(out, flag)  # a FIFO would block the writer, a device swallow the file
     if out.exists():
         if out.name in OWN_FILES and any((out.parent / f).is_file() for f in (RUN_JSON, CONFIGS_YAML, TRIAL_JSON,
                                                                               SWEEP_YAML)):

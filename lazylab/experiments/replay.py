@@ -15,7 +15,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import yaml
 
-from lazylab import safe_yaml
+from lazylab import safe_yaml, user_files
 from lazylab.configs import load, replay_changes
 from lazylab.errors import CheckpointError, UsageError
 from lazylab.experiments.configure import check_dump, empty_dump
@@ -94,8 +94,9 @@ def reopen(run_dir: str, warn: Optional[Callable[[str], None]] = None) -> Reopen
 
     Raises:
         UsageError: not a run directory of `lazylab train` (no run.json and configs.yaml, a `lazylab labml` run),
-            run.json damaged, configs.yaml empty or holding keys the experiment does not have, the experiment
-            gone; ConfigError: configs.yaml does not replay.
+            run.json damaged, configs.yaml empty, not a regular file, larger than `user_files.CONFIG` allows or
+            holding keys the experiment does not have, the experiment gone; ConfigError: configs.yaml does not
+            replay.
     """
     path = Path(run_dir)
     if not (path / RUN_JSON).is_file() or not (path / CONFIGS_YAML).is_file():
@@ -137,8 +138,13 @@ def open_run(run_dir: str) -> tuple[str, Any, Path]:
 
 
 def _parsed_yaml(path: Path) -> Any:
-    """The YAML document in `path`; the text itself when it cannot be parsed (`load` then says what is wrong)."""
+    """The YAML document in `path`; the path itself when it is not UTF-8 or YAML (`load` then says what is wrong).
+
+    Raises:
+        UsageError: `path` is not a regular file (a FIFO, a device) or larger than `user_files.CONFIG` allows.
+    """
+    raw = user_files.read_bytes(path, CONFIGS_YAML, user_files.CONFIG)
     try:
-        return safe_yaml.load(path.read_text(encoding='utf-8'))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return safe_yaml.load(raw.decode('utf-8'))
+    except (UnicodeDecodeError, yaml.YAMLError):
         return path

@@ -53,7 +53,14 @@ import torch
 from annotated_types import Ge, Lt
 
 from lazylab.configs import BaseConfigs, ConfigError, explain, to_dict
-from lazylab.configs.types import NonEmptyStr, NonNegativeFloat, NonNegativeInt, PositiveInt, ThreadCount
+from lazylab.configs.types import (
+    NonEmptyStr,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PathStr,
+    PositiveInt,
+    ThreadCount,
+)
 from lazylab.errors import (
     CheckpointError,
     Interrupted,
@@ -124,7 +131,7 @@ class TrainerConfigs(BaseConfigs):
     valid_batches: PositiveInt = 16                    # batches in each interleaved validation
     checkpoint_minutes: NonNegativeFloat = 0.0         # also a checkpoint every this many minutes (0: at validations)
     final_valid_batches: NonNegativeInt = 0            # batches in the final validation (0: the whole validation split)
-    runs_dir: NonEmptyStr = 'runs'                     # runs go to RUNS_DIR/NAME/RUN_ID/
+    runs_dir: PathStr = 'runs'                         # runs go to RUNS_DIR/NAME/RUN_ID/
     dashboard: str = ''                                # labml app URL ('' → .labml.yaml's app_url, if any)
 
 

@@ -18,13 +18,13 @@ claiming it and either
 - the trial is at least `GRACE` seconds old (any live claimer, here or elsewhere, tags it within milliseconds);
 or, with no such file here (a process of another machine, or of a lazylab before this record), once it is `LEASE`
 seconds old. A dead claimer's file stays while the trial it names is RUNNING with no owner, so a later resume still
-knows whose it was. (The locks are lazylab.runs': `hold_lock`, `exclusive_lock`, `lock_is_held`.)
+knows whose it was. (The locks are lazylab.locks': `hold_lock`, `exclusive_lock`, `lock_is_held`.)
 """
 import datetime
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
-from lazylab import runs
+from lazylab import locks
 from lazylab.sweeps.study import OWNER
 
 #: seconds a trial with no owner must be old before a dead claimer's record lets it be taken over whatever the rest
@@ -55,12 +55,12 @@ class Owners:
 
     def __init__(self, folder: Path, study: Any, token: str):
         self.folder, self.study, self.token = folder, study, token
-        self.lock: Optional[runs.HeldLock] = None
+        self.lock: Optional[locks.HeldLock] = None
 
     def hold(self) -> None:
         """Create and lock this process's lock file (held until `release`)."""
         self.folder.mkdir(exist_ok=True)
-        self.lock = runs.hold_lock(self.folder / self.token, f'owner lock {self.token} is held', create=True)
+        self.lock = locks.hold_lock(self.folder / self.token, f'owner lock {self.token} is held', create=True)
 
     def claiming(self, number: int) -> None:
         """Record, in this process's lock file, that it is about to claim trial `number` (see the module docstring)."""
@@ -104,12 +104,12 @@ class Owners:
             self.remove_dead_owner(owner)
         return taken
 
-    def _dead_lock(self, owner: str) -> Optional[runs.HeldLock]:
+    def _dead_lock(self, owner: str) -> Optional[locks.HeldLock]:
         """The lock of `owner`'s file, now held by this process: None when its process is alive, or its file is not
         here (opened, not created: that is another machine's trial, which that machine resumes)."""
         try:
-            return runs.hold_lock(self.folder / owner, f'owner {owner} is alive')
-        except (runs.Locked, FileNotFoundError):
+            return locks.hold_lock(self.folder / owner, f'owner {owner} is alive')
+        except (locks.Locked, FileNotFoundError):
             return None
 
     def _retag_from(self, owner: str, number: int) -> bool:
@@ -137,7 +137,7 @@ class Owners:
             except OSError:
                 continue
             if len(words) == 2 and words[0] == 'claiming' and words[1].isdigit():
-                alive = runs.lock_is_held(path)  # (or a file this process cannot open: taken as alive)
+                alive = locks.lock_is_held(path)  # (or a file this process cannot open: taken as alive)
                 out.append(Claim(path.name, int(words[1]), datetime.datetime.fromtimestamp(written), alive))
         return out
 
@@ -163,7 +163,7 @@ class Owners:
     def _retag_unowned(self, number: int) -> bool:
         """Tag trial `number`, RUNNING with no owner, with this token, under a lock on .owners/ (so one process of
         this directory does)."""
-        with runs.exclusive_lock(self.folder, wait=True):
+        with locks.exclusive_lock(self.folder, wait=True):
             if self._fresh_owner(number) != (True, None):
                 return False
             self.study.set_owner(number, self.token)
@@ -193,7 +193,7 @@ class Owners:
         owner = t.system_attrs.get(OWNER)
         if owner is None or owner == self.token:
             return True
-        return not runs.lock_is_held(self.folder / owner)  # (a lock we cannot open: another machine's trial)
+        return not locks.lock_is_held(self.folder / owner)  # (a lock we cannot open: another machine's trial)
 
     def unowned_note(self, t) -> Optional[str]:
         """For a RUNNING trial with no owner that `take_over` left: when a --resume will take it over."""

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from lazylab import runs
-from lazylab.command_line import Parser
+from lazylab import runs, user_files
+from lazylab.command_line import Parser, split_setting
 from lazylab.errors import UsageError
 from lazylab.experiments import discovery
 from lazylab.redaction import StorageURLError, parse_database_url, redact, redact_url
@@ -122,7 +122,7 @@ class Plan:
         """What every process on one study must agree on (machines may differ in paths, threads, versions)."""
         config = None
         if self.config_file:
-            config = hashlib.sha256(Path(self.config_file).read_bytes()).hexdigest()
+            config = hashlib.sha256(user_files.read_bytes(self.config_file, 'config file')).hexdigest()
         fixed = [t for t in self.fixed if not t.startswith('runs_dir=')]  # each machine has its own runs folder
         signature = {'experiment': self.name, 'fixed': fixed, 'config_sha256': config,
                      'space': self.space.describe(), 'zip': self.space.zips, 'sampler': self.sampler,
@@ -174,6 +174,8 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
         if value is not None:
             raise UsageError(f'{flag} is for --labml sweeps (an experiment is set by its keys: max_steps=, runs_dir=)')
     name, tokens = a.settings[0], a.settings[1:]
+    if a.config:  # a FIFO, /dev/zero or a huge file: one line before torch's import (read later, bounded)
+        user_files.check_file(a.config, 'config file', user_files.CONFIG)
     from lazylab.sweeps import typed  # torch (the points are computed): the parser and `--help` load none
     found = discovery.find_experiment(name)
     defaults = found.Configs()  # (imported, and checked to be an experiment)
@@ -247,10 +249,7 @@ def _settings(tokens: list[str], full_key: Callable[[str], str]) -> tuple[list[s
     `full_key`."""
     fixed, dims, seen = [], [], set()
     for token in tokens:
-        key, eq, text = token.partition('=')
-        key = key.strip()
-        if not eq or not key:
-            raise UsageError(f'expected key=value or key=SWEEP, got {token!r}')
+        key, text = split_setting(token, 'key=value or key=SWEEP')
         value = parse_value(key, text)
         full = full_key(key)  # a key's unique end stands for it, as on `lazylab train`
         if full in seen:

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+from lazylab import user_files
 from lazylab.errors import UsageError
 from lazylab.sweeps.grammar import Dimension
 from lazylab.sweeps.launcher import TRIAL_MODULE
@@ -36,12 +37,13 @@ def runs_dir(text: Optional[str]) -> str:
     """--runs-dir, checked: a folder, or a path whose first existing parent is one (DEFAULT_RUNS_DIR when None).
 
     Raises:
-        UsageError: empty, or inside a file (naming the file).
+        UsageError: empty, inside a file (naming the file), or holding a control character.
     """
     if text is None:
         return DEFAULT_RUNS_DIR
     if not text:
         raise UsageError('--runs-dir needs a folder')
+    user_files.check_path_text(text, '--runs-dir')  # a newline in a folder's name splits every line showing it
     path = Path(text)
     existing = next(p for p in (path, *path.parents) if p.exists())  # '.' or '/' at the latest
     if not existing.is_dir():

@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from lazylab import runs
+from lazylab import locks, runs
 from lazylab.command_line import Parser
 from lazylab.errors import UsageError, run_cli
 from lazylab.experiments import lifecycle
@@ -78,13 +78,13 @@ class OptunaReport:
         return 'pruned' if self.trial.should_prune() else None
 
 
-def lock(run_dir: Path) -> runs.HeldLock:
+def lock(run_dir: Path) -> locks.HeldLock:
     """An exclusive lock on RUN_DIR/.lock, held until it is released (or the process ends).
 
     Raises:
         UsageError: another process holds it (the trial is still running there).
     """
-    return runs.hold_lock(run_dir / runs.TRIAL_LOCK, f'{run_dir} is in use by another process (its trial is still '
+    return locks.hold_lock(run_dir / runs.TRIAL_LOCK, f'{run_dir} is in use by another process (its trial is still '
                                                      f'running)', create=True)
 
 

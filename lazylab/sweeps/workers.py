@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 import yaml
 
-from lazylab import __version__, runs
+from lazylab import __version__, runs, user_files
 from lazylab.errors import Interrupted, UsageError, plural
 from lazylab.experiments.metrics import read_metrics
 from lazylab.sweeps.compare import compare, format_table
@@ -112,7 +112,7 @@ class Sweep:
         if plan.config_file:
             copy = self.dir / runs.SWEEP_CONFIG
             if not copy.exists():
-                copy.write_bytes(Path(plan.config_file).read_bytes())
+                copy.write_bytes(user_files.read_bytes(plan.config_file, 'config file'))
         self._write_sweep_yaml()
         self.owners = Owners(self.dir / runs.OWNERS_DIR, self.study, self.token)
         self.owners.hold()

@@ -234,7 +234,7 @@ def test_undeclared_read_inside_calculator_names_item():
 # --- typed text -------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize('text, annotation, expected', [
-    ('42', int, 42), ('-3', int, -3), ('1e3', int, 1000),
+    ('42', int, 42), ('-3', int, -3), ('1_000', int, 1000),
     ('1e-3', float, 0.001), ('.5', float, 0.5), ('2', float, 2.0), ('-1.5E2', float, -150.0),
     ('true', bool, True), ('False', bool, False), ('1', bool, True), ('0', bool, False),
     ('yes', bool, True), ('no', bool, False),
@@ -253,7 +253,8 @@ def test_coerce_text(text, annotation, expected):
 
 
 @pytest.mark.parametrize('text, annotation', [
-    ('abc', int), ('1.5', int), ('x', float), ('maybe', bool), ('null', int), ('3', Literal['a', 'b']),
+    ('abc', int), ('1.5', int), ('1e3', int), ('2.0', int), ('x', float), ('maybe', bool), ('null', int),
+    ('3', Literal['a', 'b']),
     ('GREEN', Color), ('1,2,3', Tuple[float, float]), ('[1, x]', List[int]), ('thing', Module),
 ])
 def test_coerce_text_rejects(text, annotation):

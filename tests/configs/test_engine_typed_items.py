@@ -248,7 +248,7 @@ def test_text_is_parsed_by_the_inner_type():
         name: Annotated[str, Len(1, 8)] = 'run'
 
     conf = C()
-    assert lc.parse_overrides(['batch_size=1e3', 'dropout=.25', 'name=42'], conf) == {
+    assert lc.parse_overrides(['batch_size=1000', 'dropout=.25', 'name=42'], conf) == {
         'batch_size': 1000, 'dropout': 0.25, 'name': '42'}
 
 

@@ -277,7 +277,7 @@ def test_plot_of_a_metrics_file_cut_off_mid_line_warns_and_draws_the_whole_recor
 #: lazylab.experiments.lifecycle.training_lock) and says so, then waits to be killed
 HOLD_TRAINING_LOCK = """
 import sys
-from lazylab.runs import exclusive_lock
+from lazylab.locks import exclusive_lock
 with exclusive_lock(sys.argv[1]):
     print('locked', flush=True)
     sys.stdin.read()

@@ -5,6 +5,7 @@
     coerce_text('[1, 2]', List[int]) == [1, 2]  coerce_text('(0.9, 0.98)', Tuple[float, float]) == (0.9, 0.98)
     coerce_text('b', Literal['a', 'b']) == 'b'  coerce_text('RED', Color) is Color.RED
     coerce_text('8', Annotated[int, Ge(1)]) == 8   coerce_text('0', Annotated[int, Ge(1)]) raises TypeMismatch
+    coerce_text('1e3', int) raises TypeMismatch     (an int's spelling only; its hint says ' (write 1000)')
 
 :func:`coerce_text` raises :class:`TypeMismatch` (a plain ``ValueError`` with a description of what was
 expected); callers that know the item turn it into :class:`~.errors.BadValueError` naming the key.
@@ -12,6 +13,7 @@ expected); callers that know the item turn it into :class:`~.errors.BadValueErro
 Both read ``Annotated[T, ...]`` as ``T`` and then check its constraints (see :mod:`.constraints`).
 """
 import json
+import math
 import numbers
 from enum import Enum
 from typing import Annotated, Any, Literal, get_args, get_origin
@@ -28,7 +30,15 @@ _NULL = frozenset({'null', 'none', '~'})
 
 
 class TypeMismatch(ValueError):
-    """Text or a value that does not fit a type; ``str(e)`` says what was expected."""
+    """Text or a value that does not fit a type; ``str(e)`` says what was expected.
+
+    Attributes:
+        hint: what to write instead, shown after the value (``' (write 1000)'``), or ``''``.
+    """
+
+    def __init__(self, message: str, hint: str = ''):
+        super().__init__(message)
+        self.hint = hint
 
 
 def coerce_text(text: str, annotation: Any) -> Any:
@@ -84,15 +94,8 @@ def coerce_text(text: str, annotation: Any) -> Any:
     if annotation is int:
         try:
             return int(stripped)
-        except ValueError:
-            pass
-        try:  # '1e3' or '2.0' are fine when they are whole numbers a float holds exactly (|x| ≤ 2⁵³)
-            f = float(stripped)
-        except ValueError:
-            raise TypeMismatch('expected int') from None
-        if f.is_integer() and abs(f) <= 2**53:
-            return int(f)
-        raise TypeMismatch('expected int')
+        except ValueError:  # '1e3' and '2.0' too: a float's spelling is refused, not rounded (see _integer_hint)
+            raise TypeMismatch('expected int', _integer_hint(stripped)) from None
     if annotation is float:
         try:
             return float(stripped)
@@ -111,6 +114,24 @@ def coerce_text(text: str, annotation: Any) -> Any:
             raise TypeMismatch(f'expected {describe_type(annotation)}')
         return conform(value, annotation)
     raise TypeMismatch(f'a {describe_type(annotation)} cannot be given as text')
+
+
+def _integer_hint(text: str) -> str:
+    """``' (write 1000)'`` for text that spells a whole number as a float (``'1e3'``, ``'2.0'``), else ``''``.
+
+    An int item takes an integer's spelling only, as Python's ``int()``, argparse and OmegaConf do: a float's
+    spelling for a count is as often a value meant for another key (a rate given to a step count) as a count, and
+    taking the whole ones (``1e3``) while refusing the others (``1.5``) is a rule a user has to know before the
+    value means what it says. The hint says what to write instead.
+    """
+    from decimal import Decimal, InvalidOperation  # only for a mistake's message
+    try:
+        d = Decimal(text.replace('_', ''))
+    except InvalidOperation:
+        return ''
+    if not d.is_finite() or d != d.to_integral_value() or d.adjusted() > 30:
+        return ''
+    return f' (write {int(d)})'
 
 
 def _checked(value: Any, annotated: Any) -> Any:
@@ -252,7 +273,7 @@ def conform(value: Any, annotation: Any, *, strict: bool = False) -> Any:
             return value
         raise TypeMismatch('expected one of ' + ', '.join(repr(c) for c in get_args(annotation)))
     if annotation in (bool, int, float, str):
-        return _conform_scalar(value, annotation)
+        return _conform_scalar(value, annotation, strict)
     if isinstance(annotation, type) and issubclass(annotation, Enum):
         if isinstance(value, annotation):
             return value
@@ -267,8 +288,10 @@ def conform(value: Any, annotation: Any, *, strict: bool = False) -> Any:
     return value
 
 
-def _conform_scalar(value: Any, annotation: type) -> Any:
-    """:func:`conform` for a bool, int, float or str item (``value`` is not a string)."""
+def _conform_scalar(value: Any, annotation: type, strict: bool = False) -> Any:
+    """:func:`conform` for a bool, int, float or str item (``value`` is not a string). ``strict`` (a value from
+    YAML): a float is no int, whole or not (``max_steps: 1.0e3`` is refused as ``'1e3'`` is on a command line);
+    code may give a whole float (``1e3``) for an int item, as labml lets it."""
     if annotation is bool:
         if isinstance(value, bool):
             return value
@@ -281,8 +304,10 @@ def _conform_scalar(value: Any, annotation: type) -> Any:
         raise TypeMismatch(f'expected {annotation.__name__}')
     if annotation is float:
         return float(value)
-    if not isinstance(value, numbers.Integral) and not (float(value).is_integer() and abs(value) <= 2**53):
-        raise TypeMismatch('expected int')  # only whole numbers a float holds exactly are ints
+    if not isinstance(value, numbers.Integral):
+        whole = math.isfinite(value) and float(value).is_integer() and abs(value) <= 2**53  # held exactly
+        if strict or not whole:
+            raise TypeMismatch('expected int', f' (write {int(value)})' if whole else '')
     return int(value)
 
 

@@ -8,7 +8,8 @@
 
 :func:`split` turns an item's annotation into its type ``T`` (what text is parsed as, what listings show) and a
 :class:`Rule`, the checks its values must pass. Supported: ``Gt``, ``Ge``, ``Lt``, ``Le``, ``Interval``,
-``MultipleOf``, ``MinLen``, ``MaxLen``, ``Len``, ``Predicate`` (with ``Not``). Metadata that is not from
+``MultipleOf``, ``MinLen``, ``MaxLen``, ``Len``, ``Predicate`` (with ``Not``; a predicate function's
+``constraint_text`` attribute, if it has one, is how listings and errors name it). Metadata that is not from
 annotated-types (a doc string, say) is ignored, as that package asks of its consumers.
 
 Constraints sit on the item's type or directly inside ``Optional[...]``; anywhere else (inside ``List[...]``, in
@@ -177,6 +178,11 @@ def _check(at: Any, meta: Any, where: str) -> Check:
 
 
 def _known_name(func: Callable[[Any], bool]) -> Optional[str]:
+    """A name a reader knows: math's predicates, or the `constraint_text` a predicate function carries
+    (``'free of control characters'``: errors say ``must be free of control characters``)."""
+    own = getattr(func, 'constraint_text', None)
+    if isinstance(own, str):
+        return own
     try:
         return _PREDICATE_NAMES.get(func)
     except TypeError:  # an unhashable callable

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Optional, get_args, get_origin
 
 from lazylab.errors import shown
+from lazylab.user_files import control_character
 
 from .coerce import TypeMismatch, coerce_text, conform
 from .constraints import check
@@ -119,7 +120,7 @@ def typed_value(view: Any, key: str, value: Any, from_text: bool = True) -> Any:
         path = view.path_of(key)
         why = f'expected one of its options ({", ".join(options)})' if options and not isinstance(value, str) \
             else str(e)
-        raise BadValueError(f'bad value for {path}: {why}, got {shown(value)}', path) from None
+        raise BadValueError(f'bad value for {path}: {why}, got {shown(value)}{e.hint}', path) from None
 
 
 def check_given(view: Any, key: str, value: Any):
@@ -285,12 +286,17 @@ def parse_overrides(argv: Sequence[str], configs: Optional[Any] = None) -> dict[
         ``{dotted key: value}``.
 
     Raises:
-        OverrideSyntaxError: a token without ``=`` or with an empty key.
+        OverrideSyntaxError: a token without ``=``, with an empty key, or a key with a control character
+            (``\\n``, ``\\t``, …: shown escaped).
         UnknownItemError, UnknownOptionError, BadValueError, AlreadyComputedError: with ``configs``.
     """
     values: dict[str, str] = {}
     for token in argv:
         key, eq, text = token.partition('=')
+        bad = control_character(key)
+        if bad is not None:  # before the strip: 'd_model\n=16' must not quietly mean d_model
+            raise OverrideSyntaxError(f'bad key {key!r} in {shown(token)}: a key holds no control characters, and '
+                                      f'this one holds {bad!r}')
         key = key.strip()
         if not eq or not key:
             raise OverrideSyntaxError(f'expected key=value, got {token!r}')

@@ -39,7 +39,7 @@ import os
 from enum import Enum
 from typing import Any, NamedTuple, Optional, Union
 
-from lazylab import safe_yaml
+from lazylab import safe_yaml, user_files
 
 from .errors import BadValueError, UnknownItemError
 from .overrides import apply_overrides
@@ -232,7 +232,8 @@ def load(configs: Any, source: Union[str, os.PathLike, dict[str, Any]], label: O
             labels.
 
     Raises:
-        BadValueError: the YAML is malformed or not a mapping.
+        BadValueError: the YAML is malformed or not a mapping; the file is missing, not a regular file (a FIFO, a
+            device) or larger than ``lazylab.user_files.CONFIG`` allows.
         UnknownItemError, UnknownOptionError, BadValueError, AlreadyComputedError: see ``apply_overrides``.
     """
     name = label or '<dump>'
@@ -245,9 +246,9 @@ def load(configs: Any, source: Union[str, os.PathLike, dict[str, Any]], label: O
         if isinstance(source, os.PathLike) or ('\n' not in text and os.path.exists(text)):
             name = label or os.fspath(source)
             where = f' {os.fspath(source)}'
-            try:
-                with open(source, encoding='utf-8') as f:
-                    text = f.read()
+            raw = user_files.read_bytes(source, 'configuration YAML', user_files.CONFIG, BadValueError)
+            try:  # (the one reader of files a user names: never a FIFO, a device or a file of gigabytes)
+                text = raw.decode('utf-8')
             except UnicodeDecodeError as e:
                 raise BadValueError(f'cannot read configuration YAML{where}: not UTF-8 text (invalid byte at '
                                     f'offset {e.start})') from None

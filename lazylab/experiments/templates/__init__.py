@@ -14,7 +14,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from lazylab.errors import UsageError
+from lazylab.errors import UsageError, shown
 from lazylab.experiments.discovery import registered
 
 #: --task → the template file
@@ -32,7 +32,8 @@ def write_experiment(name: str, task: str = 'text', folder: Path = Path('.')) ->
     Raises:
         UsageError: NAME is not a Python name, is a keyword, names a standard-library or installed module
             (torch, random: NAME.py would hide it) or a built-in or installed experiment; NAME.py exists already
-            (nothing is overwritten); the file cannot be written.
+            (nothing is overwritten); NAME.py is longer than the file system holds (255 bytes on most); the file
+            cannot be written (a read-only folder: the reason is said).
     """
     stem = name[:-3] if name.endswith('.py') else name
     if not stem.isidentifier():
@@ -45,7 +46,12 @@ def write_experiment(name: str, task: str = 'text', folder: Path = Path('.')) ->
         raise UsageError(f"'{stem}' is the name of the {taken.kind.replace('_', ' ')} experiment "
                          f"{taken.module_name}; choose another NAME")
     path = Path(folder) / f'{stem}.py'
-    if path.exists():  # (before the module check: the file may be what makes the name importable)
+    _check_name_length(path, stem)
+    try:
+        exists = path.exists()
+    except OSError as e:  # a path too long as a whole, a folder that cannot be searched: not a traceback
+        raise UsageError(f'cannot write {shown(str(path))}: {e.strerror or e}') from None
+    if exists:  # (before the module check: the file may be what makes the name importable)
         raise _exists(path)
     if stem in _installed_modules():
         # its folder goes first on sys.path when it trains, so NAME.py would be imported in that module's place
@@ -64,6 +70,23 @@ def write_experiment(name: str, task: str = 'text', folder: Path = Path('.')) ->
             os.unlink(path)
         raise UsageError(f'cannot write {path}: {e.strerror or e}') from None
     return path
+
+
+def _check_name_length(path: Path, stem: str) -> None:
+    """That the file system of `path`'s folder holds a file name as long as NAME.py (255 bytes on most: a Python
+    name has no such limit, so NAME can be longer than any file's name).
+
+    Raises:
+        UsageError: naming the length in bytes and the file system's limit.
+    """
+    try:
+        most = os.pathconf(path.parent, 'PC_NAME_MAX')
+    except (OSError, ValueError, AttributeError):  # no pathconf (Windows), or a limit it does not know
+        most = 255
+    size = len(os.fsencode(path.name))
+    if size > most:
+        raise UsageError(f'NAME {shown(stem)} is too long: {stem[:8]}….py would be a file name of {size} bytes, and '
+                         f'the file system of {path.parent} holds at most {most}; choose a shorter NAME')
 
 
 def _exists(path: Path) -> UsageError:
