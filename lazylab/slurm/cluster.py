@@ -151,7 +151,7 @@ def own_state() -> Optional[str]:
     if fields.get('PreemptTime', 'None') not in ('None', 'Unknown', ''):
         return 'PREEMPTED'
     run, limit = seconds(fields.get('RunTime', '')), seconds(fields.get('TimeLimit', ''))
-    if run is not None and limit is not None and run >= limit:
+    if fields.get('Reason') == 'TimeLimit' or (run is not None and limit is not None and run >= limit):
         return 'TIMEOUT'
     return 'CANCELLED'
 

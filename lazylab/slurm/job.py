@@ -69,14 +69,28 @@ class RunJob:
     def start(self) -> None:
         """Resume the run directory's checkpoint, or train into it (see the module docstring)."""
         path = self.run_dir
-        if self.experiment is None or (path / runs.CHECKPOINT_PT).is_file() and (path / runs.RUN_JSON).is_file():
+        if self.experiment is None or ((path / runs.CHECKPOINT_PT).is_file() and (path / runs.RUN_JSON).is_file()):
             resume_main(str(path), allow_changes=self.allow_changes)
             return
         if (path / runs.RUN_JSON).is_file() and _rank() == 0:  # stopped before its first checkpoint: start again
+            recorded = (runs.read_json(path / runs.RUN_JSON) or {}).get('requeues')
+            if recorded:  # (they include the pending ones its train_main was given)
+                runs.write_json(path / SLURM_DIR / PENDING_REQUEUES, {'requeues': recorded})
             clear_run(path)
-        pending = runs.read_json(path / SLURM_DIR / PENDING_REQUEUES) or {}
+        pending = pending_requeues(path)
         train_main(self.experiment, self.settings, config=self.config, allow_changes=self.allow_changes,
-                   run_dir=path, info={'requeues': pending['requeues']} if pending.get('requeues') else None)
+                   run_dir=path, info={'requeues': pending} if pending else None)
+
+
+def pending_requeues(path: Path) -> list[dict[str, Any]]:
+    """The requeues of a run that had no run.json when they happened (RUN_DIR/slurm/requeues.json)."""
+    return (runs.read_json(path / SLURM_DIR / PENDING_REQUEUES) or {}).get('requeues') or []
+
+
+def keep_requeues(path: Path, more: list[dict[str, Any]]) -> None:
+    """Add `more` to the requeues kept until the run has a run.json again (see `pending_requeues`)."""
+    if more:
+        runs.write_json(path / SLURM_DIR / PENDING_REQUEUES, {'requeues': [*pending_requeues(path), *more]})
 
 
 def clear_run(path: Path) -> None:
@@ -170,8 +184,7 @@ def requeue_run(run_dir: Path, e: Interrupted, state: Optional[str]) -> int:
         done = runs.read_record(run_dir).get('requeues') or []
         runs.update_record(run_dir, requeues=[*done, entry], status='preempted')
     else:
-        pending = run_dir / SLURM_DIR / PENDING_REQUEUES
-        runs.write_json(pending, {'requeues': [*((runs.read_json(pending) or {}).get('requeues') or []), entry]})
+        keep_requeues(run_dir, [entry])
     if not job_id:
         return e.exit_code
     error = cluster.requeue(job_id)
