@@ -40,8 +40,9 @@ TIMEOUT_S = 60.0
 class JobState:
     """A job as Slurm reports it.
 
-    Attributes:
-        job_id: its id; slurm: Slurm's state ('PENDING', 'RUNNING', …; 'UNKNOWN': Slurm no longer knows it).
+    Args:
+        job_id: its id.
+        slurm: Slurm's state ('PENDING', 'RUNNING', …; 'UNKNOWN': Slurm no longer knows it).
         reason: why it waits or how it ended (Slurm's Reason: 'Resources', 'BeginTime', 'NonZeroExitCode', …).
         restarts: how many times it was requeued.
         exit_code: once ended, its batch script's exit code, 128 + N for a signal N (a shell's convention).
@@ -105,6 +106,9 @@ def wait_status(raw: int) -> int:
 
 def job_states(job_ids: Iterable[str]) -> dict[str, JobState]:
     """{job id: its state} of the given jobs, in one `squeue` call; a job Slurm has forgotten is 'UNKNOWN'.
+
+    Args:
+        job_ids: the jobs (their ids as text or numbers; one squeue for all).
 
     Raises:
         UsageError: squeue is missing or fails (the cluster does not answer).

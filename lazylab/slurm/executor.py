@@ -95,7 +95,8 @@ def make_executor(folder: Path, options: SlurmOptions, *, job_name: str, log: Pa
 
     Args:
         folder: RUN_DIR/slurm (made when a job is submitted).
-        options: the checked --slurm; job_name: the job's name unless the options give one.
+        options: the checked --slurm.
+        job_name: the job's name unless the options give one.
         log: the job's output file (appended to).
 
     Raises:
@@ -130,6 +131,10 @@ def script_text(executor) -> str:
 def check_options(options: SlurmOptions, job_name: str) -> None:
     """`sbatch --test-only` of the job script these options make (in a scratch folder; nothing is submitted).
 
+    Args:
+        options: the checked --slurm.
+        job_name: the job's name (its length and characters are Slurm's to check too).
+
     Raises:
         UsageError: Slurm's client commands are missing, or Slurm refuses the options (its error line).
     """
@@ -149,6 +154,11 @@ def submit(folder: Path, options: SlurmOptions, call, *, job_name: str, log: Pat
     appended to `log`; returns the job id.
 
     Args:
+        folder: the job's submitit folder (RUN_DIR/slurm, TRIAL_DIR/slurm).
+        options: the checked --slurm.
+        call: what the job calls (`lazylab.slurm.job.RunJob`, a sweep's `TrialJob`).
+        job_name: the job's name unless the options give one.
+        log: the job's output file (appended to).
         env: variables the job gets besides this process's own: sbatch exports the submitter's environment, so
             they travel there (never on a command line or in a file of the run directory: a database password).
 

@@ -112,8 +112,12 @@ def in_job(run_dir: Path, body: Callable[[], Any]) -> int:
     """Run `body` (which trains or resumes the run in `run_dir`) as a process of a Slurm job; returns the exit code
     (see the module docstring): 0, 2 for a user's mistake (its line printed), 128 + N after signal N.
 
+    Args:
+        run_dir: the run directory `body` trains (its run.json records a requeue or a cancel).
+        body: trains or resumes the run (`RunJob.start`, a sweep trial's `run_trial`).
+
     Raises:
-        A programming error of `body`, with its traceback (submitit records it; the job fails).
+        Exception: a programming error of `body`, with its traceback (submitit records it; the job fails).
     """
     export_ranks()
     numbers = stop_signals()  # until the trainer listens (it puts these back when it ends): raise Interrupted

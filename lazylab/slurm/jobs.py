@@ -70,8 +70,12 @@ def submit_train(experiment: str, settings: Sequence[str] = (), *, options: Slur
     submitted; with `wait`, the job's).
 
     Args:
-        experiment: EXPERIMENT as written; settings: key=value tokens; config: --config's file.
-        options: the checked --slurm; allow_changes: --allow-changes; wait: --wait.
+        experiment: EXPERIMENT as written.
+        settings: key=value tokens.
+        options: the checked --slurm.
+        config: --config's file.
+        allow_changes: --allow-changes (a replayed dump's changed computed values accepted).
+        wait: --wait (follow the job, see `follow`).
 
     Raises:
         UsageError, ConfigError: a setting, the options or the cluster, in one line, before anything is written.
@@ -98,6 +102,12 @@ def submit_train(experiment: str, settings: Sequence[str] = (), *, options: Slur
 def submit_resume(run_dir: str, *, options: SlurmOptions, allow_changes: bool = False, wait: bool = False) -> int:
     """`lazylab resume RUN_DIR --slurm …` (see the module docstring); returns the exit code.
 
+    Args:
+        run_dir: the stopped run's directory.
+        options: the checked --slurm.
+        allow_changes: --allow-changes.
+        wait: --wait (follow the job, see `follow`).
+
     Raises:
         UsageError: not a run directory, no checkpoint, a job of the run still queued or running, the options.
     """
@@ -123,7 +133,13 @@ def submit_resume(run_dir: str, *, options: SlurmOptions, allow_changes: bool = 
 def follow(job_id: str, run_dir: Path, poll: float = POLL_S) -> int:
     """Print the job's output (RUN_DIR/output.log) as it grows, and a line at each change of its Slurm state (on
     stderr), until it has ended for good; returns its exit code (see `exit_code`). Ctrl-C stops following, not the
-    job (130)."""
+    job (130).
+
+    Args:
+        job_id: the job.
+        run_dir: its run directory (its output.log is printed).
+        poll: seconds between two looks.
+    """
     log = Path(run_dir) / runs.OUTPUT_LOG
     offset = log.stat().st_size if log.is_file() else 0  # what earlier jobs of the run wrote is not this one's
     shown = None

@@ -68,10 +68,11 @@ def submitit_parameters() -> dict[str, Any]:
 class SlurmOptions:
     """A checked `--slurm` (see the module docstring).
 
-    Attributes:
+    Args:
         parameters: submitit `SlurmExecutor` parameters (typed), as given.
         additional: the other sbatch options ({key with `_`: value}), submitit's `slurm_additional_parameters`.
-        signal: the warning signal's name without SIG ('USR1'); warning_s: seconds before the time limit.
+        signal: the warning signal's name without SIG ('USR1').
+        warning_s: the seconds before the time limit Slurm sends it.
         given: the options as written (for records and messages).
     """
     parameters: dict[str, Any] = field(default_factory=dict)
@@ -174,6 +175,9 @@ def _check_sbatch_key(key: str, known: dict[str, Any]) -> None:
 
 def parse_signal(text: str) -> tuple[str, int]:
     """(name without SIG, seconds) of `signal=[B:][SIG]NAME[@SECONDS]` (seconds: 90 when not given).
+
+    Args:
+        text: the value of `signal=`.
 
     Raises:
         UsageError: a name Python does not know, one that cannot be the warning (KILL, STOP, TERM, CONT, INT,

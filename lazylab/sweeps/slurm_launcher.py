@@ -65,8 +65,13 @@ class TrialJob:
 class SlurmTrial:
     """A trial's job as the sweep polls it (a `TrialProcess`).
 
+    Args:
+        launcher: the launcher that follows it (one squeue for all its jobs).
+        job_id: the Slurm job.
+        folder: the trial's folder (its trial.json follows the job's state).
+
     Attributes:
-        job_id: the Slurm job; returncode: its exit code once it has ended for good (None before).
+        returncode: the job's exit code once it has ended for good (None before).
         ended_as: how it ended when the sweep should resume it: 'cancelled', 'preempted', 'timeout' (else None).
     """
 
@@ -107,7 +112,11 @@ class SlurmTrial:
         runs.write_json(path, record)
 
     def send_signal(self, sig: int) -> None:
-        """The sweep stops: leave the job to Slurm (it goes on; `lazylab sweep --resume` reattaches to it)."""
+        """The sweep stops: leave the job to Slurm (it goes on; `lazylab sweep --resume` reattaches to it).
+
+        Args:
+            sig: the signal the sweep passes on (not to the job: the job is Slurm's).
+        """
         self.detach()
 
     def kill(self) -> None:
@@ -115,6 +124,7 @@ class SlurmTrial:
         self.detach()
 
     def detach(self) -> None:
+        """Stop following the job (it goes on), saying so and how to stop it; the trial is left to --resume."""
         if self.returncode is None:
             print(f'lazylab: trial {self.folder.name}: Slurm job {self.job_id} goes on (scancel {self.job_id} stops '
                   f'it; lazylab sweep --resume reattaches to it)', file=sys.stderr, flush=True)
@@ -122,6 +132,9 @@ class SlurmTrial:
 
     def wait(self, timeout: Optional[float] = None) -> int:
         """Its exit code once the job has ended (polling Slurm), or a detached trial's at once.
+
+        Args:
+            timeout: the most seconds to wait; None: until it ends.
 
         Raises:
             subprocess.TimeoutExpired: not ended within `timeout` seconds.
@@ -139,7 +152,8 @@ class SlurmLauncher:
     """Starts each trial as a Slurm job (see the module docstring).
 
     Args:
-        options: the checked --slurm; name: the jobs' name prefix (each job: NAME-NNNN, unless the options name it).
+        options: the checked --slurm.
+        name: the jobs' name prefix (each job: NAME-NNNN, unless the options name it).
         shown: how the command appears in the trial's log (a storage URL's credentials hidden).
     """
     local = False  # its trials run elsewhere: no warning about this machine's cores
@@ -150,11 +164,19 @@ class SlurmLauncher:
         self._asked = 0.0
 
     def cores_per_trial(self, workers: int) -> int:
-        """The cores each trial's job asks for: cpus_per_task (1 unless given)."""
+        """The cores each trial's job asks for: cpus_per_task (1 unless given).
+
+        Args:
+            workers: the trials at once (each job has its own cores: they do not divide them).
+        """
         return self.options.cpus_per_task
 
     def state(self, job_id: str) -> JobState:
-        """A job's state; one squeue for all the jobs this launcher follows, at most every POLL_S seconds."""
+        """A job's state; one squeue for all the jobs this launcher follows, at most every POLL_S seconds.
+
+        Args:
+            job_id: the job.
+        """
         if job_id not in self._states or time.monotonic() - self._asked > POLL_S:
             self._states = job_states([*self._states, job_id])
             self._states = {j: s for j, s in self._states.items() if not s.ended or j == job_id}
@@ -162,13 +184,21 @@ class SlurmLauncher:
         return self._states[job_id]
 
     def previous_job(self, folder: Path) -> Optional[JobState]:
-        """The state of the last job a trial had (trial.json), or None when it had none."""
+        """The state of the last job a trial had (trial.json), or None when it had none.
+
+        Args:
+            folder: the trial's folder.
+        """
         record = runs.read_json(Path(folder) / runs.TRIAL_JSON) or {}
         job_id = (record.get('slurm') or {}).get('job_id')
         return job_states([job_id])[str(job_id)] if job_id else None
 
     def still_running(self, folder: Path) -> Optional[str]:
-        """The job id of a trial's job that is still queued or running (to reattach to), else None."""
+        """The job id of a trial's job that is still queued or running (to reattach to), else None.
+
+        Args:
+            folder: the trial's folder.
+        """
         state = self.previous_job(folder)
         return state.job_id if state is not None and state.state in ('pending', 'running') else None
 
