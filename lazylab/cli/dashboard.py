@@ -1,11 +1,11 @@
 """`lazylab dashboard [--port 5005] [--store DIR] [--host H] [--runs-dir runs] [--studies-port N] [--assets DIR]
-[--max-body-mb N] [--token T]`: serve the labml dashboard, and the sweeps' studies with optuna-dashboard (the
-optional `dashboard` extra; lazylab.dashboard.server)."""
+[--max-body-mb N] [--header-timeout S] [--token T]`: serve the labml dashboard, and the sweeps' studies with
+optuna-dashboard (the optional `dashboard` extra; lazylab.dashboard.server)."""
 import os
 
 from lazylab.command_line import Parser
 from lazylab.dashboard import server
-from lazylab.dashboard.guard import DEFAULT_MAX_BODY_MB, TOKEN_COOKIE
+from lazylab.dashboard.guard import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY_MB, TOKEN_COOKIE
 from lazylab.dashboard_client import TOKEN_ENV, TOKEN_HEADER
 
 
@@ -29,6 +29,9 @@ def parser() -> Parser:
     p.add_argument('--max-body-mb', type=int, default=DEFAULT_MAX_BODY_MB, metavar='MB',
                    help=f'largest request body accepted, in MB of 2^20 bytes (default {DEFAULT_MAX_BODY_MB}); '
                         'a larger one is answered 413 and never held in memory')
+    p.add_argument('--header-timeout', type=float, default=DEFAULT_HEADER_TIMEOUT_S, metavar='SECONDS',
+                   help=f'seconds a request has to send its request line and headers (default '
+                        f'{DEFAULT_HEADER_TIMEOUT_S}); a connection that takes longer is closed, on both ports')
     p.add_argument('--token', default=os.environ.get(TOKEN_ENV) or None,
                    help=f'a secret every request must carry (default: ${TOKEN_ENV}; none: no check): '
                         f'at least 16 letters, digits or - _ . ~. A browser opens the page once as '
@@ -44,4 +47,4 @@ def _header_name() -> str:
 def run(argv: list[str]) -> None:
     a = parser().parse(argv)
     server.run(a.store, a.host, a.port, a.assets, max_body_mb=a.max_body_mb, token=a.token, runs_dir=a.runs_dir,
-               studies_port=a.studies_port)
+               studies_port=a.studies_port, header_timeout_s=a.header_timeout)

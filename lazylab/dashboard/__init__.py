@@ -6,6 +6,9 @@
   dashboard; it sits below the experiments, which use it.
 - :mod:`lazylab.dashboard.labml_patches`: the places where labml_app's internals are changed (labml's own are
   changed in :mod:`lazylab.labml_internals`).
+- :mod:`lazylab.dashboard.studies`: the sweeps' studies, served read-mostly by optuna-dashboard on the next port.
+- :mod:`lazylab.dashboard.guard` and :mod:`lazylab.dashboard.serving`: the request guard and the server both ports
+  share (token, body limit, one-line JSON errors; a deadline for each request's head).
 
     lazylab dashboard [--port 5005] [--store DIR] [--host 127.0.0.1]
     lazylab train transformer ... dashboard=http://127.0.0.1:5005

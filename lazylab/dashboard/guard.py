@@ -1,9 +1,11 @@
-"""The dashboard's request guard: an ASGI middleware between uvicorn and labml's app (labml-app 0.5.14).
+"""The dashboard's request guard: an ASGI middleware between uvicorn and each port's app (labml-app 0.5.14's; the
+studies', optuna-dashboard's, under :class:`serving.WsgiApp`).
 
 labml's app was written for a server behind its own login; served as it is on a workstation it answered a malformed
 JSON body with HTTP 500 and the Python traceback in the body, read a body of any size into memory, and had no
 authentication. :class:`RequestGuard` wraps the app (:func:`labml_patches.patch_app_guard` installs it as the
-outermost of the app's own middlewares, in place of labml's ``error_handling_middleware``) and, per request:
+outermost of the app's own middlewares, in place of labml's ``error_handling_middleware``; the studies' app is
+wrapped by :class:`studies.StudiesServer`) and, per request:
 
 1. with a token (``--token``), refuses a request that does not carry it: 401 and a one-line JSON message;
 2. refuses a body over ``max_body_bytes``: 413, before the body is read when ``Content-Length`` says so, and as
@@ -12,8 +14,10 @@ outermost of the app's own middlewares, in place of labml's ``error_handling_mid
    was not JSON, 400 for a JSON body the route could not use, 500 otherwise — and writes its traceback, once, to
    the server's stderr.
 
-Files outside the web folder are refused by the patched static route (:func:`labml_patches.patch_app_static_route`),
-not here.
+Each JSON answer is one line, ``{"error": …}`` on the labml port (what labml's page reads) and ``{"reason": …}`` on
+the studies port (what optuna-dashboard's own answers and page use): the guard's ``error_key``. Files outside the
+web folder are refused by the patched static route (:func:`labml_patches.patch_app_static_route`), and a request
+head that does not come in time by the server (:class:`serving.HeadDeadlineProtocol`), not here.
 """
 import hmac
 import json
@@ -26,6 +30,8 @@ from urllib.parse import parse_qsl, urlencode
 from lazylab.dashboard_client import TOKEN_HEADER
 
 DEFAULT_MAX_BODY_MB = 16
+#: seconds a request has to send its head (request line and headers): serving.HeadDeadlineProtocol
+DEFAULT_HEADER_TIMEOUT_S = 10
 TOKEN_COOKIE = 'lazylab_token'
 TOKEN_QUERY = 'token'
 
@@ -38,8 +44,8 @@ class BodyTooLarge(Exception):
     """A request body passed the guard's limit while the app was reading it."""
 
 
-def _json_error(status: int, message: str) -> tuple[int, list, bytes]:
-    body = json.dumps({'error': message}).encode('utf-8')
+def _json_error(status: int, message: str, key: str = 'error') -> tuple[int, list, bytes]:
+    body = json.dumps({key: message}).encode('utf-8')
     return status, [(b'content-type', b'application/json'), (b'content-length', str(len(body)).encode())], body
 
 
@@ -98,7 +104,7 @@ def redirect_with_cookie(token: bytes, raw_path: str, query: list[tuple[str, str
 
 
 class RequestGuard:
-    """ASGI middleware: token, body limit and error answers for labml's app (see the module docstring).
+    """ASGI middleware: token, body limit and error answers for either port's app (see the module docstring).
 
     Args:
         app: the ASGI app to guard (labml's middleware stack below this one).
@@ -107,14 +113,16 @@ class RequestGuard:
             ``?token=``: a GET with it is answered by a redirect to the same address without it, which sets the
             cookie); None: no check.
         log: where tracebacks go (default sys.stderr), one per failed request.
+        error_key: the key of the message in the JSON answers (``error``; ``reason`` on the studies port).
     """
 
     def __init__(self, app, max_body_bytes: int = DEFAULT_MAX_BODY_MB << 20, token: Optional[str] = None,
-                 log=None):
+                 log=None, error_key: str = 'error'):
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.token = None if token is None else token.encode('utf-8')
         self.log = log
+        self.error_key = error_key
 
     async def __call__(self, scope, receive, send):
         if scope['type'] not in ('http', 'websocket'):
@@ -143,7 +151,7 @@ class RequestGuard:
         elif scope['type'] == 'websocket':
             await send({'type': 'websocket.close', 'code': 1008})
         else:
-            await _send_answer(send, *_json_error(401, NEEDS_TOKEN))
+            await _send_answer(send, *_json_error(401, NEEDS_TOKEN, self.error_key))
         return False
 
     async def _guarded(self, scope, receive, send):
@@ -177,7 +185,7 @@ class RequestGuard:
             status, message = self._classify(e, state['received'])
             self._log(scope, status, message, e)
             if not state['started']:
-                await _send_answer(send, *_json_error(status, message))
+                await _send_answer(send, *_json_error(status, message, self.error_key))
 
     def _classify(self, e: Exception, received: int) -> tuple[int, str]:
         if _is_json_syntax_error(e):
@@ -189,7 +197,8 @@ class RequestGuard:
     async def _too_large(self, scope, send) -> None:
         self._log(scope, 413, 'request body too large')
         status, headers, body = _json_error(
-            413, f'request body over the limit of {self.max_body_bytes:,} bytes (lazylab dashboard --max-body-mb)')
+            413, f'request body over the limit of {self.max_body_bytes:,} bytes (lazylab dashboard --max-body-mb)',
+            self.error_key)
         await _send_answer(send, status, headers + [(b'connection', b'close')], body)
 
     def _log(self, scope, status: int, message: str, e: Optional[BaseException] = None) -> None:
@@ -202,44 +211,3 @@ class RequestGuard:
             text += ''.join(traceback.format_exception(type(e), e, e.__traceback__, chain=False))
         out.write(text)
         out.flush()
-
-
-class WsgiGuard:
-    """:class:`RequestGuard`'s token and body limit for a WSGI app (optuna-dashboard's server: the studies).
-
-    Args:
-        app: the WSGI app to guard.
-        max_body_bytes: the largest request body accepted (by its Content-Length), in bytes.
-        token: the secret every request must carry (as for RequestGuard); None: no check.
-    """
-
-    def __init__(self, app, max_body_bytes: int = DEFAULT_MAX_BODY_MB << 20, token: Optional[str] = None):
-        self.app = app
-        self.max_body_bytes = max_body_bytes
-        self.token = None if token is None else token.encode('utf-8')
-
-    def __call__(self, environ, start_response):
-        if self.token is not None:
-            query = parse_qsl(environ.get('QUERY_STRING', ''), keep_blank_values=True)
-            header = environ.get('HTTP_' + TOKEN_HEADER.upper().replace('-', '_'))
-            answer = token_answer(self.token, None if header is None else header.encode('latin-1'),
-                                  environ.get('HTTP_COOKIE', ''), query)
-            if answer == REDIRECT and environ.get('REQUEST_METHOD') == 'GET':
-                location, cookie = redirect_with_cookie(self.token, environ.get('PATH_INFO', ''), query)
-                start_response('303 See Other', [('Location', location), ('Set-Cookie', cookie),
-                                                 ('Content-Length', '0')])
-                return [b'']
-            if answer == REFUSE:
-                return self._answer(start_response, 401, 'Unauthorized', NEEDS_TOKEN)
-        length = environ.get('CONTENT_LENGTH') or '0'
-        if length.isdigit() and int(length) > self.max_body_bytes:
-            return self._answer(start_response, 413, 'Content Too Large',
-                                f'request body over the limit of {self.max_body_bytes:,} bytes '
-                                f'(lazylab dashboard --max-body-mb)')
-        return self.app(environ, start_response)
-
-    @staticmethod
-    def _answer(start_response, status: int, reason: str, message: str) -> list[bytes]:
-        _, headers, body = _json_error(status, message)
-        start_response(f'{status} {reason}', [(k.decode(), v.decode()) for k, v in headers])
-        return [body]

@@ -1,6 +1,6 @@
 """Every change lazylab makes to labml_app's internals, in one place: the dashboard's one place for labml_app.
 
-The dashboard runs labml's own app; three things of it are replaced, each by one function below. They rely on
+The dashboard runs labml's own app; four things of it are replaced, each by one function below. They rely on
 internals of **labml-app 0.5.14** (pinned by the ``dashboard`` extra); ``tests/dashboard/test_labml_patches.py``
 checks that each target still has the shape relied on, so an upgrade that moves one fails there with the target's
 name. The changes to labml's own (client) internals — daemon upload threads, no web browser — are in
@@ -10,11 +10,14 @@ name. The changes to labml's own (client) internals — daemon upload threads, n
     patch_app_static_route(app, ...)   labml_app.flask_app's route GET /{file_path:path} → no file outside the web
                                        folder; STATIC_PATH → a folder of our making (--assets)
     patch_app_guard(app, ...)          labml_app.flask_app's error_handling_middleware → guard.RequestGuard
+    patch_app_checks(app)              the routes of CHECKED_ROUTES → the same, after checking the run or session
+                                       named exists (404) and the body's fields have their types (400)
 """
+import functools
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from lazylab.dashboard.guard import RequestGuard
 
@@ -141,3 +144,141 @@ def patch_app_guard(app, **guard_options) -> None:
         raise RuntimeError('labml_app has no error_handling_middleware to replace; is labml-app 0.5.14?')
     app.user_middleware.remove(found[0])
     app.add_middleware(RequestGuard, **guard_options)  # the outermost of the app's middlewares
+
+
+# ---- the routes' checks ------------------------------------------------------------------------------------------
+
+def _text(v) -> bool:
+    return v is None or isinstance(v, str)  # None: labml's client sends it for what it does not know
+
+
+def _texts(v) -> bool:
+    return v is None or (isinstance(v, list) and all(isinstance(x, str) for x in v))
+
+
+def _whole(v) -> bool:
+    return v is None or (isinstance(v, int) and not isinstance(v, bool))
+
+
+def _number(v) -> bool:
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def _flag(v) -> bool:
+    return v is None or isinstance(v, bool)
+
+
+def _mapping(v) -> bool:
+    return v is None or isinstance(v, dict)
+
+
+TEXT, TEXTS = (_text, 'a string'), (_texts, 'a list of strings')
+WHOLE, NUMBER, FLAG, MAPPING = (_whole, 'an integer'), (_number, 'a number'), (_flag, 'true or false'), \
+    (_mapping, 'an object')
+
+#: the fields the page edits on a run (POST /api/v1/run/UUID), and their types; other keys the app ignores
+RUN_EDIT = {'name': TEXT, 'comment': TEXT, 'note': TEXT, 'favourite_configs': TEXTS, 'selected_configs': TEXTS}
+#: on a session (POST /api/v1/session/UUID)
+SESSION_EDIT = {'name': TEXT, 'comment': TEXT}
+#: the fields of each item labml's client sends a run's track route (labml's AppExperiment, its logs and tracker)
+TRACK = {
+    'name': TEXT, 'comment': TEXT, 'notes': TEXT, 'computer': TEXT, 'python_file': TEXT, 'repo_remotes': TEXTS,
+    'commit': TEXT, 'commit_message': TEXT, 'is_dirty': FLAG, 'start_step': WHOLE, 'load_run': TEXT, 'tags': TEXTS,
+    'pid': WHOLE, 'main_rank': WHOLE, 'configs': MAPPING, 'favorite_configs': TEXTS, 'selected_configs': TEXTS,
+    'indicators': MAPPING, 'wildcard_indicators': MAPPING, 'track': MAPPING, 'status': MAPPING, 'time': NUMBER,
+    'stdout': TEXT, 'stderr': TEXT, 'logger': TEXT,
+}
+#: of each item of a computer's session (labml's monitor: POST /api/v1/TOKEN/computer)
+COMPUTER = {'name': TEXT, 'comment': TEXT, 'configs': MAPPING, 'track': MAPPING, 'time': NUMBER}
+
+#: labml-app 0.5.14's routes that write: (method, path) → (what the path's uuid names, None for the track routes;
+#: the body's fields; the query's integers). A made-up uuid was a 500 (an AttributeError on None) or silently
+#: nothing, a field of any type was stored ({"name": {"x": 1}} became the run's name), and ``rank=one`` was a 500.
+CHECKED_ROUTES = {
+    ('POST', '/api/v1/run/{run_uuid}'): ('run', RUN_EDIT, ()),
+    ('PUT', '/api/v1/run/{run_uuid}/claim'): ('run', None, ()),
+    ('PUT', '/api/v1/run/{run_uuid}/add'): ('run', None, ()),
+    ('POST', '/api/v1/session/{session_uuid}'): ('session', SESSION_EDIT, ()),
+    ('PUT', '/api/v1/session/{session_uuid}/claim'): ('session', None, ()),
+    ('PUT', '/api/v1/session/{session_uuid}/add'): ('session', None, ()),
+    ('POST', '/api/v1/{labml_token}/track'): (None, TRACK, ('rank', 'world_size', 'main_rank')),
+    ('POST', '/api/v1/{labml_token}/computer'): (None, COMPUTER, ()),
+}
+
+
+def _json_kind(v) -> str:
+    kinds = ((bool, 'true or false'), (str, 'a string'), ((int, float), 'a number'), (dict, 'an object'),
+             (list, 'a list'))
+    return 'null' if v is None else next((kind for t, kind in kinds if isinstance(v, t)), type(v).__name__)
+
+
+def body_problem(body: Any, fields: dict, items: bool = False) -> Optional[str]:
+    """What is wrong with the JSON `body` for `fields` (name → (check, what it must be)), in one line; None when
+    nothing is. `items`: the body is a list of such objects (or one), as the track routes take."""
+    if items and isinstance(body, list):
+        for i, item in enumerate(body):
+            problem = body_problem(item, fields)
+            if problem is not None:
+                return f'item {i}: {problem}'
+        return None
+    if not isinstance(body, dict):
+        return f'the body must be a JSON object{" or a list of them" if items else ""}, got {_json_kind(body)}'
+    for name, (check, what) in fields.items():
+        if name in body and not check(body[name]):
+            return f'{name} must be {what}, got {_json_kind(body[name])}'
+    return None
+
+
+def _query_problem(query, integers: Sequence[str]) -> Optional[str]:
+    for name in integers:
+        try:
+            int(query.get(name, 0))
+        except ValueError:
+            return f'{name} must be an integer, got {query[name]!r}'
+    return None
+
+
+def _checked(endpoint: Callable, find: Optional[Callable[[str], Any]], kind: Optional[str], fields: Optional[dict],
+             integers: Sequence[str]):
+    """`endpoint`, answering 404 when `find` (the app's run.get or session.get) finds no `kind` of the path's uuid,
+    and 400 when a query parameter of `integers` is not one, or the body's `fields` have the wrong types; else as
+    before. One-line JSON, as the guard's."""
+    from fastapi.responses import JSONResponse  # (the `dashboard` extra, see the module's late imports)
+
+    @functools.wraps(endpoint)  # FastAPI reads the parameters of the endpoint's own signature through __wrapped__
+    async def checked(request, **kwargs):
+        if find is not None and find(kwargs[f'{kind}_uuid']) is None:
+            return JSONResponse({'error': f'no {kind} {kwargs[f"{kind}_uuid"]!r} on this dashboard'}, status_code=404)
+        problem = _query_problem(request.query_params, integers)
+        if problem is not None:
+            return JSONResponse({'error': problem}, status_code=400)
+        if fields is not None:
+            problem = body_problem(await request.json(), fields, items=kind is None)  # the app reads it again: cached
+            if problem is not None:
+                return JSONResponse({'error': problem}, status_code=400)
+        return await endpoint(request, **kwargs)
+    return checked
+
+
+def patch_app_checks(app) -> None:
+    """Put the checks of :data:`CHECKED_ROUTES` in front of those routes of labml's app: each route is replaced, at
+    its place, by one that checks the run or session its path names exists (404 ``{"error": "no run 'x' on this
+    dashboard"}``), the query's integers are integers and the body's fields have the types labml's own client and
+    page send (400, naming the field or parameter), then calls the app's endpoint. A malformed body is left to the
+    guard (400).
+
+    Raises:
+        RuntimeError: a route of CHECKED_ROUTES is not in the app (labml-app is not 0.5.14).
+    """
+    from fastapi.routing import APIRoute
+    from labml_app.db import run, session
+
+    finders = {'run': run.get, 'session': session.get, None: None}
+    routes = app.router.routes
+    for (method, path), (kind, fields, integers) in CHECKED_ROUTES.items():
+        index = next((i for i, r in enumerate(routes) if getattr(r, 'path', None) == path
+                      and method in getattr(r, 'methods', ())), None)
+        if index is None:
+            raise RuntimeError(f'labml_app has no route {method} {path} to check; is labml-app 0.5.14?')
+        routes[index] = APIRoute(path, _checked(routes[index].endpoint, finders[kind], kind, fields, integers),
+                                 methods=[method])

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Optional
 
 from lazylab.dashboard import labml_patches
-from lazylab.dashboard.guard import DEFAULT_MAX_BODY_MB
+from lazylab.dashboard.guard import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY_MB
 from lazylab.dashboard_client import DEFAULT_PORT, TOKEN_ENV
 from lazylab.errors import DashboardError
 
 # late imports: uvicorn and labml_app are the optional `dashboard` extra, and their logging set-up runs only when
-# serving
+# serving (so is lazylab.dashboard.serving, which imports uvicorn)
 
 DEFAULT_HOST = '127.0.0.1'
 DEFAULT_STORE = os.path.join('runs', '.dashboard')
@@ -103,7 +103,8 @@ def create_app(store: Path, host: str, port: int, assets: Optional[Path] = None,
 
     `assets`: a folder with the page's CDN files (see CDN_ASSETS) to serve instead of the internet ones.
     `max_body_bytes`, `token`: the request guard's body limit and secret (:class:`guard.RequestGuard`). The app
-    serves no file outside its web folder (:func:`labml_patches.patch_app_static_route`).
+    serves no file outside its web folder (:func:`labml_patches.patch_app_static_route`), and its routes that write
+    check the run or session they name and the types of the body's fields (:func:`labml_patches.patch_app_checks`).
 
     Raises:
         RuntimeError: ``labml_app.flask_app`` was imported already (its database would be MongoDB).
@@ -128,23 +129,22 @@ def create_app(store: Path, host: str, port: int, assets: Optional[Path] = None,
         # The web folder links the app's files and the assets folder: both are roots its symlinks may lead into.
         web = _offline_static(app_static, assets, Path(store) / 'web')
         labml_patches.patch_app_static_route(flask_app.app, web, [app_static, Path(assets)])
+    labml_patches.patch_app_checks(flask_app.app)
     labml_patches.patch_app_guard(flask_app.app, max_body_bytes=max_body_bytes, token=token)
     return flask_app.app
 
 
 def serve(store: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, assets: Optional[Path] = None, *,
           max_body_bytes: int = DEFAULT_MAX_BODY_MB << 20, token: Optional[str] = None,
-          runs_dir: Optional[Path] = None, studies_port: Optional[int] = None) -> None:
+          runs_dir: Optional[Path] = None, studies_port: Optional[int] = None,
+          header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S) -> None:
     """Serve the labml app until SIGINT/SIGTERM (uvicorn handles both and shuts down cleanly), and with `runs_dir`
     the studies of the sweeps under it with optuna-dashboard on `studies_port` (:mod:`lazylab.dashboard.studies`;
-    the same host, token and body limit)."""
-    import uvicorn
-
+    the same host, token, body limit and `header_timeout_s`: :mod:`lazylab.dashboard.serving`)."""
+    from lazylab.dashboard.serving import uvicorn_server  # imports uvicorn: only when serving
     from lazylab.dashboard.studies import StudiesServer, find_sweeps  # imports optuna: only when serving
     app = create_app(store, host, port, assets, max_body_bytes=max_body_bytes, token=token)
-    config = uvicorn.Config(app, host=host, port=port, workers=1, log_level='warning', access_log=False,
-                            lifespan='off')
-    server = uvicorn.Server(config)
+    server = uvicorn_server(app, host, port, header_timeout_s=header_timeout_s)
     # uvicorn shuts down gracefully on SIGINT/SIGTERM and then re-raises the signal to the handler found before it;
     # make that KeyboardInterrupt for both, so `run` ends normally either way.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -153,7 +153,7 @@ def serve(store: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, asset
     studies = None
     if runs_dir is not None:
         studies = StudiesServer(runs_dir, host, studies_port or port + 1, labml_url=url,
-                                max_body_bytes=max_body_bytes, token=token)
+                                max_body_bytes=max_body_bytes, token=token, header_timeout_s=header_timeout_s)
     print(f'labml dashboard: {url}  (store: {Path(store).resolve()})', flush=True)
     if studies is not None:
         found = len(find_sweeps(runs_dir))
@@ -196,15 +196,16 @@ def host_warning(host: str, token: Optional[str]) -> Optional[str]:
 
 
 def check(store: str, host: str, port: int, assets: Optional[str], max_body_mb: int, token: Optional[str],
-          runs_dir: Optional[str] = None, studies_port: Optional[int] = None) -> None:
+          runs_dir: Optional[str] = None, studies_port: Optional[int] = None,
+          header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S) -> None:
     """The checks `lazylab dashboard` makes before anything is written or bound (`studies_port` and `runs_dir`:
     those of the studies, when served).
 
     Raises:
         DashboardError: the ``dashboard`` extra is missing, a port is out of range or in use (or both are the
             same), `store` is empty or inside a file, `runs_dir` is inside a file, `assets` lacks files,
-            `max_body_mb` is below 1, or the token is too short or has other characters; one line each, naming
-            the value (never the token).
+            `max_body_mb` is below 1, `header_timeout_s` is not a positive number of seconds, or the token is too
+            short or has other characters; one line each, naming the value (never the token).
     """
     require_app()
     for flag, value in (('--port', port), ('--studies-port', studies_port)):
@@ -229,6 +230,8 @@ def check(store: str, host: str, port: int, assets: Optional[str], max_body_mb: 
         raise DashboardError(f'--assets {assets} lacks {", ".join(missing_assets(Path(assets)))}')
     if max_body_mb < 1:
         raise DashboardError(f'--max-body-mb must be at least 1, got {max_body_mb}')
+    if not 0 < header_timeout_s < float('inf'):  # (also refuses nan)
+        raise DashboardError(f'--header-timeout must be a positive number of seconds, got {header_timeout_s:g}')
     if token is not None and not _TOKEN_RE.fullmatch(token):
         # the token itself is not shown: it is a secret
         raise DashboardError(f'--token (or ${TOKEN_ENV}): use at least 16 letters, digits or - _ . ~ '
@@ -237,7 +240,8 @@ def check(store: str, host: str, port: int, assets: Optional[str], max_body_mb: 
 
 def run(store: str = DEFAULT_STORE, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
         assets: Optional[str] = None, *, max_body_mb: int = DEFAULT_MAX_BODY_MB, token: Optional[str] = None,
-        runs_dir: Optional[str] = DEFAULT_RUNS_DIR, studies_port: Optional[int] = None) -> None:
+        runs_dir: Optional[str] = DEFAULT_RUNS_DIR, studies_port: Optional[int] = None,
+        header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S) -> None:
     """`lazylab dashboard`: check everything (:func:`check`), then serve until Ctrl-C or SIGTERM: labml's app on
     `port`, and the studies of the sweeps under `runs_dir` (None: no studies) on `studies_port` (default port + 1).
 
@@ -248,13 +252,14 @@ def run(store: str = DEFAULT_STORE, host: str = DEFAULT_HOST, port: int = DEFAUL
     """
     if runs_dir is not None and studies_port is None:
         studies_port = port + 1
-    check(store, host, port, assets, max_body_mb, token, runs_dir, studies_port)
+    check(store, host, port, assets, max_body_mb, token, runs_dir, studies_port, header_timeout_s)
     warning = host_warning(host, token)
     if warning is not None:
         print(warning, file=sys.stderr, flush=True)
     try:
         serve(Path(store), host, port, None if assets is None else Path(assets), max_body_bytes=max_body_mb << 20,
-              token=token, runs_dir=None if runs_dir is None else Path(runs_dir), studies_port=studies_port)
+              token=token, runs_dir=None if runs_dir is None else Path(runs_dir), studies_port=studies_port,
+              header_timeout_s=header_timeout_s)
     except KeyboardInterrupt:
         pass
     print('labml dashboard stopped', flush=True)

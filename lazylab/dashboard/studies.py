@@ -9,8 +9,8 @@ has every sweep's study, and a sweep started after the dashboard appears at the 
 most every ``rescan_s`` seconds, when the list is asked for).
 
 Each backend keeps its own study and trial ids; here they are ``local_id * SLOTS + backend`` (the backends numbered
-in the order they were found), so ids stay the same while the server runs, and writes from the page (a note, a
-trial told by hand) go to the study's own storage. The studies and trials handed on are shallow copies with the id
+in the order they were found), so ids stay the same while the server runs, and a note written on the page goes to
+the study's own storage. The studies and trials handed on are shallow copies with the id
 (and the user attrs) replaced: Optuna 5's ``FrozenStudy._study_id``, ``FrozenTrial._trial_id`` and ``_user_attrs``,
 which tests/dashboard/test_studies.py exercises through optuna-dashboard's API.
 
@@ -20,23 +20,31 @@ the other.
 
     studies = SweepStudies(Path('runs'), labml_url='http://127.0.0.1:5005')
     app = optuna_dashboard.wsgi(studies)
+
+The page reads; of what optuna-dashboard's API can change, only notes get through (:func:`refusal`): a study's
+journal is its sweep's record — ``lazylab sweep --resume`` continues from it, the trials' ``run_dir`` and
+``status`` name the runs — so a study is not created, renamed or deleted, nor a trial told or its attributes
+changed, from the page (403 and the reason). A note is kept in the study's system attributes, beside the record.
+:class:`StudiesServer` serves it with the labml port's server and guard (:mod:`lazylab.dashboard.serving`).
 """
 import copy
-import socket
+import json
+import re
 import sys
 import threading
 import time
 from collections.abc import Container, Sequence
+from http import HTTPStatus
 from pathlib import Path
-from socketserver import ThreadingMixIn
 from typing import Any, Callable, Optional
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from urllib.parse import parse_qs
 
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
 from lazylab import runs
-from lazylab.dashboard.guard import DEFAULT_MAX_BODY_MB, WsgiGuard
+from lazylab.dashboard.guard import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY_MB, RequestGuard
+from lazylab.dashboard.serving import ServerThread, WsgiApp
 from lazylab.errors import UsageError
 from lazylab.redaction import database_connection, redact, redact_url
 
@@ -262,41 +270,146 @@ class SweepStudies(BaseStorage):
         storage.set_trial_system_attr(local, key, value)
 
 
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True  # a request still open does not keep the command from ending
+#: the one key of the studies port's JSON errors, as optuna-dashboard's own ({"reason": "…"}: its page shows it)
+ERROR_KEY = 'reason'
+#: the requests that only read
+READS = ('GET', 'HEAD', 'OPTIONS')
+#: the writes the page may make: a study's note, a trial's note (PUT, with the version they replace)
+_NOTE = re.compile(r'/api/studies/(\d+)(?:/(\d+))?/note')
+_STUDY = re.compile(r'/api/studies/\d+')
+READ_ONLY = "the studies are the sweeps' record: this dashboard shows them and keeps notes, nothing else"
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format, *args):  # no line per request on the terminal
-        pass
+def refusal(method: str, path: str) -> Optional[str]:
+    """Why the studies port refuses `method` on `path` (a URL path), or None when it serves it: anything but a
+    read or a note (see the module docstring)."""
+    path = path.rstrip('/')
+    if method in READS or (method == 'PUT' and _NOTE.fullmatch(path)):
+        return None
+    if method == 'DELETE' and _STUDY.fullmatch(path):
+        return "a sweep's study is its record: it goes with its sweep folder, not from this dashboard"
+    if method == 'POST' and path == '/api/studies':
+        return 'a study is started by lazylab sweep, not from this dashboard'
+    return READ_ONLY
+
+
+_DIGITS = re.compile(r'[0-9]+')
+
+
+def input_problem(environ: dict, storage: BaseStorage) -> Optional[tuple[int, str]]:
+    """What is wrong with the input of a request the studies port lets through, as (status, reason); None when
+    nothing is. optuna-dashboard reads these unchecked, so each was a 500: a note on a study or trial `storage`
+    does not have, a note's body that is not a JSON object of an integer version and a string body (or not sent as
+    JSON: the app then sees None), and a study's ``after`` that is not a whole number."""
+    method, path = environ['REQUEST_METHOD'], environ.get('PATH_INFO', '').rstrip('/')
+    note = _NOTE.fullmatch(path) if method == 'PUT' else None
+    if note is not None:
+        missing = _missing(storage, int(note[1]), None if note[2] is None else int(note[2]))
+        if missing is not None:
+            return 404, missing
+        if environ.get('CONTENT_TYPE', '').split(';')[0].strip().lower() != 'application/json':
+            return 415, 'a note is sent as JSON (Content-Type: application/json)'
+        body = environ['wsgi.input']  # the whole body, in memory (serving.WsgiApp): read, then put back for the app
+        try:
+            sent = json.loads(body.read())
+        except ValueError:
+            return 400, 'malformed JSON body'
+        finally:
+            body.seek(0)
+        if not (isinstance(sent, dict) and type(sent.get('version')) is int and isinstance(sent.get('body'), str)):
+            return 400, 'a note is {"version": INTEGER, "body": STRING}'
+    after = parse_qs(environ.get('QUERY_STRING', ''), keep_blank_values=True).get('after')
+    if method in READS and _STUDY.fullmatch(path) and after and not _DIGITS.fullmatch(after[-1]):
+        return 400, f'after must be a whole number (0 or more), got {after[-1]!r}'
+    return None
+
+
+def _missing(storage: BaseStorage, study_id: int, trial_id: Optional[int]) -> Optional[str]:
+    """Why `storage` has no study `study_id` (with a trial `trial_id`), in optuna-dashboard's words; None if it has."""
+    try:
+        storage.get_study_name_from_id(study_id)
+        trials = [] if trial_id is None else storage.get_all_trials(study_id, deepcopy=False)
+    except KeyError:
+        return f'study_id={study_id} is not found'
+    if trial_id is not None and trial_id not in {t._trial_id for t in trials}:
+        return f'trial_id={trial_id} is not found in study_id={study_id}'
+    return None
+
+
+class ReadMostly:
+    """optuna-dashboard's WSGI app behind :func:`refusal` (403) and :func:`input_problem` (4xx), each with one line
+    of JSON, and with its other answers mended: a request without ``Accept-Encoding`` (its static routes read the
+    header unchecked: a KeyError, 500) is served uncompressed, which every client accepts; bottle's HTML error
+    pages (404, 405, …) are JSON (:func:`json_error_page`), and so is any other 4xx the app answers in text (the
+    artifact routes'); an exception reaches the guard outside (500, its traceback logged once)."""
+
+    def __init__(self, app, storage: BaseStorage):
+        app.default_error_handler = json_error_page
+        app.catchall = False  # (bottle would answer an exception with its HTML page, and log it itself)
+        self.app = app
+        self.storage = storage
+
+    def __call__(self, environ, start_response):
+        reason = refusal(environ['REQUEST_METHOD'], environ.get('PATH_INFO', ''))
+        problem = (403, reason) if reason is not None else input_problem(environ, self.storage)
+        if problem is not None:
+            return _answer_json(start_response, f'{problem[0]} {HTTPStatus(problem[0]).phrase}', [], problem[1])
+        environ.setdefault('HTTP_ACCEPT_ENCODING', '')
+        head = []
+        result = self.app(environ, lambda status, headers, exc_info=None: head.append((status, headers)))
+        status, headers = head[-1]  # bottle answers when it returns, and never through write()
+        if status.startswith('4') and not any(k.lower() == 'content-type' and v.startswith('application/json')
+                                              for k, v in headers):
+            try:
+                text = b''.join(result).decode('utf-8', 'replace')
+            finally:
+                if hasattr(result, 'close'):
+                    result.close()
+            return _answer_json(start_response, status, headers, ' '.join(text.split()) or status[4:])
+        start_response(status, headers)
+        return result
+
+
+def _answer_json(start_response, status: str, headers: list, reason: str) -> list[bytes]:
+    body = json.dumps({ERROR_KEY: reason}).encode()
+    kept = [(k, v) for k, v in headers if k.lower() not in ('content-type', 'content-length', 'content-encoding')]
+    start_response(status, kept + [('Content-Type', 'application/json'), ('Content-Length', str(len(body)))])
+    return [body]
+
+
+def json_error_page(error) -> str:
+    """bottle's error page (an HTTPError: 404 for no route, 405, …) as one line of JSON."""
+    import bottle  # optuna-dashboard's web framework, installed with it (the `dashboard` extra)
+
+    bottle.response.content_type = 'application/json'
+    return json.dumps({ERROR_KEY: str(error.body) or error.status_line})
 
 
 class StudiesServer:
-    """optuna-dashboard (its own server API, ``optuna_dashboard.wsgi``) over :class:`SweepStudies`, on
-    ``host:port`` in a thread of this process, behind the same token and body limit as the labml dashboard
-    (:class:`lazylab.dashboard.guard.WsgiGuard`).
+    """optuna-dashboard (its own server API, ``optuna_dashboard.wsgi``) over :class:`SweepStudies`, read-mostly
+    (:class:`ReadMostly`), on ``host:port`` in a thread of this process, with the labml port's server and guard
+    (:mod:`lazylab.dashboard.serving`: the same token, body limit and head deadline; errors as ``{"reason": …}``).
 
     Raises:
         OSError: the port cannot be bound.
     """
 
     def __init__(self, runs_dir: Path, host: str, port: int, *, labml_url: str = '',
-                 max_body_bytes: int = DEFAULT_MAX_BODY_MB << 20, token: Optional[str] = None):
+                 max_body_bytes: int = DEFAULT_MAX_BODY_MB << 20, token: Optional[str] = None,
+                 header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S):
         import optuna_dashboard  # the `dashboard` extra, checked by server.require_app
 
         self.storage = SweepStudies(runs_dir, labml_url)
         self.storage.scan(force=True)
-        app = WsgiGuard(optuna_dashboard.wsgi(self.storage), max_body_bytes, token)
-        server_class = type('Server', (_ThreadingServer,),
-                            {'address_family': socket.AF_INET6 if ':' in host else socket.AF_INET})
+        self.wsgi = WsgiApp(ReadMostly(optuna_dashboard.wsgi(self.storage), self.storage))
+        app = RequestGuard(self.wsgi, max_body_bytes, token, error_key=ERROR_KEY)
         bare = host.strip('[]')
-        self.httpd = make_server(bare, port, app, server_class=server_class, handler_class=_QuietHandler)
+        self.server = ServerThread(app, bare, port, header_timeout_s=header_timeout_s, error_key=ERROR_KEY)
         self.url = f'http://[{bare}]:{port}' if ':' in bare else f'http://{bare}:{port}'
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name='studies', daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        self.server.start()
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.server.stop()
+        self.wsgi.pool.shutdown(wait=False, cancel_futures=True)

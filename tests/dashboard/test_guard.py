@@ -6,7 +6,10 @@ as bytes on a socket (no client library to normalise the path in between).
 - A malformed JSON body, on every labml-app 0.5.14 route that parses one, is a 400 with a short JSON body; its
   traceback is in the server's log, once.
 - A body over the limit is a 413, before it is read (Content-Length) or as soon as it passes the limit (chunked),
-  and the server's memory does not grow by it.
+  on both ports, and the server reads no more of it: its memory does not grow by it (issue 34).
+- A request whose head does not come within --header-timeout is answered 408 and closed, on both ports, while
+  other requests are served; a slow answer and a kept-alive connection are not cut (issue 34).
+- A made-up run or session uuid on a route that writes is a 404, and a field of the wrong type a 400 (issue 34).
 - With ``--token``, a request without it is a 401; a browser passes it once as ``?token=``, which sets a cookie.
 """
 import json
@@ -18,6 +21,7 @@ import sys
 import threading
 import time
 import urllib.request
+from http.client import HTTPConnection
 from pathlib import Path
 
 import hypothesis
@@ -80,21 +84,22 @@ class Dashboard:
     """A `lazylab dashboard` subprocess on a free loopback port; its stdout and stderr go to `log`."""
 
     def __init__(self, ports, cwd: Path, store: Path, *flags: str, env: dict = None):
-        self.port = ports.free()
+        self.port, self.studies_port = ports.free(), ports.free()
         self.log = cwd / f'dashboard-{self.port}.log'
         self._out = open(self.log, 'w')
         self.proc = subprocess.Popen(
             [sys.executable, '-m', 'lazylab.cli', 'dashboard', '--port', str(self.port), '--store', str(store),
-             '--studies-port', str(ports.free()), *flags],
+             '--studies-port', str(self.studies_port), '--runs-dir', str(cwd / 'runs'), *flags],
             cwd=cwd, env=env or _env(), stdout=self._out, stderr=subprocess.STDOUT, text=True)
         try:
             ports.wait(self.port, self.proc, 'the dashboard')
+            ports.wait(self.studies_port, self.proc, 'the studies')
         except AssertionError as e:
             raise AssertionError(f'{e}\n{self.log.read_text()[-3000:]}') from None
         self.url = f'http://127.0.0.1:{self.port}'
 
-    def request(self, request: bytes, timeout: float = 30) -> Response:
-        return raw_request(self.port, request, timeout)
+    def request(self, request: bytes, timeout: float = 30, port: int = None) -> Response:
+        return raw_request(port or self.port, request, timeout)
 
     def log_of(self, request: bytes) -> tuple[Response, str]:
         """Send `request`; return its answer and what the server logged meanwhile (the guard writes its lines
@@ -283,11 +288,17 @@ def test_json_of_the_wrong_shape_is_a_400(dashboard, body):
 
 
 def test_any_other_exception_is_a_500_without_its_traceback(dashboard):
-    """labml's track route parses `rank` with int() before it reads the body: its ValueError is the app's (500),
-    still without a traceback in the answer."""
-    r, log = dashboard.log_of(http('POST', f'/api/v1/default/track?run_uuid={RUN_UUID}&rank=one'.encode(), b'[]'))
+    """labml-app 0.5.14's computer route passes its login's `token` to a function that takes none, whatever the
+    computer: its TypeError is the app's (500), still without a traceback in the answer."""
+    r, log = dashboard.log_of(http('GET', f'/api/v1/computer/{COMPUTER_UUID}'.encode()))
     assert (r.status, r.json()) == (500, {'error': 'internal server error (the traceback is in the server log)'})
-    assert log.count(TRACEBACK) == 1 and "ValueError: invalid literal for int() with base 10: 'one'" in log
+    assert log.count(TRACEBACK) == 1 and "TypeError: get_computer() got an unexpected keyword argument 'token'" in log
+
+
+def test_a_rank_that_is_not_an_integer_is_a_400(dashboard):
+    """labml's track route parsed `rank` with int() unchecked: a 500 before."""
+    r, log = dashboard.log_of(http('POST', f'/api/v1/default/track?run_uuid={RUN_UUID}&rank=one'.encode(), b'[]'))
+    assert (r.status, r.json(), log) == (400, {'error': "rank must be an integer, got 'one'"}, '')
 
 
 def test_good_requests_still_work(dashboard):
@@ -296,6 +307,75 @@ def test_good_requests_still_work(dashboard):
     assert r.status == 200 and r.json()['series'] == []
     r = dashboard.request(http('GET', b'/api/v1/runs/null'))
     assert [run['run_uuid'] for run in r.json()['runs']] == [RUN_UUID]
+
+
+# ------------------------------------------------------------------ routes that write: the run named, the fields' types
+
+#: (method, target with {} for the uuid, what the uuid names, body) of labml-app's routes that write to a run or a
+#: session named in the path
+WRITE_ROUTES = [('POST', '/api/v1/run/{}', 'run', b'{"name": "x"}'), ('PUT', '/api/v1/run/{}/claim', 'run', b''),
+                ('PUT', '/api/v1/run/{}/add', 'run', b''), ('POST', '/api/v1/session/{}', 'session', b'{"name": "x"}'),
+                ('PUT', '/api/v1/session/{}/claim', 'session', b''), ('PUT', '/api/v1/session/{}/add', 'session', b'')]
+
+
+@pytest.mark.parametrize('made_up', ['x', 'f' * 32], ids=['short', 'uuid-like'])
+@pytest.mark.parametrize('route', range(len(WRITE_ROUTES)), ids=[f'{m} {t}' for m, t, _, _ in WRITE_ROUTES])
+def test_a_made_up_uuid_on_a_route_that_writes_is_a_404_in_one_line(dashboard, route, made_up):
+    """Before: 500 (edit, claim: an AttributeError on None, its traceback in the log), or 200 doing nothing."""
+    method, target, kind, body = WRITE_ROUTES[route]
+    r, log = dashboard.log_of(http(method, target.format(made_up).encode(), body))
+    assert (r.status, r.header('content-type')) == (404, 'application/json') and b'\n' not in r.body
+    assert r.json() == {'error': f"no {kind} '{made_up}' on this dashboard"} and log == ''
+    assert [run['run_uuid'] for run in dashboard.request(http('GET', b'/api/v1/runs/null')).json()['runs']] == [
+        RUN_UUID]
+
+
+RUN_FIELDS = ('name', 'comment', 'note', 'tags', 'favourite_configs', 'selected_configs')
+
+
+def _stored(dashboard) -> tuple[dict, dict]:
+    """The module's run's and session's fields that the routes below write."""
+    run = dashboard.request(http('GET', f'/api/v1/run/{RUN_UUID}'.encode())).json()
+    session = dashboard.request(http('GET', f'/api/v1/session/{SESSION_UUID}'.encode())).json()
+    return {k: run[k] for k in RUN_FIELDS}, {k: session[k] for k in ('name', 'comment')}
+
+
+TRACK = f'/api/v1/default/track?run_uuid={RUN_UUID}&labml_version=VERSION'
+COMPUTER = f'/api/v1/default/computer?session_uuid={SESSION_UUID}&computer_uuid={COMPUTER_UUID}&labml_version=VERSION'
+WRONG_TYPES = [
+    (f'/api/v1/run/{RUN_UUID}', {'name': {'x': 1}}, 'name must be a string, got an object'),
+    (f'/api/v1/run/{RUN_UUID}', {'comment': ['a']}, 'comment must be a string, got a list'),
+    (f'/api/v1/run/{RUN_UUID}', {'note': 3}, 'note must be a string, got a number'),
+    (f'/api/v1/run/{RUN_UUID}', {'selected_configs': 'a'}, 'selected_configs must be a list of strings, got a string'),
+    (f'/api/v1/run/{RUN_UUID}', {'favourite_configs': [1]}, 'favourite_configs must be a list of strings, got a list'),
+    (f'/api/v1/run/{RUN_UUID}', ['name'], 'the body must be a JSON object, got a list'),
+    (f'/api/v1/session/{SESSION_UUID}', {'name': True}, 'name must be a string, got true or false'),
+    (TRACK, [{'time': 1.0}, {'tags': 'x'}], 'item 1: tags must be a list of strings, got a string'),
+    (TRACK, {'name': {'x': 1}}, 'name must be a string, got an object'),
+    (TRACK, 'x', 'the body must be a JSON object or a list of them, got a string'),
+    (COMPUTER, [{'comment': {}}], 'item 0: comment must be a string, got an object'),
+]
+
+
+@pytest.mark.parametrize('case', range(len(WRONG_TYPES)), ids=[f'{t.split("?")[0]} {json.dumps(b)}'
+                                                               for t, b, _ in WRONG_TYPES])
+def test_a_field_of_the_wrong_type_is_a_400_in_one_line_and_nothing_is_stored(dashboard, case):
+    """Before: {"name": {"x": 1}} became the run's name."""
+    target, body, message = WRONG_TYPES[case]
+    before = _stored(dashboard)
+    r = dashboard.request(http('POST', target.replace('VERSION', _labml_version()).encode(), json.dumps(body).encode()))
+    assert (r.status, r.json()) == (400, {'error': message}) and b'\n' not in r.body
+    assert _stored(dashboard) == before
+
+
+def test_fields_of_the_types_labmls_page_sends_are_stored(dashboard):
+    r = dashboard.request(http('POST', f'/api/v1/run/{RUN_UUID}'.encode(), json.dumps(
+        {'name': 'renamed', 'comment': 'a comment', 'note': None, 'favourite_configs': ['a'], 'selected_configs': [],
+         'something_else': {'ignored': 1}}).encode()))
+    assert (r.status, r.json()) == (200, {'errors': []})
+    run, _ = _stored(dashboard)
+    assert (run['name'], run['comment'], run['favourite_configs'], run['selected_configs']) == (
+        'renamed', 'a comment', ['a'], [])
 
 
 # ------------------------------------------------------------------ body limit
@@ -311,32 +391,121 @@ def test_a_declared_body_over_the_limit_is_413_before_it_is_sent(dashboard):
     assert log == "lazylab dashboard: POST '/api/v1/runs/archive': 413 request body too large\n"
 
 
-def test_a_streamed_body_over_the_limit_is_413_and_not_held(tmp_path, ports):
-    """A chunked body (no Content-Length) of 64 MB, against --max-body-mb 1: 413, and the server's peak memory
-    grows by much less than the body."""
+#: per port: a route that reads a JSON body (the studies' one that writes: a study's note)
+BODY_TARGETS = {'labml': ('POST', b'/api/v1/runs/archive'), 'studies': ('PUT', b'/api/studies/0/note')}
+
+
+def _offer_chunked(port: int, method: str, target: bytes, frame: bytes, frames: int) -> tuple[Response, int]:
+    """Send a chunked request of `frames` copies of `frame` (one chunk each) to `port` while reading the answer;
+    returns the answer and how many bytes the kernel took from this client before the server closed."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)  # little held here: sent ≈ taken by the server
+        s.settimeout(30)
+        s.connect(('127.0.0.1', port))
+        s.sendall(method.encode() + b' ' + target + b' HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json'
+                  b'\r\nTransfer-Encoding: chunked\r\n\r\n')
+        sent = [0]
+
+        def send_body():
+            try:
+                for _ in range(frames):
+                    view = memoryview(frame)
+                    while view:
+                        n = s.send(view)
+                        sent[0] += n
+                        view = view[n:]
+                s.sendall(b'0\r\n\r\n')
+            except OSError:  # the server closed the connection after its 413
+                pass
+        sender = threading.Thread(target=send_body)
+        sender.start()
+        r = Response(_read_all(s))
+        sender.join(60)
+    return r, sent[0]
+
+
+@pytest.mark.parametrize('port', list(BODY_TARGETS))
+def test_a_chunked_body_over_the_limit_is_413_and_read_no_further(tmp_path, ports, port):
+    """300 MiB offered chunked (no Content-Length) against --max-body-mb 1: 413 with one line of JSON, and the
+    server reads no further: the client gets no more into the connection than the limit and the kernel's buffers
+    before it is closed (the studies port took all 300 MiB before), and the server's peak memory grows by much
+    less than the body (112 → 247 MB before, on the studies port)."""
     d = Dashboard(ports, tmp_path, tmp_path / 'store', '--max-body-mb', '1')
     try:
-        assert d.request(http('GET', b'/')).status == 200  # the page served once: its files are in memory
+        number = d.port if port == 'labml' else d.studies_port
+        assert d.request(http('GET', b'/'), port=number).status in (200, 302)  # the first answer's imports are done
         peak = d.memory_peak_kib()
-        chunk = b'[' + b'0,' * (1 << 19) + b'0]'  # 1 MB of JSON
-        with socket.create_connection(('127.0.0.1', d.port), timeout=30) as s:
-            s.sendall(b'POST /api/v1/runs/archive HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n'
-                      b'Transfer-Encoding: chunked\r\n\r\n')
-
-            def send_body():
-                try:
-                    for _ in range(64):
-                        s.sendall(b'%x\r\n' % len(chunk) + chunk + b'\r\n')
-                    s.sendall(b'0\r\n\r\n')
-                except OSError:  # the server closed the connection after its 413
-                    pass
-            sender = threading.Thread(target=send_body)
-            sender.start()
-            r = Response(_read_all(s))
-            sender.join()
+        chunk = b'[' + b'0,' * (1 << 19) + b'0]'  # 1 MiB of JSON
+        r, sent = _offer_chunked(number, *BODY_TARGETS[port], b'%x\r\n' % len(chunk) + chunk + b'\r\n', 300)
         grown_mib = (d.memory_peak_kib() - peak) / 1024
-        assert grown_mib < 16, f'the server grew by {grown_mib:.0f} MiB for a 64 MiB body refused after 1 MiB'
-        assert r.status == 413 and 'over the limit of 1,048,576 bytes' in r.json()['error']
+        key = 'error' if port == 'labml' else 'reason'
+        assert (r.status, r.header('content-type')) == (413, 'application/json') and b'\n' not in r.body
+        assert r.json() == {key: 'request body over the limit of 1,048,576 bytes (lazylab dashboard --max-body-mb)'}
+        assert sent < 48 << 20, f'the server took {sent / 2**20:.0f} MiB of a body refused after 1 MiB'
+        assert grown_mib < 16, f'the server grew by {grown_mib:.0f} MiB for a 300 MiB body refused after 1 MiB'
+    finally:
+        assert d.stop() == 0, d.log.read_text()[-3000:]
+
+
+# ------------------------------------------------------------------ the head's deadline
+
+#: per port: (a GET that answers 200, the key of its JSON errors)
+GET_TARGETS = {'labml': (b'/api/v1/runs/null', 'error'), 'studies': (b'/api/studies', 'reason')}
+
+
+def test_half_sent_requests_are_closed_at_the_header_timeout_on_both_ports_while_others_are_served(tmp_path, ports):
+    """50 requests whose head never ends and 5 connections that send nothing, per port, against --header-timeout
+    3: a request sent meanwhile is answered; the half-sent ones get 408 and one line of JSON, the silent ones are
+    closed, none before the deadline (before: all held for 30 s and more)."""
+    timeout = 3.0
+    d = Dashboard(ports, tmp_path, tmp_path / 'store', '--header-timeout', str(timeout))
+    try:
+        for number, (target, key) in ((d.port, GET_TARGETS['labml']), (d.studies_port, GET_TARGETS['studies'])):
+            assert d.request(http('GET', target), port=number).status == 200  # the first answer's imports are done
+            opened = time.monotonic()
+            half = [socket.create_connection(('127.0.0.1', number), timeout=timeout + 30) for _ in range(50)]
+            silent = [socket.create_connection(('127.0.0.1', number), timeout=timeout + 30) for _ in range(5)]
+            for s in half:
+                s.sendall(b'GET ' + target + b' HTTP/1.1\r\nHost: 127.0.0.1\r\n')  # no blank line: the head goes on
+            r = d.request(http('GET', target), port=number)
+            assert r.status == 200 and time.monotonic() - opened < timeout  # served while the 55 are held
+            closed = []
+            for s in half + silent:  # each read ends when the server closes (or raises at the socket's timeout)
+                closed.append((_read_all(s), time.monotonic() - opened))
+                s.close()
+            answers = {Response(raw).body for raw, _ in closed[:50]}
+            assert answers == {json.dumps({key: 'request head not complete within 3 s'}).encode()}
+            assert {Response(raw).status for raw, _ in closed[:50]} == {408}
+            assert [raw for raw, _ in closed[50:]] == [b''] * 5
+            assert min(t for _, t in closed) >= timeout - 0.05, 'a connection was closed before its deadline'
+    finally:
+        assert d.stop() == 0, d.log.read_text()[-3000:]
+
+
+def test_the_header_timeout_cuts_neither_a_slow_answer_nor_a_kept_alive_connection(tmp_path, ports):
+    """--header-timeout 1: labml's track route, which answers 3 s after its request (its own wait), answers; a
+    kept-alive connection idle for longer than the deadline between two requests (under uvicorn's keep-alive of
+    5 s) serves the second, on both ports."""
+    d = Dashboard(ports, tmp_path, tmp_path / 'store', '--header-timeout', '1')
+    try:
+        started = time.monotonic()
+        r = d.request(http('POST', f'/api/v1/default/track?run_uuid={"d" * 32}&labml_version={_labml_version()}'
+                           .encode(), json.dumps([{'name': 'slow', 'time': time.time()}]).encode()))
+        assert (r.status, r.json()['errors']) == (200, []) and time.monotonic() - started >= 3
+        for number, (target, _) in ((d.port, GET_TARGETS['labml']), (d.studies_port, GET_TARGETS['studies'])):
+            connection = HTTPConnection('127.0.0.1', number, timeout=30)
+            try:
+                connection.request('GET', target.decode())
+                first = connection.getresponse()
+                first.read()
+                kept = connection.sock
+                time.sleep(2)  # the idle time under test: twice the head's deadline
+                connection.request('GET', target.decode())
+                second = connection.getresponse()
+                second.read()
+                assert (first.status, second.status) == (200, 200) and connection.sock is kept
+            finally:
+                connection.close()
     finally:
         assert d.stop() == 0, d.log.read_text()[-3000:]
 

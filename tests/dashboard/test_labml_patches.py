@@ -67,3 +67,46 @@ def test_app_patches_refuse_an_app_without_their_targets():
         labml_patches.patch_app_static_route(app, Path('.'))
     with pytest.raises(RuntimeError, match='no error_handling_middleware'):
         labml_patches.patch_app_guard(app)
+    with pytest.raises(RuntimeError, match=r'no route POST /api/v1/run/\{run_uuid\} to check'):
+        labml_patches.patch_app_checks(app)
+
+
+def test_the_checked_routes_are_the_apps_and_write_what_they_check():
+    """Each route of CHECKED_ROUTES is registered by labml_app.handlers as it was (method, path, endpoint), and the
+    fields checked are the ones the app's models store from that route."""
+    root = Path(importlib.util.find_spec('labml_app').origin).parent
+    handlers = (root / 'handlers.py').read_text(encoding='utf-8')
+    registered = {
+        ('POST', '{labml_token}/track'): "_add_server(app, 'POST', update_run, '{labml_token}/track')",
+        ('POST', '{labml_token}/computer'): "_add_server(app, 'POST', update_session, '{labml_token}/computer')",
+        ('POST', 'run/{run_uuid}'): "_add_ui(app, 'POST', edit_run, 'run/{run_uuid}')",
+        ('PUT', 'run/{run_uuid}/claim'): "_add_ui(app, 'PUT', claim_run, 'run/{run_uuid}/claim')",
+        ('PUT', 'run/{run_uuid}/add'): "_add_ui(app, 'PUT', add_run, 'run/{run_uuid}/add')",
+        ('POST', 'session/{session_uuid}'): "_add_ui(app, 'POST', edit_session, 'session/{session_uuid}')",
+        ('PUT', 'session/{session_uuid}/claim'): "_add_ui(app, 'PUT', claim_session, 'session/{session_uuid}/claim')",
+        ('PUT', 'session/{session_uuid}/add'): "_add_ui(app, 'PUT', add_session, 'session/{session_uuid}/add')",
+    }
+    assert sorted((m, p.removeprefix('/api/v1/')) for m, p in labml_patches.CHECKED_ROUTES) == sorted(registered)
+    assert [line for line in registered.values() if line not in handlers] == []
+    run_model = (root / 'db' / 'run.py').read_text(encoding='utf-8')
+    for field in labml_patches.RUN_EDIT:
+        assert f"if '{field}' in data:" in run_model, field  # Run.edit_run stores it
+    for field in ('name', 'comment', 'tags', 'python_file', 'commit', 'commit_message', 'start_step', 'pid'):
+        assert f"data.get('{field}'" in run_model and field in labml_patches.TRACK, field  # Run.update_run stores it
+    _, _, integers = labml_patches.CHECKED_ROUTES[('POST', '/api/v1/{labml_token}/track')]
+    assert [f"int(request.query_params.get('{name}', 0))" in handlers for name in integers] == [True] * 3
+
+
+def test_body_problem_names_the_first_field_of_the_wrong_type():
+    problem = labml_patches.body_problem
+    assert problem({'name': 'a', 'tags': None, 'other': {1: 2}}, labml_patches.TRACK) is None
+    assert problem({'name': {'x': 1}}, labml_patches.RUN_EDIT) == 'name must be a string, got an object'
+    assert problem({'tags': ['a', 2]}, labml_patches.TRACK) == 'tags must be a list of strings, got a list'
+    assert problem({'pid': 1.5}, labml_patches.TRACK) == 'pid must be an integer, got a number'
+    assert problem({'pid': True}, labml_patches.TRACK) == 'pid must be an integer, got true or false'
+    assert problem({'time': '1'}, labml_patches.TRACK) == 'time must be a number, got a string'
+    assert problem([{}, {'is_dirty': 0}], labml_patches.TRACK, items=True) == (
+        'item 1: is_dirty must be true or false, got a number')
+    assert problem([{}], labml_patches.RUN_EDIT) == 'the body must be a JSON object, got a list'
+    assert problem(None, labml_patches.TRACK, items=True) == (
+        'the body must be a JSON object or a list of them, got null')

@@ -144,9 +144,9 @@ def test_a_loopback_host_does_not_warn(started, capsys, tmp_path, host):
 
 def test_body_limit_and_token_reach_the_server(started, monkeypatch, tmp_path):
     command.run(['--store', str(tmp_path)])
-    assert (started['max_body_bytes'], started['token']) == (16 << 20, None)
-    command.run(['--store', str(tmp_path), '--max-body-mb', '3', '--token', 'T' * 20])
-    assert (started['max_body_bytes'], started['token']) == (3 << 20, 'T' * 20)
+    assert (started['max_body_bytes'], started['token'], started['header_timeout_s']) == (16 << 20, None, 10)
+    command.run(['--store', str(tmp_path), '--max-body-mb', '3', '--token', 'T' * 20, '--header-timeout', '2.5'])
+    assert (started['max_body_bytes'], started['token'], started['header_timeout_s']) == (3 << 20, 'T' * 20, 2.5)
     monkeypatch.setenv('LAZYLAB_DASHBOARD_TOKEN', 'from-the-environment')
     command.run(['--store', str(tmp_path)])
     assert started['token'] == 'from-the-environment'
@@ -155,11 +155,17 @@ def test_body_limit_and_token_reach_the_server(started, monkeypatch, tmp_path):
 @pytest.mark.parametrize('flags, message', [
     (['--max-body-mb', '0'], '--max-body-mb must be at least 1, got 0'),
     (['--max-body-mb', '1.5'], "argument --max-body-mb: invalid int value: '1.5' (see: lazylab dashboard --help)"),
+    (['--header-timeout', '0'], '--header-timeout must be a positive number of seconds, got 0'),
+    (['--header-timeout', 'nan'], '--header-timeout must be a positive number of seconds, got nan'),
+    (['--header-timeout', 'inf'], '--header-timeout must be a positive number of seconds, got inf'),
+    (['--header-timeout', 'soon'], "argument --header-timeout: invalid float value: 'soon' (see: lazylab dashboard "
+                                   "--help)"),
     (['--token', 'short-secret'], '--token (or $LAZYLAB_DASHBOARD_TOKEN): use at least 16 letters, digits or - _ . ~ '
                                   '(e.g. python -c "import secrets; print(secrets.token_urlsafe())")'),
     (['--token', 'sixteen chars; no'], '--token (or $LAZYLAB_DASHBOARD_TOKEN): use at least 16 letters, digits or - '
                                        '_ . ~ (e.g. python -c "import secrets; print(secrets.token_urlsafe())")'),
-], ids=['body-0', 'body-float', 'token-short', 'token-characters'])
+], ids=['body-0', 'body-float', 'header-timeout-0', 'header-timeout-nan', 'header-timeout-inf',
+        'header-timeout-text', 'token-short', 'token-characters'])
 def test_bad_guard_flags_are_one_line_and_never_show_the_token(started, tmp_path, flags, message):
     with pytest.raises(UsageError) as e:  # a DashboardError, but for the parser's own
         command.run(['--store', str(tmp_path), *flags])

@@ -7,7 +7,11 @@ on the next port.
 - End to end: `lazylab dashboard` started on loopback before a real `lazylab sweep` (two 4-step trials); the study
   appears without a restart, its page and its API answer, and each trial's user attrs carry its run directory, its
   status and its page on the labml dashboard; with --token the studies need it too.
+- The studies' server in this process (issue 34): its static files without Accept-Encoding, every change but a
+  note refused with 403 and the reason, a client's mistakes answered 4xx with one line of JSON (never 500), the
+  token and the body limit. (The chunked body limit and the head's deadline of both ports: test_guard.py.)
 """
+import gzip
 import json
 import os
 import signal
@@ -16,6 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from http.client import HTTPConnection
 from pathlib import Path
 
 import optuna
@@ -23,7 +28,7 @@ import pytest
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
-from lazylab.dashboard.studies import SLOTS, SweepStudies, find_sweeps, sweep_storage
+from lazylab.dashboard.studies import SLOTS, StudiesServer, SweepStudies, find_sweeps, sweep_storage
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=16', 'batch_size=4', 'max_minutes=0',
@@ -194,34 +199,153 @@ def test_with_a_token_the_studies_need_it_too(tmp_path, ports):
         assert _stop(proc) == 0
 
 
-def test_the_wsgi_guard_refuses_a_missing_token_and_a_body_over_the_limit():
-    from lazylab.dashboard.guard import WsgiGuard
-    calls = []
+# ------------------------------------------------------------------ the studies' server, in this process
 
-    def app(environ, start_response):
-        calls.append(environ['PATH_INFO'])
-        start_response('200 OK', [('Content-Type', 'text/plain')])
-        return [b'app']
+@pytest.fixture
+def studies(tmp_path, ports):
+    """A StudiesServer (limit 1 MiB) over one sweep with two trials; yields (server, the study's id, its journal)."""
+    sweep = _sweep(tmp_path / 'runs' / 'transformer' / 'sweep-a', 'sweep-a', [1.5, 1.25])
+    server = StudiesServer(tmp_path / 'runs', '127.0.0.1', ports.free(), max_body_bytes=1 << 20)
+    server.start()
+    try:
+        study_id, = [s._study_id for s in server.storage.get_all_studies()]
+        yield server, study_id, sweep / 'study.journal'
+    finally:
+        server.stop()
 
-    def call(guard, **environ):
-        got = {}
-        body = b''.join(guard({'REQUEST_METHOD': 'GET', 'PATH_INFO': '/api/studies', **environ},
-                              lambda status, headers: got.update(status=status, headers=dict(headers))))
-        return got['status'], got['headers'], body
 
-    open_guard = WsgiGuard(app, max_body_bytes=10)
-    assert call(open_guard)[::2] == ('200 OK', b'app')
-    status, headers, body = call(open_guard, REQUEST_METHOD='POST', CONTENT_LENGTH='11')
-    assert status == '413 Content Too Large' and json.loads(body)['error'].startswith('request body over the limit '
-                                                                                       'of 10 bytes')
-    assert call(open_guard, REQUEST_METHOD='POST', CONTENT_LENGTH='10')[0] == '200 OK'
-    guard = WsgiGuard(app, token='s' * 16)
-    assert call(guard)[0] == '401 Unauthorized'
-    assert call(guard, HTTP_X_LAZYLAB_TOKEN='s' * 15 + 't')[0] == '401 Unauthorized'
-    assert call(guard, HTTP_X_LAZYLAB_TOKEN='s' * 16)[0] == '200 OK'
-    assert call(guard, HTTP_COOKIE='lazylab_token=' + 's' * 16)[0] == '200 OK'
-    status, headers, _ = call(guard, QUERY_STRING='token=' + 's' * 16 + '&x=1')
-    assert status == '303 See Other' and headers['Location'] == '/api/studies?x=1'
-    # a POST with the token in its address: nothing to redirect, the token is enough (as RequestGuard)
-    assert call(guard, REQUEST_METHOD='POST', QUERY_STRING='token=' + 's' * 16)[0] == '200 OK'
-    assert calls == ['/api/studies'] * 5  # the refused and redirected requests never reached the app
+def _ask(server, method: str, path: str, body=None, headers=None):
+    """(status, content type, body) of one request, sent as given: no Accept-Encoding unless in `headers`; a body
+    that is not bytes as JSON, as the page sends it."""
+    connection = HTTPConnection('127.0.0.1', int(server.url.rsplit(':', 1)[1]), timeout=30)
+    try:
+        connection.putrequest(method, path, skip_accept_encoding=True)
+        data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+        sent = {} if data is None else {'Content-Length': str(len(data))}
+        if body is not None and not isinstance(body, bytes):
+            sent['Content-Type'] = 'application/json'
+        for name, value in {**sent, **(headers or {})}.items():
+            connection.putheader(name, value)
+        connection.endheaders(data)
+        answer = connection.getresponse()
+        return answer.status, answer.getheader('Content-Type', ''), answer.read()
+    finally:
+        connection.close()
+
+
+def test_a_static_file_is_served_without_accept_encoding_and_gzipped_when_asked(studies):
+    """Before: 500 (a KeyError on the missing header in optuna-dashboard's send_static)."""
+    import optuna_dashboard
+    public = Path(optuna_dashboard.__file__).parent / 'public'
+    server, _, _ = studies
+    status, kind, body = _ask(server, 'GET', '/static/bundle.js')
+    assert (status, body) == (200, (public / 'bundle.js').read_bytes()) and 'javascript' in kind
+    status, _, body = _ask(server, 'GET', '/static/bundle.js', headers={'Accept-Encoding': 'gzip'})
+    assert status == 200 and gzip.decompress(body) == (public / 'bundle.js').read_bytes()
+    status, _, body = _ask(server, 'GET', '/favicon.ico')
+    assert (status, body[:4]) == (200, b'\x00\x00\x01\x00')  # an icon file, not its gzip
+    status, kind, body = _ask(server, 'GET', '/static/no-such-file.js')
+    assert (status, kind, json.loads(body)) == (404, 'application/json', {'reason': 'File does not exist.'})
+
+
+def _journal_study(journal: Path):
+    own = JournalStorage(JournalFileBackend(str(journal)))
+    study_id = own.get_study_id_from_name('sweep-a')
+    return own, study_id
+
+
+@pytest.mark.parametrize('method, path, body, reason', [
+    ('DELETE', '/api/studies/{study}', None,
+     "a sweep's study is its record: it goes with its sweep folder, not from this dashboard"),
+    ('POST', '/api/studies', {'study_name': 'new', 'directions': ['minimize']},
+     'a study is started by lazylab sweep, not from this dashboard'),
+    ('POST', '/api/studies/{study}/rename', {'study_name': 'renamed'}, 'READ_ONLY'),
+    ('POST', '/api/trials/{trial}/tell', {'state': 'Fail'}, 'READ_ONLY'),
+    ('POST', '/api/trials/{trial}/user-attrs', {'user_attrs': {'status': 'x'}}, 'READ_ONLY'),
+    ('POST', '/api/studies/{study}/{trial}/skip', None, 'READ_ONLY'),
+    ('DELETE', '/api/artifacts/{study}/{trial}/0a', None, 'READ_ONLY'),
+    ('POST', '/incompatible-rdb-schema', None, 'READ_ONLY'),
+    ('PATCH', '/api/studies/{study}', {}, 'READ_ONLY'),
+], ids=['delete', 'create', 'rename', 'tell', 'user-attrs', 'skip', 'artifact', 'migrate', 'patch'])
+def test_every_change_but_a_note_is_refused_with_403_and_its_reason(studies, method, path, body, reason):
+    """The journal is the sweep's record (sweep --resume continues from it; run_dir and status name the runs): the
+    page may not change it. Before: DELETE /api/studies/0 was a 500 with the reason in the log only."""
+    from lazylab.dashboard.studies import READ_ONLY
+    server, study_id, journal = studies
+    own, local = _journal_study(journal)
+    before = [(t.state, t.values, t.user_attrs) for t in own.get_all_trials(local)]
+    trial_id = server.storage.get_all_trials(study_id)[0]._trial_id
+    status, kind, answer = _ask(server, method, path.format(study=study_id, trial=trial_id), body)
+    assert (status, kind) == (403, 'application/json') and b'\n' not in answer
+    assert json.loads(answer) == {'reason': READ_ONLY if reason == 'READ_ONLY' else reason}
+    own, local = _journal_study(journal)
+    assert [s.study_name for s in own.get_all_studies()] == ['sweep-a']
+    assert [(t.state, t.values, t.user_attrs) for t in own.get_all_trials(local)] == before
+
+
+def test_notes_on_a_study_and_a_trial_are_kept_in_the_studys_journal(studies):
+    server, study_id, journal = studies
+    trial_id = server.storage.get_all_trials(study_id)[1]._trial_id
+    status, _, _ = _ask(server, 'PUT', f'/api/studies/{study_id}/note', {'version': 1, 'body': 'tried on loopback'})
+    assert status == 204
+    status, _, _ = _ask(server, 'PUT', f'/api/studies/{study_id}/{trial_id}/note', {'version': 1, 'body': 'the best'})
+    assert status == 204
+    own, local = _journal_study(journal)
+    assert {'tried on loopback', 'the best'} <= set(own.get_study_system_attrs(local).values())
+    status, _, body = _ask(server, 'GET', f'/api/studies/{study_id}')
+    detail = json.loads(body)
+    assert status == 200 and detail['note'] == {'version': 1, 'body': 'tried on loopback'}
+    assert detail['trials'][1]['note'] == {'version': 1, 'body': 'the best'}
+
+
+@pytest.mark.parametrize('method, path, body, status', [
+    ('GET', '/no-such-page', None, 404),
+    ('GET', '/api/studies/999', None, 404),
+    ('GET', '/api/studies/abc', None, 404),
+    ('GET', '/api/studies/{study}/plot/no-such-plot', None, 404),
+    ('GET', '/csv/999', None, 404),
+    ('OPTIONS', '/api/studies', None, 405),
+    ('GET', '/api/studies/{study}?after=abc', None, 400),
+    ('GET', '/api/studies/{study}?after=-1', None, 400),
+    ('GET', '/artifacts/{study}/0a', None, 400),  # no artifact store: the app's answer was text
+    ('PUT', '/api/studies/{study}/note', b'{"version": ', 415),  # not said to be JSON
+    ('PUT', '/api/studies/{study}/note', b'{"version": ', 400),
+    ('PUT', '/api/studies/{study}/note', ['a list'], 400),
+    ('PUT', '/api/studies/{study}/note', {'version': '1', 'body': 'x'}, 400),
+    ('PUT', '/api/studies/{study}/note', {'body': 'no version'}, 400),
+    ('PUT', '/api/studies/{study}/note', {'version': 0, 'body': 'an old version'}, 409),
+    ('PUT', '/api/studies/999/note', {'version': 1, 'body': 'x'}, 404),
+    ('PUT', '/api/studies/{study}/999/note', {'version': 1, 'body': 'x'}, 404),
+    ('POST', '/api/studies', b'x', 413),  # the guard's (1 MiB here), by a Content-Length of 2 MiB (see below)
+], ids=['no-route', 'no-study', 'not-an-id', 'no-plot', 'no-csv', 'options', 'after-abc', 'after-negative',
+        'artifact-text', 'note-not-json', 'note-malformed', 'note-list', 'note-version-text', 'note-no-version',
+        'note-old-version', 'note-no-study', 'note-no-trial', 'over-the-limit'])
+def test_a_clients_mistake_is_a_4xx_with_one_line_of_json(studies, method, path, body, status):
+    """Before: 500 for after=abc and for a note's body that was not a JSON object (or not sent as JSON), and HTML
+    or text pages for bottle's and the artifact routes' 4xx."""
+    server, study_id, _ = studies
+    trial_id = server.storage.get_all_trials(study_id)[0]._trial_id
+    headers = {'Content-Type': 'application/json'} if body == b'{"version": ' and status == 400 else {}
+    if status == 413:  # announced, not sent: the guard answers before the body, and a client still sending it
+        headers = {'Content-Length': str(2 << 20)}  # could meet the closed connection first (a load-dependent race)
+    got, kind, answer = _ask(server, method, path.format(study=study_id, trial=trial_id), body, headers)
+    assert (got, kind.split(';')[0]) == (status, 'application/json') and b'\n' not in answer.strip(), answer[:300]
+    assert isinstance(json.loads(answer)['reason'], str)
+
+
+def test_the_studies_guard_refuses_a_missing_token_and_a_body_over_the_limit(tmp_path, ports):
+    """The labml port's guard, with {"reason": …} (optuna-dashboard's key)."""
+    token = 's' * 16
+    server = StudiesServer(tmp_path / 'runs', '127.0.0.1', ports.free(), max_body_bytes=10, token=token)
+    server.start()
+    try:
+        status, _, body = _ask(server, 'GET', '/api/studies')
+        assert status == 401 and 'needs its token' in json.loads(body)['reason']
+        assert _ask(server, 'GET', '/api/studies', headers={'X-Lazylab-Token': 's' * 15 + 't'})[0] == 401
+        assert _ask(server, 'GET', '/api/studies', headers={'X-Lazylab-Token': token})[:1] == (200,)
+        assert _ask(server, 'GET', '/api/studies', headers={'Cookie': f'lazylab_token={token}'})[0] == 200
+        status, _, body = _ask(server, 'PUT', '/api/studies/0/note', b'x' * 11, headers={'X-Lazylab-Token': token})
+        assert (status, json.loads(body)) == (413, {'reason': 'request body over the limit of 10 bytes (lazylab '
+                                                              'dashboard --max-body-mb)'})
+    finally:
+        server.stop()

@@ -468,17 +468,7 @@ def test_killing_one_rank_ends_the_job_and_the_run_resumes_exactly(single_and_dd
     job = Job(TORCHRUN + ['-m', 'lazylab.experiments.transformer', *E2E, 'batch_size=4', f'runs_dir={runs}'],
               cwd=tmp_path, env={'LAZYLAB_DIST_TIMEOUT': '300'})
     try:
-        workers = job.find_workers(2)
-        rank1 = next(pid for pid in workers if _rank_of(pid) == 1)
-        deadline, killed_at = time.monotonic() + 180, None
-        while time.monotonic() < deadline and job.proc.poll() is None:
-            metrics = list(runs.glob('transformer/*/metrics.jsonl'))
-            steps = [r['step'] for r in read_metrics(metrics[0])] if metrics else []
-            if steps and steps[-1] >= 9:  # a checkpoint exists (step 6); the run is not finished
-                os.kill(rank1, signal.SIGKILL)
-                killed_at = steps[-1]
-                break
-            time.sleep(0.01)
+        killed_at = _signal_rank1_after(job, runs, 9, signal.SIGKILL)  # a checkpoint exists (step 6)
         assert killed_at is not None and killed_at < 30, job.output()
         rc = job.wait(within=60)  # torchrun stops rank 0 at once; 60 s only guards against a hang
         log = job.output()
@@ -489,8 +479,31 @@ def test_killing_one_rank_ends_the_job_and_the_run_resumes_exactly(single_and_dd
     assert load_checkpoint(run_dir / 'checkpoint.pt')['position']['step'] < 30
 
     run(TORCHRUN + ['-m', 'lazylab.cli', 'resume', str(run_dir)], cwd=tmp_path)
+    assert [r['step'] for r in read_metrics(run_dir / 'metrics.jsonl')] == STEPS
+    _assert_resumed_exactly(run_dir, reference)
+
+
+def _signal_rank1_after(job: 'Job', runs: Path, step: int, signum: int) -> Optional[int]:
+    """Once the job's metrics.jsonl has a record of `step` or later, send `signum` to its rank-1 process only;
+    returns the last step recorded then (None: the job ended first, or 180 s passed)."""
+    from lazylab.experiments.trainer import read_metrics
+    rank1 = next(pid for pid in job.find_workers(2) if _rank_of(pid) == 1)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and job.proc.poll() is None:
+        metrics = list(runs.glob('transformer/*/metrics.jsonl'))
+        steps = [r['step'] for r in read_metrics(metrics[0])] if metrics else []
+        if steps and steps[-1] >= step:
+            os.kill(rank1, signum)
+            return steps[-1]
+        time.sleep(0.01)
+    return None
+
+
+def _assert_resumed_exactly(run_dir: Path, reference: Path) -> None:
+    """The resumed run's records and parameters are bitwise the reference's."""
+    from lazylab.experiments.trainer import load_checkpoint, read_metrics
     got, want = read_metrics(run_dir / 'metrics.jsonl'), read_metrics(reference / 'metrics.jsonl')
-    assert [r['step'] for r in got] == STEPS
+    assert [r['step'] for r in got] == [r['step'] for r in want]
     for g, w in zip(got, want):
         for key in ('loss.train', 'accuracy.train', 'loss.valid', 'accuracy.valid', 'lr', 'tokens'):
             assert g.get(key) == w.get(key), (g['step'], key)  # bitwise
@@ -516,22 +529,12 @@ def test_a_stop_signal_to_one_process_stops_all_after_the_same_step_and_resumes_
     """SIGUSR1 (a cluster's preemption warning) reaches rank 1 only: the processes agree on the step to stop after
     (the step's all-reduce carries the signal), rank 0 writes that step's checkpoint and run.json, and a resume under
     torchrun ends equal, bit for bit, to the run that never stopped."""
-    from lazylab.experiments.trainer import load_checkpoint, read_metrics
+    from lazylab.experiments.trainer import load_checkpoint
     runs = tmp_path / 'runs'
     job = Job(TORCHRUN + ['-m', 'lazylab.experiments.transformer', *LONG, f'runs_dir={runs}'], cwd=tmp_path,
               env={'LAZYLAB_DIST_TIMEOUT': '300'})
     try:
-        workers = job.find_workers(2)
-        rank1 = next(pid for pid in workers if _rank_of(pid) == 1)
-        deadline, signalled = time.monotonic() + 180, False
-        while time.monotonic() < deadline and job.proc.poll() is None:
-            metrics = list(runs.glob('transformer/*/metrics.jsonl'))
-            if metrics and [r['step'] for r in read_metrics(metrics[0])][-1:] >= [9]:
-                os.kill(rank1, signal.SIGUSR1)
-                signalled = True
-                break
-            time.sleep(0.01)
-        assert signalled, job.output()
+        assert _signal_rank1_after(job, runs, 9, signal.SIGUSR1) is not None, job.output()
         rc = job.wait(within=120)
         log = job.output()
     finally:
@@ -545,14 +548,7 @@ def test_a_stop_signal_to_one_process_stops_all_after_the_same_step_and_resumes_
     assert f'lazylab: preempted (SIGUSR1) at step {info["steps"]}; lazylab resume' in log, log
 
     run(TORCHRUN + ['-m', 'lazylab.cli', 'resume', str(run_dir)], cwd=tmp_path)
-    got, want = read_metrics(run_dir / 'metrics.jsonl'), read_metrics(ddp_reference / 'metrics.jsonl')
-    assert [r['step'] for r in got] == [r['step'] for r in want]
-    for g, w in zip(got, want):
-        for key in ('loss.train', 'accuracy.train', 'loss.valid', 'accuracy.valid', 'lr', 'tokens'):
-            assert g.get(key) == w.get(key), (g['step'], key)  # bitwise
-    ours, theirs = load_checkpoint(run_dir / 'checkpoint.pt'), load_checkpoint(ddp_reference / 'checkpoint.pt')
-    for k, v in theirs['model'].items():
-        assert torch.equal(ours['model'][k], v), k
+    _assert_resumed_exactly(run_dir, ddp_reference)
 
 
 if __name__ == '__main__':
