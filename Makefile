@@ -1,11 +1,12 @@
 # The targets the README's two commands call, plus the notebooks' sync. Everything installs into .venv.
 #
 # Install order: torch==2.13.0 first (a CPU build on our machines' local disk; pyproject.toml keeps a range), then
-# lazylab in editable mode with the test, dashboard, postgres and docs extras (postgres: the PostgreSQL driver the
-# sweep tests use; docs: MkDocs and its plugins, for `make docs` and tests/docs), then the labml_nn reference the
-# tests and benchmarks compare against. labml_nn 0.5.1 goes in with --no-deps on purpose: its requirements would also bring torchtext,
-# torchvision and fairscale, which the modules we compare against do not import; what they do need (labml, einops)
-# is in lazylab's dependencies and test extra. This is the one place that installs it (CONTRIBUTING.md points here).
+# lazylab in editable mode with the test, dashboard, postgres, docs and slurm extras (postgres: the PostgreSQL driver
+# the sweep tests use; docs: MkDocs and its plugins, for `make docs` and tests/docs; slurm: submitit, for --slurm and
+# tests/slurm), then the labml_nn reference the tests and benchmarks compare against. labml_nn 0.5.1 goes in with
+# --no-deps on purpose: its requirements would also bring torchtext, torchvision and fairscale, which the modules we
+# compare against do not import; what they do need (labml, einops) is in lazylab's dependencies and test extra. This
+# is the one place that installs it (CONTRIBUTING.md points here).
 # fla-core 0.6.0 (flash-linear-attention's ops) is a TEST REFERENCE ONLY, also with --no-deps: the tests and
 # benchmarks of the gated delta rule and DeltaProduct compare against three of its pure-PyTorch functions, loaded by
 # file path (lazylab/models/fast_weights/fla_reference.py), so that its Triton kernels are never imported or needed;
@@ -17,7 +18,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[test,dashboard,postgres,docs]'
+	$(PIP) install -e '.[test,dashboard,postgres,docs,slurm]'
 	$(PIP) install --no-deps labml-nn==0.5.1
 	$(PIP) install --no-deps fla-core==0.6.0
 	touch $@

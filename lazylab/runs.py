@@ -90,6 +90,7 @@ class RunRecord(TypedDict, total=False):
         step `lazylab resume` continues from; steps: optimizer steps taken.
     replay_changes: computed values of a replayed dump that --allow-changes accepted. sweep: the trial's sweep.
     labml_run: labml's run folder, relative to the run directory (`lazylab labml` runs).
+    requeues: a Slurm job's requeues, one {'job_id', 'time' (`timestamp()`), 'signal', 'step'} each (lazylab.slurm.job).
     """
     experiment: str
     source: dict[str, Any]
@@ -114,6 +115,7 @@ class RunRecord(TypedDict, total=False):
     replay_changes: list[str]
     sweep: dict[str, Any]
     labml_run: str
+    requeues: list[dict[str, Any]]
 
 
 def timestamp() -> str:

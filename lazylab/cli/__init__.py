@@ -3,6 +3,7 @@
     lazylab train EXPERIMENT [key=value …] [--config FILE.yaml] [--allow-changes]   train an experiment
     lazylab options EXPERIMENT                                every key with type, default, options and help
     lazylab resume RUN_DIR [--allow-changes]                  continue a run from its checkpoint
+    lazylab train|resume … --slurm KEY=VALUE,… [--wait]       the same as a Slurm job (sbatch's options; the extra)
     lazylab generate RUN_DIR --prompt TEXT --tokens N [--temperature T] [--top-k K] [--seed S]
     lazylab plot RUN_DIR [RUN_DIR …] -o FILE.png              loss against tokens seen, for one or several runs
     lazylab labml MODULE [key=value …] [--config FILE] [--options] [--steps N] [--runs-dir DIR] [--dashboard URL]
@@ -10,6 +11,7 @@
     lazylab sweep EXPERIMENT [key=value | key=a,b,c …] [--workers N] [--sampler grid|random|tpe] [--trials N] …
                                                               many runs of one experiment (lazylab sweep -h)
     lazylab sweep --labml MODULE [key=a,b …] [--steps N] …     many runs of a labml experiment module
+    lazylab sweep … --launcher slurm --slurm KEY=VALUE,…      each trial a Slurm job
     lazylab sweep --resume SWEEP_DIR                          finish a sweep after a kill
     lazylab compare PATH … [--sort KEY] [--metric KEY] [--csv FILE] [--plot FILE.png]
                                                               runs and sweeps side by side: the keys that differ

@@ -20,6 +20,8 @@ from lazylab.command_line import Parser, split_setting
 from lazylab.errors import UsageError, given_twice
 from lazylab.experiments import discovery
 from lazylab.redaction import StorageURLError, parse_database_url, redact, redact_url
+from lazylab.slurm import SlurmOptions, parse_options
+from lazylab.slurm.executor import check_options
 from lazylab.sweeps import scripts
 from lazylab.sweeps.grammar import Dimension, Fixed, Space, parse_value
 
@@ -44,6 +46,7 @@ def parser() -> Parser:
     p.add_argument('--study')
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--launcher')
+    p.add_argument('--slurm', action='append')
     p.add_argument('--resume')
     p.add_argument('--dry-run', action='store_true')
     p.add_argument('--labml', action='store_true')
@@ -75,6 +78,8 @@ class Plan:
         seed: the sampler's seed (--seed).
         workers: as given (--workers): the sweep runs at most one per trial left.
         launcher: the words in front of `-m lazylab.sweeps.trial …` (the Python interpreter, or --launcher's).
+        slurm: `--launcher slurm`'s checked --slurm options (each trial a Slurm job: lazylab.sweeps.slurm_launcher);
+            None: the trials are local processes.
         runs_dir: the runs folder the sweep directory is made in (the experiment's runs_dir, or --runs-dir).
         default_threads: the experiment's default `threads`, an upper bound on each trial's threads (0: none);
             -1 when the command fixes threads= or for a --labml script (the sweep then gives no threads=).
@@ -106,6 +111,7 @@ class Plan:
     folder: str = ''                # the runs' folder of the experiment (RUNS_DIR/FOLDER): its STEM ('' : name)
     labml: bool = False             # a labml script's sweep (--labml): its trials are `lazylab labml` runs
     steps: Optional[int] = None     # --steps of a --labml sweep: each trial ends after that many optimizer updates
+    slurm: Optional[SlurmOptions] = None  # --launcher slurm: each trial a Slurm job with these options
 
     @property
     def sweep_dir(self) -> Path:
@@ -181,7 +187,7 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
     conf = typed.type_space(name, fixed + config_args, dims, checker)
     space = Space(dims, [[typed.full_key(defaults, k.strip()) for k in z.split(',') if k.strip()] for z in a.zip])
     sampler, points, trials = _points(a, space)
-    launcher = _launcher(a.launcher)
+    launcher, slurm = _launcher(a.launcher), _slurm(a, study, check)
     if check:
         typed.check_points(name, fixed + config_args, space, grid=sampler == 'grid', checker=checker, say=say)
     default_threads = defaults.threads if not any(t.startswith('threads=') for t in fixed) else -1
@@ -189,7 +195,7 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
                 trials=trials, metric=metric, direction=direction, prune=a.prune, storage=storage,
                 study=study or runs.new_run_id(), seed=a.seed,
                 workers=a.workers, launcher=launcher, runs_dir=Path(conf.runs_dir), default_threads=default_threads,
-                points=points, study_named=study is not None, folder=found.name)
+                points=points, study_named=study is not None, folder=found.name, slurm=slurm)
 
 
 def _script_plan(a: argparse.Namespace, argv: list[str], study: Optional[str], storage: Optional[str],
@@ -214,11 +220,12 @@ def _script_plan(a: argparse.Namespace, argv: list[str], study: Optional[str], s
             d.values = list(d.texts)
     space = Space(dims, [[k.strip() for k in z.split(',') if k.strip()] for z in a.zip])
     sampler, points, trials = _points(a, space)
+    slurm = _slurm(a, study, check)
     return Plan(name=name, argv=list(argv), fixed=fixed, config_file=a.config, space=space, sampler=sampler,
                 trials=trials, metric=metric, direction=direction, prune=a.prune, storage=storage,
                 study=study or runs.new_run_id(), seed=a.seed, workers=a.workers, launcher=_launcher(a.launcher),
                 runs_dir=Path(runs_dir), default_threads=-1, points=points, study_named=study is not None,
-                folder=scripts.folder_name(name), labml=True, steps=a.steps)
+                folder=scripts.folder_name(name), labml=True, steps=a.steps, slurm=slurm)
 
 
 def _study(a: argparse.Namespace, study: Optional[str]) -> Optional[str]:
@@ -313,7 +320,25 @@ def _points(a: argparse.Namespace, space: Space) -> tuple[str, list[dict[str, An
     return sampler, [{}] * a.trials, a.trials
 
 
+def _slurm(a: argparse.Namespace, study: Optional[str], check: bool) -> Optional[SlurmOptions]:
+    """`--launcher slurm`'s --slurm options, checked (with `check`, against the cluster: `sbatch --test-only`).
+
+    Raises:
+        UsageError: --slurm without --launcher slurm; a bad option, or one the cluster refuses.
+    """
+    if a.launcher != 'slurm':
+        if a.slurm:
+            raise UsageError('--slurm goes with --launcher slurm (each trial a Slurm job)')
+        return None
+    options = parse_options(a.slurm or [])
+    if check:
+        check_options(options, str(options.parameters.get('job_name') or f'lazylab-{study or "sweep"}'))
+    return options
+
+
 def _launcher(text: Optional[str]) -> list[str]:
+    if text == 'slurm':  # each trial a Slurm job (the job runs this Python: lazylab.sweeps.slurm_launcher)
+        return [sys.executable]
     try:
         launcher = shlex.split(text) if text is not None else [sys.executable]
     except ValueError as e:  # an unclosed quote

@@ -3,7 +3,7 @@
     lazylab sweep EXPERIMENT [key=value | key=SWEEP …] [--config FILE] [--workers N] [--trials N]
                   [--sampler grid|random|tpe] [--zip KEY,KEY…] [--metric loss.valid] [--direction minimize|maximize]
                   [--prune none|median|halving] [--storage URL_OR_FILE] [--study NAME] [--seed N]
-                  [--launcher COMMAND] [--dry-run]
+                  [--launcher COMMAND | --launcher slurm --slurm KEY=VALUE,…] [--dry-run]
     lazylab sweep --labml MODULE [key=value | key=SWEEP …] [--steps N] [--runs-dir DIR] [--config FILE] …
     lazylab sweep --resume SWEEP_DIR [--workers N] [--storage URL]
 
@@ -177,6 +177,9 @@ def dry_run_text(plan: Plan) -> str:
     lines.append(f'study: {name}; sampler {plan.sampler}, {plural(plan.trials, "trial")}, metric {plan.metric} '
                  f'({plan.direction}), {prune}')
     lines.append(f'storage: {plan.storage_shown()}')
+    if plan.slurm is not None:
+        lines.append(f'each trial a Slurm job, at most {plan.workers} at once: '
+                     f'--slurm {plan.slurm.shown() or "(the cluster defaults)"}')
     lines.append(f'sweep directory: {plan.sweep_dir} (not made)')
     return '\n'.join(lines)
 

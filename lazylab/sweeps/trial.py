@@ -37,6 +37,7 @@ from lazylab.command_line import Parser
 from lazylab.errors import UsageError, run_cli
 from lazylab.experiments import lifecycle
 from lazylab.labml import runner
+from lazylab.slurm import SLURM_DIR
 from lazylab.sweeps import scripts
 from lazylab.sweeps.grammar import Dimension, Fixed, parse_value
 from lazylab.sweeps.study import REPORT_ENV, load_optuna, make_pruner, open_storage
@@ -88,9 +89,10 @@ def lock(run_dir: Path) -> locks.HeldLock:
 
 
 def clear(run_dir: Path) -> None:
-    """Remove a restarted trial's files, but its output log, lock and trial record."""
+    """Remove a restarted trial's files, but its output log, lock and trial record (and, for a trial that is a Slurm
+    job, its job's files: lazylab.sweeps.slurm_launcher)."""
     for p in run_dir.iterdir():
-        if p.name in (runs.TRIAL_LOCK, runs.OUTPUT_LOG, runs.TRIAL_JSON):
+        if p.name in (runs.TRIAL_LOCK, runs.OUTPUT_LOG, runs.TRIAL_JSON, SLURM_DIR):
             continue
         shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 

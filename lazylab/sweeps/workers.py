@@ -30,6 +30,7 @@ from lazylab.sweeps.grammar import Dimension, plain
 from lazylab.sweeps.launcher import Launcher, LocalLauncher, TrialProcess, TrialSpec, stop_all, workers_line
 from lazylab.sweeps.owners import Owners
 from lazylab.sweeps.plan import Plan
+from lazylab.sweeps.slurm_launcher import SlurmLauncher
 from lazylab.sweeps.study import REPORT_ENV, Study, make_pruner, make_sampler, open_storage
 
 
@@ -65,6 +66,8 @@ class Sweep:
     def __init__(self, plan: Plan, storage=None, resuming: bool = False, launcher: Optional[Launcher] = None):
         self.plan, self.storage, self.resuming = plan, storage, resuming
         assign_gpus = not (any(t.startswith('device=') for t in plan.fixed) or 'device' in plan.space.by_key)
+        if launcher is None and plan.slurm is not None:  # --launcher slurm: each trial a Slurm job
+            launcher = SlurmLauncher(plan.slurm, name=f'lazylab-{plan.study}', shown=plan.redact)
         self.launcher = launcher or LocalLauncher(plan.launcher, assign_gpus=assign_gpus, shown=plan.redact)
         self.dir = plan.sweep_dir
         self.t0 = time.monotonic()
@@ -166,7 +169,7 @@ class Sweep:
         try:
             with self.signals_held():
                 self.prepare()
-                self.takeovers = [self._job(n, resume=True) for n in self.owners.take_over()]
+                self.takeovers = self._live_first([self._job(n, resume=True) for n in self.owners.take_over()])
             left = len(self.takeovers) + len(self.study.trials((self.study.optuna.trial.TrialState.WAITING,)))
             if self.resuming and left == 0 and not self.owners.running():
                 return self.nothing_to_do()
@@ -187,12 +190,20 @@ class Sweep:
                 self.owners.release()
         return self.summary()
 
+    def _live_first(self, jobs: list[Job]) -> list[Job]:
+        """Trials taken over, those whose job still runs first (a launcher whose trials outlive the sweep, Slurm's:
+        reattaching to them takes the workers they hold, before a trial that must be submitted again)."""
+        live = getattr(self.launcher, 'still_running', None)
+        if live is None:
+            return jobs
+        return sorted(jobs, key=lambda j: live(self.dir / f'{runs.TRIAL_PREFIX}{j.number:04d}') is None)
+
     def start_line(self, left: int) -> None:
         """The first line (and a warning when more workers than cores would run); at most one worker per trial
         left (--workers 100000 on a grid of 4 starts 4)."""
         plan = self.plan
         self.workers = max(1, min(plan.workers, left))
-        warning = workers_line(plan, self.workers)
+        warning = workers_line(plan, self.workers) if getattr(self.launcher, 'local', True) else None
         if warning:
             print(warning, file=sys.stderr, flush=True)
         self.n_threads = self.threads()
@@ -338,7 +349,7 @@ class Sweep:
     def finish(self, slot: Slot, stopped: bool = False) -> None:
         """Record the end of the trial in `slot`; `stopped`: the sweep stopped it (any exit but 0 is then
         'interrupted', to be resumed: a trial stopped while it starts may end by a KeyboardInterrupt of its own)."""
-        job, rc = slot.job, slot.proc.returncode
+        job, rc, slot_proc = slot.job, slot.proc.returncode, slot.proc
         seconds = time.monotonic() - slot.started
         slot.proc, slot.job = None, None
         trial_dir = self.dir / f'{runs.TRIAL_PREFIX}{job.number:04d}'
@@ -347,21 +358,23 @@ class Sweep:
             error = self.plan.redact(error)
         if stopped and rc != 0:
             state, value, error, steps = 'interrupted', None, None, None
-        self.study.set_user_attr(job.number, 'status', state)  # before `tell`: a finished trial takes no attrs
+        # left to --resume, as the launcher names it (a Slurm job cancelled, preempted or timed out for good)
+        shown = (getattr(slot_proc, 'ended_as', None) or state) if state == 'interrupted' and not stopped else state
+        self.study.set_user_attr(job.number, 'status', shown)  # before `tell`: a finished trial takes no attrs
         if state != 'interrupted':
             if error:
                 self.study.set_user_attr(job.number, 'error', error)
             self.study.tell(job.number, state, value)
         record = runs.read_json(trial_dir / runs.TRIAL_JSON) or {}
-        record.update({'state': state, 'value': value, 'error': error, 'steps': steps, 'returncode': rc,
+        record.update({'state': shown, 'value': value, 'error': error, 'steps': steps, 'returncode': rc,
                        'finished': runs.timestamp(), 'seconds': round(seconds, 2),
                        'cpu_seconds': None if slot.cpu is None else round(slot.cpu, 2)})
         slot.cpu = None
         runs.write_json(trial_dir / runs.TRIAL_JSON, record)
-        self.outcomes[state] = self.outcomes.get(state, 0) + 1
+        self.outcomes[shown] = self.outcomes.get(shown, 0) + 1
         metric = f'{self.plan.metric} {value:.4f}' if value is not None else ''
         detail = error or (f'at step {steps}' if state == 'pruned' and steps else '')
-        self.say(f'trial {job.number:04d} {state:<9} {metric}  {seconds:.1f} s  '
+        self.say(f'trial {job.number:04d} {shown:<9} {metric}  {seconds:.1f} s  '
                  f'{" ".join(self.plan.space.shown(job.params))}'
                  + (f'  ({detail})' if detail else ''))
 

@@ -117,6 +117,34 @@ COVERED = {
     'n_layers=2 max_minutes=0 max_steps=400 valid_interval=50 --storage /shared/glu.journal --study glu --workers 2':
         ('tests/sweeps/test_sweep.py::test_two_sweeps_on_one_journal_file_split_the_grid',
          'two sweeps at once on one journal file'),
+    # guide/slurm.md: its commands need a Slurm cluster; the tests on the one-node cluster of tests/slurm/conftest.py
+    # read them from the page (guide_command) and run them with tiny sizes and the options that cluster can take
+    "pip install 'lazylab[slurm]'":
+        ('tests/slurm/test_slurm_options.py::test_the_job_script_passes_the_signal_on_and_keeps_submitits_surprises_out',
+         'make install installs the slurm extra the same way (.[…,slurm]); the test imports submitit'),
+    'lazylab train transformer d_model=256 n_layers=4 --slurm partition=gpu,time=4:00:00,gpus_per_node=1':
+        ('tests/slurm/test_slurm_runs.py::test_a_submitted_run_completes_and_equals_a_run_here',
+         'the command with tiny sizes, time=10 and --wait (the test cluster has one partition and no GPUs)'),
+    'scancel --signal=USR1 --batch 4242':
+        ('tests/slurm/test_slurm_runs.py::'
+         'test_the_warning_signal_to_the_batch_shell_requeues_and_the_run_ends_as_if_never_stopped',
+         'the command on the test job mid-run: it requeues and ends equal to an uninterrupted run'),
+    'lazylab resume runs/transformer/RUN_ID --slurm partition=gpu,time=4:00:00,gpus_per_node=1':
+        ('tests/slurm/test_slurm_runs.py::test_a_run_stopped_here_resumes_as_a_slurm_job_and_ends_as_if_never_stopped',
+         'a run stopped here by Ctrl-C, resumed with the command as a job (time=10, --wait), equal to an uninterrupted '
+         'run'),
+    'lazylab sweep transformer d_model=128,256 optimizer.learning_rate=1e-3,3e-3 --workers 2 --launcher slurm --slurm '
+    'partition=gpu,time=60,gpus_per_node=1':
+        ('tests/slurm/test_slurm_sweep.py::'
+         'test_a_sweep_keeps_two_jobs_in_the_queue_reruns_a_cancelled_trial_and_reattaches_after_a_kill',
+         'the same grid with tiny sizes (d_model=16,24), time=10, on the test cluster'),
+    'lazylab sweep --resume runs/transformer/sweep-ID --workers 2':
+        ('tests/slurm/test_slurm_sweep.py::'
+         'test_a_sweep_keeps_two_jobs_in_the_queue_reruns_a_cancelled_trial_and_reattaches_after_a_kill',
+         'after a cancelled trial and a SIGKILL of the sweep: reattaches, reruns, every trial completes'),
+    'lazylab train transformer batch_size=16 --slurm nodes=2,ntasks_per_node=4,gpus_per_node=4,time=12:00:00':
+        ('tests/slurm/test_slurm_runs.py::test_two_processes_in_a_job_train_as_under_torchrun_and_requeue_once',
+         'what one machine gives: nodes=1, ntasks_per_node=2 on the CPU, equal to torchrun --nproc_per_node=2 here'),
     # guide/notebooks.md
     'make notebooks':
         ('tests/test_notebooks.py::test_notebook_equals_jupytext_conversion_of_its_py_source',
