@@ -186,16 +186,20 @@ def process_group(device: torch.device) -> Iterator[DistEnv]:
     """`setup` … `teardown` around a block; on an exception, name the rank on stderr and re-raise at once.
 
     The failing process does not wait for the others (no barrier, no destroy that could block on a peer): it
-    exits non-zero right away, and torchrun's agent stops the rest of the job.
+    exits non-zero right away, and torchrun's agent (srun's --kill-on-bad-exit under Slurm) stops the rest of the
+    job. A stop signal the processes agreed on in the training loop (its checkpoint written) ends each of them
+    alike, without that line.
     """
     env = setup(device)
     try:
         yield env
     except BaseException as e:
-        if env.enabled:
+        agreed = isinstance(e, KeyboardInterrupt) and getattr(e, 'checkpoint_step', None) is not None
+        if env.enabled and not agreed:  # (a stop all processes agreed on in the loop ends each of them alike)
             what = 'interrupted' if isinstance(e, KeyboardInterrupt) else f'{type(e).__name__}: {e}'.splitlines()[0]
             print(f'lazylab: process rank {env.rank} of {env.world_size} stopped ({what}); '
-                  f'torchrun stops the other processes', file=sys.stderr, flush=True)
+                  f'its launcher (torchrun, or srun under Slurm) stops the other processes', file=sys.stderr,
+                  flush=True)
             if isinstance(e, Exception):
                 # torchrun's summary then shows this traceback as the root cause (what its @record does)
                 from torch.distributed.elastic.multiprocessing.errors import get_error_handler
