@@ -305,6 +305,9 @@ def execute(name: str, conf, run_dir: Path, *, resume: bool, checkpoint: Optiona
         if is_main and last:
             finish_run(conf, run_dir, (stop.reason if stop is not None else None) or 'completed', last)
     except KeyboardInterrupt as e:  # a stop signal (see train_main's signals_interrupt)
+        if getattr(e, 'checkpoint_step', None) is None and checkpoint is not None:
+            # it came before the training loop took its first step: the resumed checkpoint is where it stands
+            e.step = e.checkpoint_step = (checkpoint.get('position') or {}).get('step')
         if is_main:
             record_interrupt(conf, run_dir, e)
         raise

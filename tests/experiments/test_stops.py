@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lazylab import cli
-from lazylab.errors import STOP_SIGNAL_ENV
+from lazylab.errors import STOP_SIGNAL_ENV, Interrupted
 from lazylab.experiments.checkpoint import load_checkpoint
 from lazylab.experiments.metrics import read_metrics
 from lazylab.experiments.trainer import Training
@@ -258,3 +258,23 @@ def test_resume_removes_what_a_writer_killed_mid_write_left(references, tmp_path
     assert cli.main(['resume', str(run)]) == 0
     assert not [n for n in leftovers if (run / n).exists()] and (run / 'notes.tmp.txt').exists()
     assert_same_run(run, references('transformer', SMALL))
+
+
+def test_a_stop_before_a_resumes_first_step_records_the_checkpoint_it_resumed(tmp_path, monkeypatch, capsys):
+    """The signal comes while the resume still builds its trainer (no step taken in this process): the run stands
+    where its checkpoint does, and the line says so (it said no checkpoint was written yet)."""
+    _signal_at(monkeypatch, 4)
+    code, run = _train('transformer', SMALL, tmp_path / 'runs')
+    monkeypatch.undo()
+    assert code == 130
+
+    def stopped_early(*args, **kwargs):
+        raise Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(Training, '__init__', stopped_early)
+    capsys.readouterr()
+    assert cli.main(['resume', str(run)]) == 143
+    info = json.loads((run / RUN_JSON).read_text())
+    assert (info['status'], info['steps'], info['checkpoint_step']) == ('killed', 4, 4)
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        f'lazylab: killed (SIGTERM) at step 4; lazylab resume {run} continues from step 4, its checkpoint'
