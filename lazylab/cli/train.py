@@ -1,6 +1,7 @@
 """`lazylab train EXPERIMENT [key=value …] [--config FILE.yaml] [--allow-changes]`: train an experiment."""
 from lazylab import user_files
 from lazylab.command_line import Parser, asks_help
+from lazylab.errors import UsageError
 from lazylab.experiments.discovery import registered  # torch-free: names and entry points only
 
 
@@ -38,6 +39,8 @@ def run(argv: list[str]) -> None:
               + options_text(argv[0]))
         return
     a, settings = parser().parse_with_settings(argv)
+    if '' in (a.config or ()):  # `--config=` or `--config ''`: not the current folder
+        raise UsageError('--config needs a YAML file')
     for path in a.config or ():  # a FIFO, /dev/zero or a huge file: one line at once, not after torch's import
         user_files.check_file(path, 'config file', user_files.CONFIG)  # (read later, bounded)
     from lazylab.experiments.lifecycle import train_main  # torch: only once a run starts
