@@ -17,6 +17,7 @@
     lazylab dashboard [--port 5005] [--store DIR] [--host H] [--token T] [--max-body-mb N]
                                                               serve the labml dashboard (optional extra)
     lazylab new NAME [--task text|custom]                     write NAME.py, an experiment of your own
+    lazylab schema EXPERIMENT                                 the JSON Schema of EXPERIMENT's --config files
     lazylab completion bash|zsh|fish                          the shell code for TAB completion (lazylab completion -h)
 
 EXPERIMENT: a built-in name (feedback, fast_weights, transformer, retrieval), an installed plugin's name, a .py
@@ -42,7 +43,7 @@ USAGE = __doc__.split('\n\n')[1]
 #: command → its module (imported when the command runs)
 COMMANDS = {name: f'lazylab.cli.{name}' for name in
             ('train', 'options', 'resume', 'generate', 'plot', 'labml', 'sweep', 'compare', 'diff', 'dashboard', 'new',
-             'completion')}
+             'schema', 'completion')}
 
 
 def command(name: str):

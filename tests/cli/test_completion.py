@@ -71,7 +71,7 @@ def no_child(*args, **kwargs):
 
 def test_tab_completes_commands_and_flags(here, monkeypatch):
     assert tab('lazylab ', monkeypatch) == ['train', 'options', 'resume', 'generate', 'plot', 'labml', 'sweep',
-                                            'compare', 'diff', 'dashboard', 'new', 'completion']
+                                            'compare', 'diff', 'dashboard', 'new', 'schema', 'completion']
     assert tab('lazylab tr', monkeypatch) == ['train ']
     assert tab('lazylab train transformer --', monkeypatch) == ['--help', '--config', '--allow-changes']
     assert tab('lazylab options transformer --f', monkeypatch) == ['--format ']
