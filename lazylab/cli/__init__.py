@@ -19,6 +19,8 @@
     lazylab dashboard [--port 5005] [--store DIR] [--host H] [--token T] [--max-body-mb N]
                                                               serve the labml dashboard (optional extra)
     lazylab new NAME [--task text|custom]                     write NAME.py, an experiment of your own
+    lazylab schema EXPERIMENT                                 the JSON Schema of EXPERIMENT's --config files
+    lazylab completion bash|zsh|fish                          the shell code for TAB completion (lazylab completion -h)
 
 EXPERIMENT: a built-in name (feedback, fast_weights, transformer, retrieval), an installed plugin's name, a .py
 file, or a dotted module (see lazylab.experiments.discovery). A mistake the user can fix prints one line
@@ -30,6 +32,7 @@ command line), so `lazylab --help` does not import torch.
 """
 import difflib
 import importlib
+import os
 import sys
 from typing import Optional
 
@@ -41,7 +44,8 @@ USAGE = __doc__.split('\n\n')[1]
 
 #: command → its module (imported when the command runs)
 COMMANDS = {name: f'lazylab.cli.{name}' for name in
-            ('train', 'options', 'resume', 'generate', 'plot', 'labml', 'sweep', 'compare', 'diff', 'dashboard', 'new')}
+            ('train', 'options', 'resume', 'generate', 'plot', 'labml', 'sweep', 'compare', 'diff', 'dashboard', 'new',
+             'schema', 'completion')}
 
 
 def command(name: str):
@@ -52,6 +56,9 @@ def command(name: str):
 def main(argv: Optional[list[str]] = None) -> int:
     """`lazylab COMMAND …`; returns the exit code (0, 1 where a command says so, 2 for a user error, 130/143 for
     Ctrl-C/SIGTERM)."""
+    if argv is None and '_ARGCOMPLETE' in os.environ:  # a TAB (lazylab completion): answered, then exit
+        from lazylab.cli.completion import complete  # start-up time: only a TAB imports argcomplete
+        complete(COMMANDS)
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ('-h', '--help', 'help'):  # asked for: stdout, exit 0; no command: stderr, exit 2
         from lazylab.cli.train import experiments_text  # only for the help: other commands start without it

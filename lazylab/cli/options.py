@@ -32,6 +32,8 @@ def run(argv: list[str]) -> None:
         given = 'key=value settings need' if settings else ('--config needs' if a.config else '--format needs')
         raise UsageError(f'{given} --resolved (lazylab options EXPERIMENT key=value … --resolved): without it, '
                          f'options lists the declarations')
+    if '' in (a.config or ()):  # `--config=` or `--config ''`: not the current folder
+        raise UsageError('--config needs a YAML file')
     for path in a.config or ():  # a FIFO, /dev/zero or a huge file: one line before torch's import (read later)
         user_files.check_file(path, 'config file', user_files.CONFIG)
     if not a.resolved:

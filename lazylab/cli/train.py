@@ -65,6 +65,8 @@ def run(argv: list[str]) -> int:
               f'[--slurm KEY=VALUE,… [--wait]]\n\n' + options_text(argv[0]))
         return 0
     a, settings = parser().parse_with_settings(argv)
+    if '' in (a.config or ()):  # `--config=` or `--config ''`: not the current folder
+        raise UsageError('--config needs a YAML file')
     for path in a.config or ():  # a FIFO, /dev/zero or a huge file: one line at once, not after torch's import
         user_files.check_file(path, 'config file', user_files.CONFIG)  # (read later, bounded)
     options = slurm_options(a)

@@ -1,11 +1,13 @@
 """`lazylab options EXPERIMENT` (and `lazylab train EXPERIMENT --help`): every key of an experiment with its type,
 default, rule, options and help (the comment beside its declaration) — the keys its own file declares first, then
-those it inherits — then the experiment's presets."""
+those it inherits — then the experiment's presets; and `lazylab schema EXPERIMENT`, the JSON Schema of its config
+files."""
 from typing import Union
 
 import torch
 
 from lazylab.configs import apply_overrides, describe, format_description, inspect
+from lazylab.configs.schema import json_schema
 from lazylab.experiments.discovery import Experiment, find_experiment
 
 
@@ -38,6 +40,17 @@ def options_text(experiment: Union[str, Experiment]) -> str:
         for p, values in presets.items():
             text += f'  {p}: ' + ' '.join(f'{k}={v}' for k, v in values.items()) + '\n'
     return text
+
+
+def config_schema(experiment: Union[str, Experiment]) -> dict:
+    """`lazylab schema EXPERIMENT`: the JSON Schema (draft 2020-12) of a `--config` file of the experiment
+    (`lazylab.configs.schema.json_schema`), its presets included.
+
+    Raises:
+        UsageError: see `discovery.find_experiment` and `Experiment.load`.
+    """
+    found = experiment if isinstance(experiment, Experiment) else find_experiment(experiment)
+    return json_schema(found.Configs, title=f'lazylab {found.name} --config file', presets=list(found.presets))
 
 
 def own_first(configs_class: type, rows: list[dict]) -> tuple[list[dict], list[dict], list[str]]:

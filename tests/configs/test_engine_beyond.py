@@ -421,13 +421,16 @@ def test_load_rejects_bad_yaml():
 def test_describe_rows_with_comments_and_flags():
     rows = {r['name']: r for r in lc.describe(Experiment)}
     assert rows['seq_len'] == {'name': 'seq_len', 'type': 'int', 'base_type': 'int', 'rule': '', 'plain': True,
-                               'default': 16, 'options': [], 'help': '', 'is_hyperparam': True, 'is_meta': False}
+                               'default': 16, 'options': [], 'values': [], 'help': '', 'is_hyperparam': True,
+                               'is_meta': False}
     assert rows['device']['is_meta'] is True
     assert rows['ffn.d_model']['help'] == 'Number of features in the embedding'
     assert rows['ffn.d_ff']['help'] == 'hidden width'
     assert rows['ffn.glu_variant']['help'] == 'Predefined GLU variant'
     assert rows['ffn.glu_variant']['options'] == ['SwiGLU']
     assert rows['ffn.activation']['options'] == ['ReLU', 'GELU']
+    assert rows['ffn.activation']['values'] == ['ReLU', 'GELU']  # what a command line may name: for TAB
+    assert rows['ffn.is_gated']['values'] == ['True', 'False']
     assert rows['ffn.activation']['default'] == 'ReLU'
     assert rows['optimizer.optimizer']['default'] == 'Adam'
     assert rows['max_steps']['type'] == 'Optional[int]'

@@ -139,6 +139,11 @@ def _checks(metadata: Sequence[Any], where: str) -> list[Check]:
     return checks
 
 
+def check_of(at: Any, meta: Any, where: str) -> Check:
+    """The :class:`Check` of one annotated-types constraint ``meta`` (``at`` is the annotated_types module)."""
+    return _check(at, meta, where)
+
+
 def _check(at: Any, meta: Any, where: str) -> Check:
     if isinstance(meta, at.Gt):
         bound = meta.gt

@@ -17,7 +17,9 @@ def describe(configs_or_class: Any) -> list[dict[str, Any]]:
     """One row per item: ``name`` (dotted path), ``type`` (see :func:`type_text`; ``base_type`` and ``rule`` are
     its two parts, e.g. ``'int'`` and ``'≥ 1'``), ``plain`` (whether values are plain data: numbers, strings, flags
     or a Literal/Optional of those), ``default`` (class default, or the first option, or ``None``), ``options``,
-    ``help`` (comment above the declaration), ``is_hyperparam``, ``is_meta``; for a config object also ``value``
+    ``values`` (the values a command line may name, as text: the options, ``True``/``False`` for a bool, a
+    Literal's choices; shell completion offers them), ``help`` (comment above the declaration), ``is_hyperparam``,
+    ``is_meta``; for a config object also ``value``
     (its computed value, or ``None``) and ``computed``.
 
     Items of sub-configs appear under dotted names: for a class, those whose annotation is a config class; for an
@@ -57,6 +59,7 @@ def _row(cls: type, key: str, prefix: str, help_text: dict[str, str]) -> dict[st
         'plain': is_plain(spec.types[key]),
         'default': default,
         'options': options,
+        'values': list(dict.fromkeys([*map(str, options), *value_names(spec.types[key])])),
         'help': help_text.get(key, ''),
         'is_hyperparam': bool(spec.hyperparams.get(key, False)),
         'is_meta': bool(spec.meta.get(key, False)),
@@ -72,6 +75,23 @@ def type_text(spec: Any, key: str) -> str:
 
 
 _PLAIN = (int, float, str, bool, type(None))
+
+
+def value_names(annotation: Any) -> list[str]:
+    """The values of a type that can be listed, as text: ``['True', 'False']`` for ``bool``, a Literal's choices, an
+    Enum's names (and ``'None'`` beside them in an Optional); ``[]`` for other types."""
+    origin = get_origin(annotation)
+    if annotation is bool:
+        return ['True', 'False']
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return [m.name for m in annotation]
+    if origin is Literal:
+        return [str(c) for c in get_args(annotation)]
+    if origin in UNION_ORIGINS:
+        members = [value_names(m) for m in get_args(annotation) if m is not type(None)]
+        if any(members):
+            return [v for m in members for v in m] + (['None'] if type(None) in get_args(annotation) else [])
+    return []
 
 
 def is_plain(annotation: Any) -> bool:
