@@ -42,6 +42,10 @@ where it is, not here. labml_app's internals (the dashboard's server) are patche
   each packet in ``_send(data)`` to ``file_path`` and ends on the 'done' that the writer's ``finish()`` queues;
   ``tracker_singleton().finish_loop()`` calls every writer's ``finish()``; the writers are the tracker's
   ``_Tracker__writers``, a file writer's thread its ``thread``.
+- **L16 labml's config class**: ``labml.configs.BaseConfigs`` is an empty subclass of
+  ``labml.internal.configs.base.Configs``; code may declare config classes on the latter directly (labml's own tests
+  do); labml's modules that use the class
+  (``labml.internal.configs.processor``, ``labml.internal.experiment``) bind it when they are imported.
 - **L14** a created run's paths are ``Path`` attributes of ``Experiment`` (``experiment_path``) and its
   ``RunInfo`` under the lab's ``experiments`` folder, made only at ``Experiment.start()``.
 """
@@ -124,6 +128,14 @@ def global_configs() -> dict[str, Any]:
     """labml's own command-line overrides (L3), {} when there are none."""
     from labml.internal.experiment import global_params_singleton
     return dict(global_params_singleton().configs or {})
+
+
+def configs_base_module() -> Any:
+    """The module whose ``Configs`` is labml's own config class (L16), with labml's modules that use the class
+    imported first, so they keep labml's class when the module's ``Configs`` is replaced (the engine switch)."""
+    importlib.import_module('labml.internal.configs.processor')
+    importlib.import_module('labml.internal.experiment')
+    return importlib.import_module('labml.internal.configs.base')
 
 
 def dynamic_hyperparam(name: str) -> Any:
@@ -287,6 +299,13 @@ def has_indicator(key: str) -> bool:
     from labml.internal.tracker import tracker_singleton
     tracker = tracker_singleton()
     return key in tracker.indicators or key in tracker.dot_indicators
+
+
+def has_unsaved_values() -> bool:
+    """Whether any indicator of labml's tracker holds values not saved yet (L6: ``tracker.save()`` writes and
+    clears them)."""
+    from labml.internal.tracker import tracker_singleton
+    return any(not ind.is_empty() for ind in tracker_singleton().indicators.values())
 
 
 def text_indicator(name: str, is_print: bool = False) -> Any:

@@ -27,7 +27,12 @@ the one module of lazylab that reaches into labml's private API):
   TrainValidConfigs, SimpleTrainValidConfigs, DeviceConfigs, …) is a lazylab config. Classes imported before
   the call stay labml's (and keep working with labml's engine): call it first.
 - Where torchvision cannot be imported, a placeholder stands in (:mod:`lazylab.labml.placeholders`), so labml_nn's
-  text experiments import; using anything from it raises MissingPackageError naming the package.
+  text experiments import; using anything from it raises MissingPackageError naming the package. labml_nn 0.5.1's
+  Transformer-XL and Compressive Transformer experiments import ``SimpleStateModule`` from
+  ``labml_nn.helpers.metrics``, which lacks it; lazylab's own is added there when that module is imported.
+- Writer names of earlier labml (``labml``, ``web_api``, ``sqlite``, ``tensorboard``, …) given to
+  ``experiment.create`` become labml 0.5.3's (``app``, ``file``) and lazylab's tracking, with one warning, where
+  labml 0.5.3 raises ``ValueError: Unknown writer``.
 - labml 0.5.3's gaps for older labml code are filled: ``experiment.add_pytorch_models`` / ``save_checkpoint``,
   ``tracker.set_text`` and text values, ``tracker.set_queue``, ``tracker.set_image`` (images dropped),
   ``tracker.debug``; ``tracker.add(name, nn.Module)`` is skipped with one notice instead of
@@ -38,7 +43,12 @@ the one module of lazylab that reaches into labml's private API):
 import sys
 
 from lazylab.labml import adapter, configs
-from lazylab.labml.placeholders import MissingPackageError, install_placeholder, remove_placeholders
+from lazylab.labml.placeholders import (
+    MissingPackageError,
+    install_missing_names,
+    install_placeholder,
+    remove_placeholders,
+)
 
 __all__ = ['install', 'uninstall', 'is_installed', 'MissingPackageError']
 
@@ -55,6 +65,7 @@ def install(engine: bool = True) -> None:
     """
     adapter.patch_labml()
     install_placeholder('torchvision')
+    install_missing_names()
     if not engine:
         return
     early = sorted(name for name in sys.modules if name.split('.')[0] in _ENGINE_PACKAGES)

@@ -41,7 +41,9 @@ def is_lazylab_configs(value: Any) -> bool:
 # ---- the configuration engine switch ------------------------------------------------------------------------------
 
 def switch_configs_module() -> None:
-    """Serve ``labml.configs`` from :mod:`lazylab.labml.configs` (for modules imported from now on)."""
+    """Serve ``labml.configs`` from :mod:`lazylab.labml.configs` (for modules imported from now on), and make its
+    ``BaseConfigs`` the class ``labml.internal.configs.base.Configs`` names too, the class labml's own
+    ``labml.configs.BaseConfigs`` extends (so classes declared on it directly are lazylab configs as well)."""
     import labml
     import labml.configs as labml_configs
     if sys.modules.get('labml.configs') is served:
@@ -51,6 +53,7 @@ def switch_configs_module() -> None:
     _ORIGINAL.setdefault((labml, 'configs'), labml_configs)
     sys.modules['labml.configs'] = served
     labml.configs = served
+    _replace(labml_internals.configs_base_module(), 'Configs', served.BaseConfigs)
 
 
 # ---- experiment.configs -------------------------------------------------------------------------------------------
@@ -107,9 +110,33 @@ def configure_lab(experiments_path: Path, data_path: Path, fresh: bool = True) -
                              'data_path': str(data_path)})
 
 
+#: writer names labml had before 0.5, which labml 0.5.3 refuses (``ValueError: Unknown writer``), and the writer of
+#: 0.5.3 each becomes: the labml app's ('labml', 'web_api') is 'app'; the others' records are labml's file writer
+#: (lazylab's dashboard reads it) and, under ``lazylab labml``, metrics.jsonl
+OLD_WRITERS = {'labml': 'app', 'web_api': 'app', 'sqlite': 'file', 'tensorboard': 'file', 'wandb': 'file',
+               'comet': 'file'}
+
+
+def known_writers(writers: Any) -> Any:
+    """``writers`` with the names labml 0.5.3 does not know but earlier labml did replaced (:data:`OLD_WRITERS`),
+    with one warning line naming them; other names unchanged (labml refuses an unknown one itself)."""
+    import labml.experiment
+    available = getattr(labml.experiment, 'AVAILABLE_WRITERS', ())
+    old = sorted(w for w in writers if w in OLD_WRITERS and w not in available)
+    if not old:
+        return writers
+    print(f'lazylab: warning: labml {_labml_version()} has no writer {", ".join(map(repr, old))} (a name of earlier '
+          f'labml); recording with {", ".join(sorted({repr(OLD_WRITERS[w]) for w in old}))} and lazylab\'s '
+          f'tracking instead', file=sys.stderr, flush=True)
+    return {OLD_WRITERS.get(w, w) if w in old else w for w in writers}
+
+
 def create(**kwargs: Any) -> None:
-    """``labml.experiment.create``; under ``lazylab labml`` the session first sets labml's paths and writers."""
+    """``labml.experiment.create``; under ``lazylab labml`` the session first sets labml's paths and writers. Writer
+    names of earlier labml are mapped to labml 0.5.3's (:func:`known_writers`)."""
     kwargs = labml_internals.ignoring_caller(kwargs, __file__)  # labml names the script, not this module
+    if kwargs.get('writers') is not None:
+        kwargs['writers'] = known_writers(kwargs['writers'])
     if SESSION is not None:
         kwargs['writers'] = SESSION.before_create(kwargs.get('writers'))
     with labml_internals.quiet_labml_notices():
@@ -126,6 +153,75 @@ def experiment_run() -> Any:
 class StepLimitReached(BaseException):
     """Raised (by :class:`StepLimit`) when a run has made its ``--steps`` optimizer updates; a BaseException, like
     KeyboardInterrupt, so that a script's ``except Exception`` does not swallow it."""
+
+
+class StepLimit:
+    """Ends a run after exactly ``steps`` optimizer updates (every optimizer's, through torch's global hooks, so any
+    labml script is covered), once the last step is whole.
+
+    After the N-th update the run stops at the first of:
+
+    - the next ``tracker.save()``, once it has written (labml_nn's trainers save at the end of each step);
+    - the next ``tracker.add_global_step()`` (the start of step N + 1 in a script that saves less often), after
+      saving the values tracked since the last save, so no step's indicators are lost;
+    - the next optimizer update, before it happens (a script that does neither: its N + 1-th forward and backward
+      pass has run, but not its update).
+
+    One limit is active at a time (:data:`LIMIT`); :meth:`remove` ends it.
+    """
+
+    def __init__(self, steps: int):
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+        global LIMIT
+        self.steps = steps
+        self.count = 0
+        self._handles = [register_optimizer_step_pre_hook(self._before_update),
+                         register_optimizer_step_post_hook(self._after_update)]
+        LIMIT = self
+
+    @property
+    def reached(self) -> bool:
+        return self.count >= self.steps
+
+    def _before_update(self, optimizer, args, kwargs):
+        if self.reached:
+            self.stop(save=True)
+
+    def _after_update(self, optimizer, args, kwargs):
+        self.count += 1
+
+    def stop(self, save: bool) -> None:
+        """End the run here; ``save``: first save what labml's tracker holds unsaved (the steps since the last
+        save)."""
+        if save and labml_internals.has_unsaved_values():
+            _ORIGINAL[(_tracker_module(), 'save')]()
+        raise StepLimitReached(self.steps)
+
+    def remove(self) -> None:
+        global LIMIT
+        for handle in self._handles:
+            handle.remove()
+        if LIMIT is self:
+            LIMIT = None
+
+
+#: the active step limit (see StepLimit), or None
+LIMIT: Optional[StepLimit] = None
+
+
+def _tracker_save(*args: Any, **kwargs: Any) -> Any:
+    """``labml.tracker.save``; ends the run after it when the step limit is reached (see :class:`StepLimit`)."""
+    result = _ORIGINAL[(_tracker_module(), 'save')](*args, **kwargs)
+    if LIMIT is not None and LIMIT.reached:
+        LIMIT.stop(save=False)
+    return result
+
+
+def _tracker_add_global_step(*args: Any, **kwargs: Any) -> Any:
+    """``labml.tracker.add_global_step``; a step limit reached ends the run before the next step begins."""
+    if LIMIT is not None and LIMIT.reached:
+        LIMIT.stop(save=True)
+    return _ORIGINAL[(_tracker_module(), 'add_global_step')](*args, **kwargs)
 
 
 def start(*args: Any, **kwargs: Any) -> Any:
@@ -287,6 +383,8 @@ def patch_labml() -> None:
     _replace(experiment, 'add_pytorch_models', add_pytorch_models, only_if_missing=True)
     _replace(experiment, 'save_checkpoint', save_checkpoint, only_if_missing=True)
     _replace(tracker, 'add', _tracker_add)
+    _replace(tracker, 'save', _tracker_save)
+    _replace(tracker, 'add_global_step', _tracker_add_global_step)
     _replace(tracker, 'set_text', set_text, only_if_missing=True)
     _replace(tracker, 'set_queue', set_queue, only_if_missing=True)
     _replace(tracker, 'set_image', set_image, only_if_missing=True)

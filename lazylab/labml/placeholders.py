@@ -10,6 +10,13 @@ package to install.
 
     install_placeholder('torchvision')      # True when the stand-in was installed; False when the real one imports
     remove_placeholders()                   # sys.modules without them again
+
+Names a module of labml_nn 0.5.1 imports from another that lacks them are supplied too: ``labml_nn.transformers.xl``
+and ``.compressive`` import ``SimpleStateModule`` from ``labml_nn.helpers.metrics``, which no longer defines it, and
+fail on labml's own engine. :func:`install_missing_names` adds a :class:`SimpleStateModule` of lazylab's own to that
+module when it is imported (and only if it lacks one)::
+
+    install_missing_names()                 # from now on; remove_placeholders() takes the hook out again
 """
 import importlib
 import importlib.abc
@@ -122,8 +129,106 @@ def install_placeholder(package: str) -> bool:
 
 
 def remove_placeholders() -> None:
-    """Take every placeholder out of ``sys.modules`` again (a later ``import`` tries the real package)."""
+    """Take every placeholder out of ``sys.modules`` again (a later ``import`` tries the real package), and the hook
+    of :func:`install_missing_names` out of the import system (names it added stay)."""
     for name in [n for n, m in sys.modules.items() if is_placeholder(m)]:
         del sys.modules[name]
-    if _FINDER in sys.meta_path:
-        sys.meta_path.remove(_FINDER)
+    for finder in (_FINDER, _FILLER):
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
+
+
+# ---- names labml_nn 0.5.1 imports that its own modules lack ------------------------------------------------------
+
+def _simple_state_module(metrics: types.ModuleType) -> type:
+    """``SimpleStateModule`` as labml_nn's Transformer-XL and Compressive Transformer experiments use it: one value
+    (their memory) per trainer that ``get()`` reads and ``set(value)`` replaces.
+
+    labml_nn's ``Trainer`` gives each of its state modules one state per trainer (``create_state()``), switches to
+    the trainer's own before each pass (``set_state``), and calls ``on_epoch_start()`` when it begins a new pass
+    over its data: so training and validation each keep their own memory, which lasts across the inner
+    iterations of an epoch and starts empty (None) at each epoch.
+    """
+
+    class Slot:
+        """One trainer's value."""
+
+        def __init__(self):
+            self.value = None
+
+    class SimpleStateModule(metrics.StateModule):
+        def __init__(self):
+            super().__init__()
+            self._slot = Slot()  # usable before a trainer gives it one (a script's own loop)
+
+        def get(self):
+            return self._slot.value
+
+        def set(self, value) -> None:
+            self._slot.value = value
+
+        def create_state(self) -> Slot:
+            return Slot()
+
+        def set_state(self, slot: Slot) -> None:
+            self._slot = slot
+
+        def on_epoch_start(self) -> None:
+            self._slot.value = None
+
+        def on_epoch_end(self) -> None:
+            pass
+
+    SimpleStateModule.__module__ = metrics.__name__
+    SimpleStateModule.__qualname__ = 'SimpleStateModule'
+    SimpleStateModule.__doc__ = _simple_state_module.__doc__
+    return SimpleStateModule
+
+
+#: module -> {name: function making the missing attribute from the module}
+_MISSING_NAMES = {'labml_nn.helpers.metrics': {'SimpleStateModule': _simple_state_module}}
+
+
+def _add_missing_names(module: types.ModuleType) -> None:
+    for name, make in _MISSING_NAMES.get(module.__name__, {}).items():
+        if not hasattr(module, name):
+            setattr(module, name, make(module))
+
+
+class _Filler(importlib.abc.MetaPathFinder):
+    """Finds a module of :data:`_MISSING_NAMES` as the rest of the import system would, and adds the missing names
+    once the module has run."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Optional[importlib.machinery.ModuleSpec]:
+        if fullname not in _MISSING_NAMES:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _FillingLoader(spec.loader)
+        return spec
+
+
+class _FillingLoader(importlib.abc.Loader):
+    def __init__(self, loader: importlib.abc.Loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        _add_missing_names(module)
+
+
+_FILLER = _Filler()
+
+
+def install_missing_names() -> None:
+    """Add the names of :data:`_MISSING_NAMES` to their modules: now, to those imported already, and from now on
+    when each is imported. Idempotent."""
+    for name in _MISSING_NAMES:
+        if name in sys.modules:
+            _add_missing_names(sys.modules[name])
+    if _FILLER not in sys.meta_path:
+        sys.meta_path.insert(0, _FILLER)

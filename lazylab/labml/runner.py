@@ -109,8 +109,10 @@ def run_labml(module: str, settings: Sequence[str] = (), *, config: Optional[str
     session.console.install()
     adapter.SESSION = session
     try:
+        session.place_data()  # before the script runs: its code may read the text before experiment.configs
         _run_main(module, session)
     except OptionsRequested as o:
+        session.abort()  # --options writes nothing: the data copy goes again
         session.console.line(options_text(session.module, o.conf, o.values))
         return
     except BaseException as e:
@@ -142,8 +144,9 @@ def script_configs(module: str, settings: Sequence[str] = (), *, config: Optiona
     session.configure_lab()
     adapter.SESSION = session
     try:
+        session.place_data()  # the script's code may read the text before experiment.configs (rwkv prints its model)
         _run_main(module, session)
-    except OptionsRequested as o:  # (Session.apply_configs, less placing labml's data)
+    except OptionsRequested as o:  # (Session.apply_configs)
         conf = o.conf
         parse_overrides([f'{k}={v}' for k, v in session.overrides.items()], conf)
         conf._set_values(o.values)
@@ -154,6 +157,7 @@ def script_configs(module: str, settings: Sequence[str] = (), *, config: Optiona
         return conf
     finally:
         adapter.SESSION = None
+        session.abort()  # nothing written: the data copy goes again
     raise UsageError(f'{module} never calls experiment.configs(conf, …): it has no configs to set')
 
 

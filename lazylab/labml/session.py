@@ -7,8 +7,7 @@ script calls them::
     experiment.create(name=…)         before_create: labml's data goes under RUNS_DIR/data/, its writers are chosen
     experiment.configs(conf, {...})   apply_configs: the script's dict, then --config FILE, then key=value (typed
                                       and checked first: an unknown key or bad value is a one-line error, exit 2)
-    experiment.start()                before_start: the sub-configs a dotted key names are built (so their keys are
-                                      checked too), then RUN_DIR is made (lazylab.runs.make_run_dir: a new id when
+    experiment.start()                before_start: RUN_DIR is made (lazylab.runs.make_run_dir: a new id when
                                       another run took one), labml's run moved under RUN_DIR/labml/, run.json and
                                       configs.yaml written; after_start: metrics.jsonl / samples.txt, --steps limit
     (training)                        the step limit ends training after N optimizer updates, as 'completed'
@@ -20,8 +19,9 @@ RUN_DIR is ``RUNS_DIR/MODULE/RUN_ID`` (MODULE: the dotted module name, or a file
 :class:`lazylab.runs.RunRecord` whose ``source`` is ``{'kind': 'labml', 'module': …}`` (a file's also has its
 ``path``), which ``lazylab resume`` and ``generate`` refuse: the script owns its training loop. Nothing is written
 before ``experiment.start()`` except the bundled Tiny Shakespeare copied into ``RUNS_DIR/data`` (labml's data path)
-once the overrides are known to be good; :meth:`Session.abort` removes that copy again when a mistake ends the run
-before it started.
+before the script's ``main()`` runs, so that no code of the script downloads it (labml_nn's datasets, a script that
+builds its model before ``experiment.configs``, ``--options``); :meth:`Session.abort` removes that copy again when
+the run ends before it started (a mistake, ``--options``).
 """
 import json
 import os
@@ -39,8 +39,8 @@ from lazylab.errors import UsageError, user_error_message
 from lazylab.labml import adapter
 from lazylab.labml.console import Console
 
-# late imports: torch's optimizer hook is imported when a session starts: importing the session (the CLI) imports no
-# torch
+# late imports: what imports torch (the step limit's hooks, the bundled text) is imported when a session starts:
+# importing the session (the CLI) imports no torch
 
 TINY_SHAKESPEARE = 'tiny_shakespeare.txt'  # the name labml_nn's `tiny_shakespeare` option looks for
 SOURCE_KIND = 'labml'  # run.json's source.kind of a `lazylab labml` run
@@ -53,28 +53,6 @@ class OptionsRequested(BaseException):
         super().__init__('options requested')
         self.conf = conf
         self.values = values
-
-
-class StepLimit:
-    """A torch optimizer pre-step hook that lets ``steps`` updates happen and stops the run at the next one.
-
-    Counts every optimizer's steps (torch's global hook), so it works for any labml script; raising before the
-    (N+1)-th update means the N steps' indicators were all saved.
-    """
-
-    def __init__(self, steps: int):
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-        self.steps = steps
-        self.count = 0
-        self._handle = register_optimizer_step_pre_hook(self)
-
-    def __call__(self, optimizer, args, kwargs):
-        if self.count >= self.steps:
-            raise adapter.StepLimitReached(self.steps)
-        self.count += 1
-
-    def remove(self):
-        self._handle.remove()
 
 
 class Session:
@@ -117,9 +95,9 @@ class Session:
         self.started = False
         self.finished = False
         self.status = ''
-        self._placed: list[Path] = []  # what the data placement created, to undo on a mistake before start
+        self._placed: list[Path] = []  # what place_data created, to undo when the run ends before its start
         self._writer: Optional[adapter.MetricsWriter] = None
-        self._limit: Optional[StepLimit] = None
+        self._limit: Optional[adapter.StepLimit] = None
         self._sigint: Any = None
         self._started_at = 0.0
         self.console = console or Console(sys.stdout, plain=not sys.stdout.isatty(),
@@ -158,6 +136,9 @@ class Session:
     def check_not_lazylab(self, conf: Any) -> None:
         """``experiment.configs`` got a dict or a labml config first (a later dict updates the config object, as in
         labml): the command line's settings have no declared types to follow."""
+        if self.conf is None and self.options_only:  # nothing to list, and nothing of the script runs further
+            raise UsageError(f'{self.module} passes a {type(conf).__name__} to experiment.configs, not a config '
+                             f'class: there are no keys to list')
         if self.conf is None and (self.overrides or self.file_values):
             raise UsageError(f'{self.module} passes a {type(conf).__name__} to experiment.configs; key=value and '
                              f'--config need a config class (labml.configs.BaseConfigs under lazylab labml)')
@@ -176,11 +157,10 @@ class Session:
             load(conf, without_class_defaults(conf, self.file_values))
         if self.overrides:
             apply_overrides(conf, self.overrides)
-        self._place_data()
 
-    def _place_data(self) -> None:
-        """Copy the bundled Tiny Shakespeare to labml's data path, where labml_nn's TextFileDataset looks for it
-        (so it is not downloaded)."""
+    def place_data(self) -> None:
+        """Copy the bundled Tiny Shakespeare to labml's data path, where labml_nn's TextFileDataset (and scripts of
+        their own, such as glu_variants.simple) look for it, so it is not downloaded."""
         from lazylab.data import bundled_text_path  # imports torch: only when a run places its data (CLI start-up)
         target = self.data_dir / TINY_SHAKESPEARE
         if target.exists():
@@ -195,8 +175,9 @@ class Session:
         if self.options_only:
             raise UsageError(f'{self.module} reached experiment.start() without calling experiment.configs(conf, …); '
                              f'there are no configs to list')
-        if self.conf is not None:
-            inspect.build_addressed(self.conf)  # a misspelt key of a sub-config is an error now, not mid-training
+        # The sub-configs a dotted key addresses are built when the script first reads them, as labml builds them:
+        # building one here would compute what it reads too soon (ponder_net's optimizer reads the model its
+        # init() sets inside the run). Keys checkable against a declared config class were checked when given.
         self.run_dir = self._given_run_dir or runs.make_run_dir(self.runs_dir / self.module)
         labml_internals.move_run(self.run_dir.resolve() / runs.LABML_DIR)
         self.started = True
@@ -216,7 +197,7 @@ class Session:
         self._writer = adapter.metrics_writer(self.run_dir / runs.METRICS_JSONL, self.run_dir / runs.SAMPLES_TXT)
         self._sigint = signal.getsignal(signal.SIGINT)  # labml's training loops replace it and restore it at the end
         if self.steps is not None:
-            self._limit = StepLimit(self.steps)
+            self._limit = adapter.StepLimit(self.steps)
         self._started_at = time.monotonic()
         self.console.line(f'lazylab labml: {self.module} → {self.run_dir}' +
                           (f' (stops after {self.steps} optimizer steps)' if self.steps is not None else ''))
@@ -267,7 +248,8 @@ class Session:
         self.status = values['status']
 
     def abort(self) -> None:
-        """A mistake ended the run before ``experiment.start()``: remove the data copy this run placed."""
+        """The run ended before ``experiment.start()`` (a mistake, ``--options``): remove the data copy this run
+        placed."""
         if self.started:
             return
         for path in self._placed:

@@ -1,5 +1,7 @@
 """Drop-in check: labml_nn's own config modules, with `labml.configs` replaced by `lazylab.configs`, build the
-same modules (same parameter names and values under the same seed) as with labml.configs."""
+same modules (same parameter names and values under the same seed) as with labml.configs; and items declared the
+way labml_nn declares them take the values labml code gives them (None for `n: int = None`, a device string for a
+`torch.device` item)."""
 import inspect
 import types
 
@@ -7,6 +9,8 @@ import labml_nn.optimizers.configs
 import labml_nn.transformers.configs as labml_transformer_configs
 import pytest
 import torch
+
+from lazylab.configs import BadValueError, BaseConfigs, apply_overrides, load
 
 
 def _with_lazylab(module):
@@ -64,3 +68,51 @@ def test_optimizer_configs_primary_and_dotted_learning_rate():
     opt = conf.optimizer
     assert type(opt).__name__ == 'Adam'
     assert opt.param_groups[0]['lr'] == 0.25 and opt.param_groups[0]['betas'] == (0.5, 0.75)
+
+
+class _Idioms(BaseConfigs):
+    """Two labml_nn idioms for items a script may give values to."""
+    n: int = None                     # the annotation says int, the default is None (labml_nn's optional sizes)
+    m: int = 3                        # an int default: None stays refused
+    device: torch.device = torch.device('cpu')
+
+
+def test_an_int_item_whose_default_is_none_takes_none_from_code_assignment_yaml_and_text():
+    conf = _Idioms()
+    conf._set_values({'n': None})
+    assert conf.n is None
+    conf = _Idioms()
+    conf.n = None
+    assert conf.n is None
+    conf = _Idioms()
+    load(conf, {'n': None})           # a configs.yaml dump writes it as null
+    assert conf.n is None
+    conf = _Idioms()
+    apply_overrides(conf, {'n': 'null'})
+    assert conf.n is None
+    conf = _Idioms()
+    apply_overrides(conf, {'n': '7'})
+    assert conf.n == 7
+    with pytest.raises(BadValueError, match="^bad value for n: expected int, got 'seven'$"):
+        apply_overrides(_Idioms(), {'n': 'seven'})
+
+
+def test_an_int_item_with_an_int_default_still_refuses_none():
+    with pytest.raises(BadValueError, match='^bad value for m: expected int, not null, got None$'):
+        _Idioms()._set_values({'m': None})
+
+
+@pytest.mark.parametrize('given, expected', [('cpu', torch.device('cpu')), ('cuda:1', torch.device('cuda', 1))])
+def test_a_torch_device_item_takes_a_device_string_from_code_and_text(given, expected):
+    conf = _Idioms()
+    conf._set_values({'device': given})
+    assert conf.device == expected and isinstance(conf.device, torch.device)
+    conf = _Idioms()
+    apply_overrides(conf, {'device': given})
+    assert conf.device == expected
+
+
+def test_a_device_string_torch_does_not_know_is_one_line():
+    with pytest.raises(BadValueError, match="^bad value for device: expected a device such as cpu, cuda or cuda:0, "
+                                            "got 'gpu0'$"):
+        _Idioms()._set_values({'device': 'gpu0'})

@@ -24,7 +24,6 @@ from labml.internal.experiment import global_params_singleton
 import lazylab.labml
 from lazylab.data import bundled_text_path
 from lazylab.labml import adapter
-from lazylab.labml.session import StepLimit
 
 
 def _import(spec: str):
@@ -49,7 +48,7 @@ def main(module_name: str, out_dir: str, data_dir: str, steps: str, overrides: s
     adapter.configure_lab(out / 'labml', data)
     global_params_singleton().configs = json.loads(overrides)
     module = _import(module_name)
-    limit = StepLimit(int(steps))
+    limit = adapter.StepLimit(int(steps))
     try:
         module.main()
     except adapter.StepLimitReached:

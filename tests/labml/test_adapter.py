@@ -18,6 +18,7 @@ from labml.internal.configs.processor import ConfigProcessor, ConfigsSaver
 from labml.utils.pytorch import get_modules
 
 import lazylab.labml
+from lazylab import labml_internals as internals
 from lazylab.configs import BaseConfigs, UnknownItemError, option
 from lazylab.labml import adapter, placeholders
 
@@ -266,3 +267,119 @@ def test_lazylab_script_on_labml_experiment_api_saves_configs_in_labml_run(tmp_p
     assert saved['width']['value'] == 5 and saved['width']['is_explicitly_specified'] is True
     assert saved['a']['computed'] == 1 and saved['a']['is_explicitly_specified'] is False
     assert saved['net']['computed'].startswith('Linear(in_features=5')
+
+
+def _train(save_every: int, global_steps: bool, limit: int = 2) -> tuple[int, int, list]:
+    """A labml training loop of at most 10 steps under a step limit of `limit` updates: (forward passes, updates,
+    what labml's tracker wrote as (global step, means)). Each step: add_global_step, forward, backward, update,
+    track the step's number as 'loss.train', and save every `save_every` steps (0: never)."""
+    lazylab.labml.install(engine=False)
+    written = []
+    internals.add_writer(internals.tracker_writer(lambda step, means, texts: written.append((step, means))))
+    model = torch.nn.Linear(2, 1)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    forwards = 0
+    step_limit = adapter.StepLimit(limit)
+    try:
+        with pytest.raises(adapter.StepLimitReached):
+            for i in range(10):
+                if global_steps:
+                    labml.tracker.add_global_step()
+                forwards += 1
+                model(torch.ones(1, 2)).sum().backward()
+                sgd.step()
+                sgd.zero_grad()
+                labml.tracker.add('loss.train', float(i))
+                if save_every and (i + 1) % save_every == 0:
+                    labml.tracker.save()
+    finally:
+        step_limit.remove()
+    return forwards, step_limit.count, written
+
+
+def test_step_limit_stops_after_the_nth_steps_save():
+    """labml_nn's trainers save at the end of each step: the run ends there, after exactly N forward passes (it
+    used to run the N + 1-th forward and backward pass and stop before its update)."""
+    assert _train(save_every=1, global_steps=True) == (2, 2, [(1, {'loss.train': 0.0}), (2, {'loss.train': 1.0})])
+    assert adapter.LIMIT is None  # removed
+
+
+def test_step_limit_stops_at_the_next_steps_start_and_saves_the_steps_since_the_last_save():
+    """glu_variants.simple saves every 10 steps: the run ends when step N + 1 adds its global step, and what steps
+    1..N tracked is saved as one record at step N."""
+    assert _train(save_every=10, global_steps=True) == (2, 2, [(2, {'loss.train': 0.5})])
+
+
+def test_step_limit_stops_before_the_next_update_of_a_loop_that_neither_saves_nor_counts():
+    assert _train(save_every=0, global_steps=False) == (3, 2, [(0, {'loss.train': 0.5})])
+
+
+def test_writer_names_of_earlier_labml_become_labml_0_5_3_writers_with_one_warning(tmp_path, capsys):
+    """labml_nn 0.5.1 asks for 'labml' (fta, value_pe), 'web_api' (deep_norm), 'sqlite' (cfr.kuhn)."""
+    adapter.configure_lab(tmp_path / 'logs', tmp_path / 'data')
+    with pytest.raises(ValueError, match='^Unknown writer: sqlite$'):  # labml 0.5.3 itself
+        labml.experiment.create(name='old', writers={'sqlite'})
+    lazylab.labml.install(engine=False)
+    labml.experiment.create(name='old', writers={'screen', 'sqlite', 'web_api', 'labml'})
+    assert labml_experiment.experiment_singleton().writers == {'screen', 'file', 'app'}
+    err = capsys.readouterr().err
+    assert err == ("lazylab: warning: labml 0.5.3 has no writer 'labml', 'sqlite', 'web_api' (a name of earlier "
+                   "labml); recording with 'app', 'file' and lazylab's tracking instead\n")
+    labml.experiment.create(name='new', writers={'screen'})
+    assert labml_experiment.experiment_singleton().writers == {'screen'} and capsys.readouterr().err == ''
+    with pytest.raises(ValueError, match='^Unknown writer: nonsense$'):  # a name labml never had: labml's error
+        labml.experiment.create(name='bad', writers={'nonsense'})
+
+
+DECLARED_ON_LABMLS_CLASS = '''
+from labml.configs import aggregate, option
+from labml.internal.configs.base import Configs
+
+
+class Part(Configs):
+    calc: str
+    given: str
+
+    def __init__(self):
+        super().__init__(_primary='calc')
+
+
+@option(Part.calc)
+def _calc(c):
+    return c.given + ' part'
+
+
+class Whole(Configs):
+    x: str = 'x'
+    part: Part
+    mode: str
+    a: str = 'a'
+
+
+@option(Whole.part)
+def _part(c):
+    p = Part()
+    p.given = c.x
+    return p
+
+
+aggregate(Whole.mode, 'big', (Whole.a, 'A'))
+'''
+
+
+def test_classes_declared_on_labmls_internal_configs_class_are_lazylab_configs_under_the_switch():
+    """labml's own tests declare config classes on labml.internal.configs.base.Configs (which labml.configs'
+    BaseConfigs extends): under the switch they are lazylab configs, option, primary item and aggregate included."""
+    import labml.internal.configs.base as labml_base
+    labml_own = labml_base.Configs
+    lazylab.labml.install()
+    scope: dict = {}
+    exec(compile(DECLARED_ON_LABMLS_CLASS, '<declared on labml.internal.configs.base.Configs>', 'exec'), scope)
+    conf = scope['Whole']()
+    conf._set_values({'x': 'y', 'mode': 'big'})
+    assert getattr(type(conf), '_lazylab_is_configs', False)
+    assert (conf.part, conf.a) == ('y part', 'A')  # the primary item stands for the sub-config
+    with pytest.raises(UnknownItemError, match="did you mean 'x'"):
+        scope['Whole']()._set_values({'xx': 'z'})
+    lazylab.labml.uninstall()
+    assert labml_base.Configs is labml_own

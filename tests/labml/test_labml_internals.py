@@ -1,4 +1,4 @@
-"""Pins each assumption lazylab/labml_internals.py makes about labml's private API (L1–L14 in its docstring) to
+"""Pins each assumption lazylab/labml_internals.py makes about labml's private API (L1–L16 in its docstring) to
 labml 0.5.3's behaviour, in this process (labml's singletons saved and put back around each test: the
 `labml_state` fixture of tests/labml/conftest.py).
 
@@ -172,6 +172,14 @@ def test_L6_indicators_text_queue_dropped_and_lookup():
     assert text.is_empty()
 
 
+def test_L6_values_are_unsaved_from_tracking_until_a_save():
+    assert not internals.has_unsaved_values()
+    labml.tracker.add('loss.x', 1.0)
+    assert internals.has_unsaved_values()
+    labml.tracker.save(1)
+    assert not internals.has_unsaved_values()
+
+
 def test_L7_watcher_statuses_and_a_stop_that_completes():
     finished = []
     exp = types.SimpleNamespace(finish=lambda status, details=None: finished.append(status))
@@ -341,3 +349,13 @@ def test_L15_a_failed_write_of_the_file_writer_is_kept_and_its_thread_still_ends
     assert isinstance(failure, FileNotFoundError) and failure.filename == str(gone)
     internals.reset_file_writer_failure()
     assert internals.file_writer_failure() is None
+
+
+def test_L16_labml_configs_class_is_the_base_modules_and_labmls_modules_keep_it_when_it_is_replaced(monkeypatch):
+    base = internals.configs_base_module()
+    assert sys.modules['labml.configs'].BaseConfigs.__bases__ == (base.Configs,)  # (labml's own: not installed)
+    own = base.Configs
+    monkeypatch.setattr(base, 'Configs', type('Other', (), {}))
+    processor = sys.modules['labml.internal.configs.processor']
+    # bound when they were imported: labml's isinstance checks (experiment.configs, ConfigProcessor) keep its class
+    assert processor.Configs is own and labml_experiment.Configs is own

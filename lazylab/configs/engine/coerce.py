@@ -113,7 +113,21 @@ def coerce_text(text: str, annotation: Any) -> Any:
         if not isinstance(value, dict):
             raise TypeMismatch(f'expected {describe_type(annotation)}')
         return conform(value, annotation)
+    if _built_from_text(annotation):
+        try:
+            return annotation(stripped)
+        except (RuntimeError, ValueError, TypeError):
+            raise TypeMismatch(f'expected a {describe_type(annotation)} such as cpu, cuda or cuda:0') from None
     raise TypeMismatch(f'a {describe_type(annotation)} cannot be given as text')
+
+
+#: classes whose value a text names, built by calling the class on it (``torch.device('cuda:0')``); named by
+#: (module, name) so the engine imports no torch (the class is imported wherever an item is declared with it)
+_BUILT_FROM_TEXT = frozenset({('torch', 'device')})
+
+
+def _built_from_text(annotation: Any) -> bool:
+    return isinstance(annotation, type) and (annotation.__module__, annotation.__qualname__) in _BUILT_FROM_TEXT
 
 
 def _integer_hint(text: str) -> str:

@@ -106,6 +106,9 @@ def typed_value(view: Any, key: str, value: Any, from_text: bool = True) -> Any:
     annotation = spec.types[key]
     if type(value) is annotation and annotation is not str:  # already a value of the type (an int for an int item)
         return value
+    if _defaults_to_none(spec, key) and (value is None or (isinstance(value, str) and annotation is not str
+                                                          and _is_null_text(value))):
+        return None  # `n: int = None`: the default's type widens the annotation
     options = spec.options.get(key)
     if isinstance(value, str) and (value == AGGREGATE_MARKER or (options and value in options)):
         return value
@@ -124,6 +127,19 @@ def typed_value(view: Any, key: str, value: Any, from_text: bool = True) -> Any:
         raise BadValueError(f'bad value for {path}: {why}, got {shown(value)}{e.hint}', path) from None
 
 
+def _defaults_to_none(spec: Any, key: str) -> bool:
+    """Whether item ``key``'s class default is None: labml code declares ``n: int = None`` for an item that may be
+    left unset, and such an item takes None as a value too, as its default does (given by code, as YAML null)."""
+    return key in spec.defaults and spec.defaults[key] is None
+
+
+def _is_null_text(text: str) -> bool:
+    try:
+        return coerce_text(text, type(None)) is None
+    except TypeMismatch:
+        return False
+
+
 def check_given(view: Any, key: str, value: Any):
     """Check a value given for item ``key`` against its constraints (``Annotated[int, Ge(1)]``); an option
     name is not a value yet, and what its option computes is checked when stored.
@@ -133,7 +149,7 @@ def check_given(view: Any, key: str, value: Any):
     """
     spec = view._spec  # current: every caller has just read view.spec
     rule = spec.rules.get(key)
-    if rule is None:
+    if rule is None or (value is None and _defaults_to_none(spec, key)):
         return
     if isinstance(value, str) and (value == AGGREGATE_MARKER or value in spec.options.get(key, ())):
         return
