@@ -241,7 +241,7 @@ def test_plots_label_the_loss_as_the_runs_task_does(tmp_path, monkeypatch):
      'nu, favor_features, update_rule, sum_normalization, attention_normalization, kernel, chunk_size have no effect '
      'with model=softmax (only the fast-weight model reads them); leave them out, or use model=fast_weights'),
     (['--config', '{tmp}/fast.yaml', 'hidden_size=8'],
-     'phi (from --config {tmp}/fast.yaml) has no effect with model=softmax (only the fast-weight model reads it); '
+     'phi (from --config {tmp}/fast.yaml:1) has no effect with model=softmax (only the fast-weight model reads it); '
      'leave it out, or use model=fast_weights'),
 ], ids=['phi', 'every fast-weight key', 'from a --config file'])
 def test_fast_weight_keys_given_with_the_softmax_model_are_an_error(tmp_path, capsys, keys, message):

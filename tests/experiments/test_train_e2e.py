@@ -21,6 +21,7 @@ from lazylab import cli
 from lazylab.configs import load, to_dict
 from lazylab.experiments import configure, discovery, replay
 from lazylab.experiments.trainer import load_checkpoint, read_metrics
+from lazylab.testing import replaced
 
 # 60 steps of 4 × 16 characters, validation + checkpoint every 10 steps; one CPU thread (fastest when the machine
 # is shared, and the same in every process, so results can be compared bit for bit).
@@ -227,8 +228,8 @@ def test_time_budget_fits_the_step_count_and_completes_the_cosine_schedule(tmp_p
     from lazylab.experiments import trainer
     monkeypatch.setattr(trainer, 'time', _FakeClock())
     runs = tmp_path / 'runs'
-    argv = [a for a in TINY if not a.startswith('max_steps')] + ['max_minutes=0.05', 'epochs=100',
-                                                                'valid_interval=40', f'runs_dir={runs}']
+    argv = replaced(TINY, 'max_minutes=0.05', 'epochs=100', 'valid_interval=40', f'runs_dir={runs}',
+                    drop=('max_steps',))
     threads = torch.get_num_threads()
     try:
         assert cli.main(['train', 'transformer', *argv]) == 0
@@ -269,8 +270,7 @@ def test_fast_weights_experiment_trains_and_generates(tmp_path, capsys):
 @pytest.mark.parametrize('model', ['feedback_transformer_kv', 'feedback_transformer'])
 def test_feedback_experiment_trains_and_generates_incrementally(tmp_path, capsys, model):
     runs = tmp_path / 'runs'
-    argv = [a for a in TINY if not a.startswith('max_steps')] + ['max_steps=20', f'model={model}', 'n_layers=2',
-                                                                f'runs_dir={runs}']
+    argv = replaced(TINY, 'max_steps=20', f'model={model}', 'n_layers=2', f'runs_dir={runs}')
     threads = torch.get_num_threads()
     try:
         assert cli.main(['train', 'feedback', *argv]) == 0
