@@ -1,5 +1,5 @@
 """The structure of the whole package, read from the source with `ast` (the import contracts themselves are
-import-linter's, in pyproject.toml, run by `make lint`): no import circle, at most 20 function-level imports of
+import-linter's, in pyproject.toml, run by `make lint`): no import circle, at most 28 function-level imports of
 lazylab's own modules, every function-level import with its reason in a comment, no function over 80 lines and
 no file over 600 outside lazylab/models (the kernels). See docs/contributing/architecture.md."""
 import ast
@@ -26,10 +26,17 @@ def test_lazylab_has_no_import_circle_even_through_function_level_imports():
     assert find_cycle(import_graph(IMPORTS, 'lazylab')) == []
 
 
-def test_at_most_20_function_level_imports_of_lazylabs_own_modules_each_with_its_reason():
+#: the most function-level imports of lazylab's own modules: 12 at the end of 2026-12-02, 24 after the shell's tab
+#: completion (a TAB answers in under 150 ms, so the command line imports each command's layer only when it runs)
+#: and the Slurm jobs (their pickled calls import the trainer only in the job's process); a bound that still makes a
+#: new one argue for itself
+MAX_LATE_OWN_IMPORTS = 28
+
+
+def test_few_function_level_imports_of_lazylabs_own_modules_each_with_its_reason():
     late = [i for i in IMPORTS if i.in_function and _own(i)]
     assert [f'{i.module}:{i.line}' for i in late if not i.commented] == []
-    assert len(late) <= 20, '\n'.join(f'{i.module}:{i.line} {i.targets}' for i in late)
+    assert len(late) <= MAX_LATE_OWN_IMPORTS, '\n'.join(f'{i.module}:{i.line} {i.targets}' for i in late)
 
 
 def test_every_function_level_import_of_another_package_says_why():
