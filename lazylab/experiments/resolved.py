@@ -4,6 +4,7 @@ get, and who set it, before the run.
     conf, later = resolve('transformer', ['d_model=64'])    # the same checks as `lazylab train`, up to the model
     print(resolved_text(conf, later))     # d_model = 64   command line …
     print(resolved_yaml(conf))            # a configs.yaml dump: `lazylab train transformer --config THIS` replays it
+    print(graph_text(conf, later, 'mermaid'))   # `--graph dot|mermaid|svg`: the same items as a graph
 
 The configuration is made as `train` makes it (`configure.make_configs`: the preset, the files, the settings) and
 checked as `train` checks it before the model (`check_values`, `check_trainer_items`, the memory the sizes need);
@@ -19,6 +20,8 @@ from typing import Any, Optional, Union
 import torch
 
 from lazylab.configs import describe, dump, inspect
+from lazylab.configs.graph import graph, to_dot, to_mermaid, to_svg
+from lazylab.configs.graph import need_dot as need_dot  # for `lazylab options --graph svg`, before the experiment
 from lazylab.experiments.configure import check_memory_needs, check_trainer_items, check_values, make_configs
 from lazylab.experiments.discovery import Experiment, find_experiment
 
@@ -140,3 +143,13 @@ def resolved_yaml(conf: Any) -> str:
     `lazylab train EXPERIMENT --config THIS_FILE` gives the run these values (the items computed only when the run
     starts are computed then, from the given ones)."""
     return dump(conf)
+
+
+def graph_text(conf: Any, later: dict[str, str], fmt: str) -> str:
+    """`--graph FORMAT`: the resolved configuration's lazy graph (`lazylab.configs.graph`) as dot, mermaid or svg
+    (drawn by graphviz's `dot`: a UsageError saying to install graphviz when it is missing)."""
+    g = graph(conf, later)
+    name = type(conf).__name__
+    if fmt == 'mermaid':
+        return to_mermaid(g)
+    return to_svg(to_dot(g, name)) if fmt == 'svg' else to_dot(g, name)

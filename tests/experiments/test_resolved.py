@@ -85,10 +85,10 @@ def test_resolved_refuses_what_train_refuses_with_the_same_line(tmp_path, cli_er
 
 
 @pytest.mark.parametrize('argv, message', [
-    (['transformer', 'd_model=8'], 'key=value settings need --resolved (lazylab options EXPERIMENT key=value … '
-                                   '--resolved): without it, options lists the declarations'),
-    (['transformer', '--format', 'yaml'], '--format needs --resolved (lazylab options EXPERIMENT key=value … '
-                                          '--resolved): without it, options lists the declarations'),
+    (['transformer', 'd_model=8'], 'key=value settings need --resolved or --graph (lazylab options EXPERIMENT '
+                                   'key=value … --resolved): without it, options lists the declarations'),
+    (['transformer', '--format', 'yaml'], '--format needs --resolved or --graph (lazylab options EXPERIMENT '
+                                          'key=value … --resolved): without it, options lists the declarations'),
 ])
 def test_settings_without_resolved_are_one_line(cli_error, argv, message):
     assert cli_error(['options', *argv]) == message
