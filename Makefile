@@ -21,6 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -e '.[test,dashboard,postgres,docs,slurm]'
 	$(PIP) install --no-deps labml-nn==0.5.1
 	$(PIP) install --no-deps fla-core==0.6.0
+	$(PY) lazylab/dashboard/assets.py   # the dashboard page's d3 and Bootstrap CSS, pinned by sha256 (not in git)
 	touch $@
 
 .PHONY: install train test lint docs notebooks

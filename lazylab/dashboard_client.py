@@ -255,6 +255,7 @@ def _adjust_labml_client() -> None:
       cannot keep the finished process alive.
     - labml opens a web browser on the run's page by default; a training command prints the URL instead
       (:func:`labml_internals.patch_client_browser`).
+    - labml's client prints its progress in colour with padding; it becomes plain lines (:class:`ClientConsole`).
     """
     global _ADJUSTED
     if _ADJUSTED:
@@ -262,7 +263,39 @@ def _adjust_labml_client() -> None:
     _ADJUSTED = True
     labml_internals.patch_client_upload_thread(_UPLOADS)
     labml_internals.patch_client_browser()
+    labml_internals.patch_client_console(ClientConsole())
     atexit.register(wait_for_app_upload, FLUSH_TIMEOUT_S)
+
+
+class ClientConsole:
+    """labml's app client's console lines as lazylab's: plain text, no colours, no padding, no progress dots, so
+    that a log file reads as the terminal did (labml_internals.patch_client_console):
+
+        labml dashboard: http://127.0.0.1:5005/run/UUID       the run's page, once the dashboard answered
+        lazylab: warning: labml dashboard stopped answering; retrying (the run's files are complete)   (stderr, once)
+        labml dashboard: caught up: all of the run is sent    when the last upload is through
+
+    labml's "Still updating labml server…", "Updating App. Please wait..." and its blank lines say nothing more.
+    """
+
+    def __init__(self, out=None, err=None):
+        self.out, self.err = out, err
+        self.retrying = False
+
+    def __call__(self, text: str) -> None:
+        text = text.strip()
+        if text.startswith('Monitor experiment at'):
+            self._say(f'labml dashboard: {text[len("Monitor experiment at"):].strip()}', self.out or sys.stdout)
+        elif text.startswith('Retrying again') and not self.retrying:
+            self.retrying = True
+            self._say("lazylab: warning: labml dashboard stopped answering; retrying (the run's files are complete)",
+                      self.err or sys.stderr)
+        elif text == 'Finished updating LabML App.':
+            self._say('labml dashboard: caught up: all of the run is sent', self.out or sys.stdout)
+
+    @staticmethod
+    def _say(line: str, stream) -> None:
+        print(line, file=stream, flush=True)
 
 
 def wait_for_app_upload(timeout: float = FLUSH_TIMEOUT_S, threads=None) -> bool:

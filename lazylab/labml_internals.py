@@ -46,6 +46,8 @@ where it is, not here. labml_app's internals (the dashboard's server) are patche
   ``labml.internal.configs.base.Configs``; code may declare config classes on the latter directly (labml's own tests
   do); labml's modules that use the class
   (``labml.internal.configs.processor``, ``labml.internal.experiment``) bind it when they are imported.
+- **L17 the app client's console**: ``labml.internal.app`` and ``labml.internal.app.url`` print through their
+  module's name ``logger`` (``logger.log(text or parts, style, is_new_line=)``), coloured and padded for a terminal.
 - **L14** a created run's paths are ``Path`` attributes of ``Experiment`` (``experiment_path``) and its
   ``RunInfo`` under the lab's ``experiments`` folder, made only at ``Experiment.start()``.
 """
@@ -487,6 +489,23 @@ def patch_client_upload_thread(sink: list) -> None:
             return ok
 
     labml_client.AppTracker = DaemonAppTracker
+
+
+def patch_client_console(say: Callable[[str], None]) -> None:
+    """Route the lines labml's app client prints (L17: "Monitor experiment at URL", "Still updating labml server",
+    "Updating App. Please wait...", "Retrying again in …") to `say(text)`, as plain text: labml writes them with
+    ANSI colours, carriage returns and a hundred spaces of padding, which a log file keeps."""
+    import labml.internal.app as labml_client
+    import labml.internal.app.url as labml_client_url
+
+    class PlainConsole:
+        @staticmethod
+        def log(message: Any = '', *_style: Any, **_options: Any) -> None:
+            parts = [message] if isinstance(message, str) else list(message or [])
+            say(''.join(p if isinstance(p, str) else str(p[0]) for p in parts))
+
+    labml_client.logger = PlainConsole
+    labml_client_url.logger = PlainConsole
 
 
 def patch_client_browser() -> None:

@@ -31,6 +31,7 @@ import errno
 import json
 import os
 import platform
+import stat
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -375,12 +376,13 @@ class Run:
         return float(self.records[-1]['time']) if self.records and 'time' in self.records[-1] else None
 
 
-def load_run(path: Path) -> Run:
+def load_run(path: Path, metrics: bool = True) -> Run:
     """A run directory (or a sweep trial's folder, which may hold only trial.json and output.log when the trial
     failed before its run started), read back from its files alone.
 
     A damaged file (run.json, configs.yaml, metrics.jsonl, trial.json) is a line in `Run.damage` and makes the
-    status 'damaged'; what could be read is kept (a damaged configs.yaml: no values).
+    status 'damaged'; what could be read is kept (a damaged configs.yaml: no values). `metrics=False` leaves
+    metrics.jsonl unread (`Run.records` empty): for a reader that follows it with `read_metrics`.
     """
     path = Path(path)
     damage: list[str] = []
@@ -403,13 +405,54 @@ def load_run(path: Path) -> Run:
         run.values = dict(trial.get('params') if isinstance(trial.get('params'), dict) else {})
         run.given = {k: 'sweep' for k in run.values}
     run.status, run.error = _status(run)
-    if (path / METRICS_JSONL).is_file():
+    if metrics and (path / METRICS_JSONL).is_file():
         running = run.status == 'running' or run.info.get('status') == 'running'
         being_written = running and lock_is_held(path, unreadable=False)  # its training lock: a process trains it
         run.records = _read_records(path / METRICS_JSONL, damage, being_written)
     if damage:
         run.status = 'damaged'
     return run
+
+
+def read_metrics(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """The records of metrics.jsonl from byte `offset` on, and the offset after the last whole line read: a
+    follower's read of a file that may be being written (a line without its newline yet is left for the next read;
+    a whole line that is not a JSON object is skipped). ([], offset) when the file is missing or shorter than
+    `offset`; a FIFO or other non-regular file in its place is never opened for reading."""
+    flags = os.O_RDONLY | getattr(os, 'O_NONBLOCK', 0) | getattr(os, 'O_CLOEXEC', 0)
+    try:
+        if not Path(path).is_file():
+            return [], offset
+        fd = os.open(path, flags)
+    except OSError:
+        return [], offset
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped for a FIFO since the check: not read
+            return [], offset
+        os.lseek(fd, offset, os.SEEK_SET)
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    data = b''.join(chunks)
+    whole = data[:data.rfind(b'\n') + 1]
+    records = [r for r in map(_record, whole.split(b'\n')) if r is not None]
+    return records, offset + len(whole)
+
+
+def walk_runs(root: Path) -> list[Path]:
+    """Every run directory under `root` (a folder with run.json), at any depth: runs, sweeps' trials, a user's
+    experiments' runs; sorted. Hidden folders (a dashboard's store, a sweep's .owners) and labml's own records
+    inside a run are not searched; [] when `root` is not a folder."""
+    found = []
+    for folder, subfolders, files in os.walk(root):
+        if RUN_JSON in files:
+            found.append(Path(folder))
+            subfolders.clear()  # a run directory holds no runs (its labml/ and checkpoints are its own)
+        else:
+            subfolders[:] = sorted(d for d in subfolders if not d.startswith('.'))
+    return sorted(found)
 
 
 def _read_object(path: Path, damage: list[str]) -> dict[str, Any]:

@@ -1,4 +1,8 @@
-"""Screenshot of a real run's page in the labml dashboard, for the README (docs/dashboard.png).
+"""Screenshot of a real run's page in the labml dashboard, after a longer run than the tests train.
+
+The docs' pictures (docs/dashboard*.png) are the browser tests' screenshots (tests/dashboard/test_browser.py), and
+the page's third-party files are installed with lazylab (lazylab/dashboard/assets.py): `--assets` and npm below are
+only for other versions of them.
 
 Starts `lazylab dashboard` on a free loopback port over a temporary store, trains a small transformer on Tiny
 Shakespeare with `dashboard=URL`, and has headless Chromium (Debian's `chromium` package) capture the run's page.

@@ -10,8 +10,9 @@ from lazylab.dashboard_client import TOKEN_ENV, TOKEN_HEADER
 
 
 def parser() -> Parser:
-    p = Parser('dashboard', description="Serve labml's dashboard app over a local file store, and the studies of the "
-                                        "sweeps under --runs-dir with optuna-dashboard on the next port.")
+    p = Parser('dashboard', description="Serve labml's dashboard app over a local file store, showing every run under "
+                                        "--runs-dir (finished ones and those still training), and the studies of "
+                                        "the sweeps there with optuna-dashboard on the next port.")
     p.add_argument('--port', type=int, default=server.DEFAULT_PORT, help=f'TCP port (default {server.DEFAULT_PORT})')
     p.add_argument('--host', default=server.DEFAULT_HOST,
                    help=f'address to bind (default {server.DEFAULT_HOST}: this machine only; any other address '
@@ -19,13 +20,15 @@ def parser() -> Parser:
     p.add_argument('--store', default=server.DEFAULT_STORE,
                    help=f'folder holding the dashboard\'s data (default {server.DEFAULT_STORE})')
     p.add_argument('--runs-dir', default=server.DEFAULT_RUNS_DIR, metavar='DIR',
-                   help=f'serve the studies of the sweeps under DIR (sweep.yaml and study.journal, at any depth; '
-                        f'sweeps started later appear too) with optuna-dashboard (default {server.DEFAULT_RUNS_DIR})')
+                   help=f'show every run under DIR (run.json, at any depth; read, never written; runs still '
+                        f'training followed, new ones shown within seconds), and serve the studies of the sweeps '
+                        f'there with optuna-dashboard (default {server.DEFAULT_RUNS_DIR})')
     p.add_argument('--studies-port', type=int, default=None, metavar='PORT',
                    help='TCP port of the studies (default: --port + 1); http://HOST:PORT/api/studies lists them')
     p.add_argument('--assets', default=None,
-                   help='folder with the web page\'s CDN files (d3.v6.min.js, bootstrap.min.css, '
-                        'fontawesome/css/all.css + fontawesome/webfonts/), for machines without internet')
+                   help='folder with other copies of the web page\'s third-party files (d3.v6.min.js, '
+                        'bootstrap.min.css, fontawesome/css/all.css + fontawesome/webfonts/); default: those '
+                        'installed with lazylab (no internet needed)')
     p.add_argument('--max-body-mb', type=int, default=DEFAULT_MAX_BODY_MB, metavar='MB',
                    help=f'largest request body accepted, in MB of 2^20 bytes (default {DEFAULT_MAX_BODY_MB}); '
                         'a larger one is answered 413 and never held in memory')

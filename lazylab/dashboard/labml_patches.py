@@ -1,6 +1,6 @@
 """Every change lazylab makes to labml_app's internals, in one place: the dashboard's one place for labml_app.
 
-The dashboard runs labml's own app; four things of it are replaced, each by one function below. They rely on
+The dashboard runs labml's own app; six things of it are replaced, each by one function below. They rely on
 internals of **labml-app 0.5.14** (pinned by the ``dashboard`` extra); ``tests/dashboard/test_labml_patches.py``
 checks that each target still has the shape relied on, so an upgrade that moves one fails there with the target's
 name. The changes to labml's own (client) internals — daemon upload threads, no web browser — are in
@@ -12,10 +12,14 @@ name. The changes to labml's own (client) internals — daemon upload threads, n
     patch_app_guard(app, ...)          labml_app.flask_app's error_handling_middleware → guard.RequestGuard
     patch_app_checks(app)              the routes of CHECKED_ROUTES → the same, after checking the run or session
                                        named exists (404) and the body's fields have their types (400)
+    patch_app_followed(app, followed)  the track route → the same, less a client's metrics and configs for a run
+                                       followed from its files (lazylab.dashboard.follower)
+    patch_app_series_defaults()        analyses.experiments.metrics.MetricsAnalysis.track → a loss.* series that
+                                       comes after the first packet is shown too
 """
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -282,3 +286,75 @@ def patch_app_checks(app) -> None:
             raise RuntimeError(f'labml_app has no route {method} {path} to check; is labml-app 0.5.14?')
         routes[index] = APIRoute(path, _checked(routes[index].endpoint, finders[kind], kind, fields, integers),
                                  methods=[method])
+
+
+# ---- the runs followed from their files, and the series shown ----------------------------------------------------
+
+TRACK_ROUTE = ('POST', '/api/v1/{labml_token}/track')
+
+
+def patch_app_followed(app, followed: Callable[[], Container[str]]) -> None:
+    """Make the track route drop the metrics and configs a labml client streams for a run that the dashboard
+    follows from its run directory (`followed()`: their uuids; :mod:`lazylab.dashboard.follower`): its files are
+    the truth, and the same points sent twice would be drawn twice. The rest of what the client sends (its status,
+    its console) is kept. Call after :func:`patch_app_checks` (this wraps the checked route).
+
+    Raises:
+        RuntimeError: the app has no track route (labml-app is not 0.5.14).
+    """
+    from fastapi.routing import APIRoute
+
+    routes = app.router.routes
+    method, path = TRACK_ROUTE
+    index = next((i for i, r in enumerate(routes) if getattr(r, 'path', None) == path
+                  and method in getattr(r, 'methods', ())), None)
+    if index is None:
+        raise RuntimeError(f'labml_app has no route {method} {path}; is labml-app 0.5.14?')
+    endpoint = routes[index].endpoint
+
+    @functools.wraps(endpoint)  # (FastAPI reads the parameters through __wrapped__, as for _checked)
+    async def track(request, **kwargs):
+        if request.query_params.get('run_uuid', '') in followed():
+            body = await request.json()  # cached: the endpoint reads this same object
+            for item in body if isinstance(body, list) else [body]:
+                if isinstance(item, dict):
+                    item.pop('track', None)
+                    item.pop('configs', None)
+        return await endpoint(request, **kwargs)
+
+    routes[index] = APIRoute(path, track, methods=[method])
+
+
+def patch_app_series_defaults() -> None:
+    """Show every ``loss.*`` series of a run on its page, however late it first comes.
+
+    labml-app 0.5.14 (``analyses.experiments.metrics.MetricsAnalysis.track``) shows the ``loss.*`` series present
+    at a run's first packet, and hides (preference -1) any series that comes later: a run's ``loss.valid``, first
+    measured after some training steps, was never drawn. Here a ``loss.*`` series new to a run that had series
+    already is shown (preference 1), as it would have been at the start; a preference the page set is not changed.
+    """
+    from labml_app.analyses.experiments import metrics
+
+    original = metrics.MetricsAnalysis.track
+    if getattr(original, 'lazylab_patched', False):
+        return
+
+    def track(self, data, run_uuid=None):
+        before = set(self.metrics.indicators)
+        original(self, data, run_uuid)
+        new = {i for i in set(self.metrics.indicators) - before if i.split('.')[0].lower() == 'loss'}
+        key = metrics.MetricsPreferencesIndex.get(run_uuid) if new and before else None
+        if key is None:
+            return  # nothing new, or the first packet: the app's own default shows every loss.* already
+        mp = key.load()
+        preferences = list(mp.series_preferences)
+        names = sorted(self.metrics.indicators)  # the preferences' order (the app's)
+        if len(preferences) != len(names):
+            return
+        for i, name in enumerate(names):
+            if name in new and preferences[i] == -1:
+                preferences[i] = 1
+        mp.update_preferences({'series_preferences': preferences})
+
+    track.lazylab_patched = True
+    metrics.MetricsAnalysis.track = track

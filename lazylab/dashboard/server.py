@@ -12,6 +12,8 @@ Beside it, on ``--studies-port`` (default the next port), optuna-dashboard serve
 
 The command line is read by :mod:`lazylab.cli.dashboard`, which calls :func:`run`.
 """
+import asyncio
+import contextlib
 import errno
 import ipaddress
 import os
@@ -20,10 +22,13 @@ import shutil
 import signal
 import socket
 import sys
+from collections.abc import Container
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
+from lazylab.dashboard import assets as page_assets
 from lazylab.dashboard import labml_patches
+from lazylab.dashboard.follower import RunFollower
 from lazylab.dashboard.guard import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY_MB
 from lazylab.dashboard_client import DEFAULT_PORT, TOKEN_ENV
 from lazylab.errors import DashboardError
@@ -79,14 +84,35 @@ def missing_assets(assets: Path) -> list[str]:
     return [name for name in needed if not (Path(assets) / name).exists()]
 
 
-def _offline_static(static: Path, assets: Path, dest: Path) -> Path:
-    """A copy of the app's static folder (as symlinks) whose index.html loads the CDN files from /vendor/."""
+#: labml-app 0.5.14's page reloads a running run's cards every 120 s (twice in its bundle: the timer's start and its
+#: restart); a run followed from its files changes every second, so the dashboard's page reloads every REFRESH_S
+BUNDLE = 'js/bundle.min.js'
+BUNDLE_REFRESH = 'this.remainingTime=120'
+REFRESH_S = 5
+
+
+def _offline_static(static: Path, assets: Path, dest: Path, refresh_s: int = REFRESH_S) -> Path:
+    """A copy of the app's static folder (as symlinks) whose index.html loads the CDN files from /vendor/, and
+    whose bundle reloads a running run's page every `refresh_s` seconds.
+
+    Raises:
+        RuntimeError: the bundle's refresh timer is not where labml-app 0.5.14 has it.
+    """
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
     for entry in static.iterdir():
-        if entry.name != 'index.html':
+        if entry.name not in ('index.html', 'js'):
             (dest / entry.name).symlink_to(entry.resolve())
+    (dest / 'js').mkdir()
+    for entry in (static / 'js').iterdir():
+        if entry.name != Path(BUNDLE).name:
+            (dest / 'js' / entry.name).symlink_to(entry.resolve())
+    bundle = (static / BUNDLE).read_text(encoding='utf-8')
+    if bundle.count(BUNDLE_REFRESH) != 2:
+        raise RuntimeError(f'labml_app\'s {BUNDLE} has not its refresh timer ({BUNDLE_REFRESH}); is it 0.5.14?')
+    (dest / BUNDLE).write_text(bundle.replace(BUNDLE_REFRESH, f'this.remainingTime={int(refresh_s)}'),
+                               encoding='utf-8')
     (dest / 'vendor').symlink_to(Path(assets).resolve())
     html = (static / 'index.html').read_text(encoding='utf-8')
     for url, name in CDN_ASSETS.items():
@@ -98,13 +124,17 @@ def _offline_static(static: Path, assets: Path, dest: Path) -> Path:
 
 
 def create_app(store: Path, host: str, port: int, assets: Optional[Path] = None, *,
-               max_body_bytes: int = DEFAULT_MAX_BODY_MB << 20, token: Optional[str] = None):
+               max_body_bytes: int = DEFAULT_MAX_BODY_MB << 20, token: Optional[str] = None,
+               followed: Optional[Callable[[], Container[str]]] = None):
     """Import the labml app (a FastAPI object) over the file store in `store`, guarded; returns it.
 
-    `assets`: a folder with the page's CDN files (see CDN_ASSETS) to serve instead of the internet ones.
+    `assets`: a folder with the page's CDN files (see CDN_ASSETS); None: those lazylab installs
+    (:mod:`lazylab.dashboard.assets`). Never the internet's.
     `max_body_bytes`, `token`: the request guard's body limit and secret (:class:`guard.RequestGuard`). The app
     serves no file outside its web folder (:func:`labml_patches.patch_app_static_route`), and its routes that write
     check the run or session they name and the types of the body's fields (:func:`labml_patches.patch_app_checks`).
+    `followed`: the uuids of the runs followed from their files, whose streamed metrics the track route drops
+    (:func:`labml_patches.patch_app_followed`).
 
     Raises:
         RuntimeError: ``labml_app.flask_app`` was imported already (its database would be MongoDB).
@@ -124,12 +154,17 @@ def create_app(store: Path, host: str, port: int, assets: Optional[Path] = None,
     from labml_app import flask_app
     app_static = Path(flask_app.STATIC_PATH)
     if assets is None:
-        labml_patches.patch_app_static_route(flask_app.app, app_static)
+        assets = page_assets.assemble(Path(store) / 'assets')
+        roots = [page_assets.VENDOR, page_assets.font_awesome()]
     else:
-        # The web folder links the app's files and the assets folder: both are roots its symlinks may lead into.
-        web = _offline_static(app_static, assets, Path(store) / 'web')
-        labml_patches.patch_app_static_route(flask_app.app, web, [app_static, Path(assets)])
+        roots = [Path(assets)]
+    # The web folder links the app's files and the assets folder: roots its symlinks may lead into.
+    web = _offline_static(app_static, assets, Path(store) / 'web')
+    labml_patches.patch_app_static_route(flask_app.app, web, [app_static, *roots])
     labml_patches.patch_app_checks(flask_app.app)
+    labml_patches.patch_app_series_defaults()
+    if followed is not None:
+        labml_patches.patch_app_followed(flask_app.app, followed)
     labml_patches.patch_app_guard(flask_app.app, max_body_bytes=max_body_bytes, token=token)
     return flask_app.app
 
@@ -143,7 +178,9 @@ def serve(store: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, asset
     the same host, token, body limit and `header_timeout_s`: :mod:`lazylab.dashboard.serving`)."""
     from lazylab.dashboard.serving import uvicorn_server  # imports uvicorn: only when serving
     from lazylab.dashboard.studies import StudiesServer, find_sweeps  # imports optuna: only when serving
-    app = create_app(store, host, port, assets, max_body_bytes=max_body_bytes, token=token)
+    follower = None if runs_dir is None else RunFollower(runs_dir, store)
+    app = create_app(store, host, port, assets, max_body_bytes=max_body_bytes, token=token,
+                     followed=None if follower is None else follower.followed_uuids)
     server = uvicorn_server(app, host, port, header_timeout_s=header_timeout_s)
     # uvicorn shuts down gracefully on SIGINT/SIGTERM and then re-raises the signal to the handler found before it;
     # make that KeyboardInterrupt for both, so `run` ends normally either way.
@@ -154,7 +191,8 @@ def serve(store: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, asset
     if runs_dir is not None:
         studies = StudiesServer(runs_dir, host, studies_port or port + 1, labml_url=url,
                                 max_body_bytes=max_body_bytes, token=token, header_timeout_s=header_timeout_s)
-    print(f'labml dashboard: {url}  (store: {Path(store).resolve()})', flush=True)
+    shown_runs = '' if runs_dir is None else f'; every run under {runs_dir}, followed as it trains'
+    print(f'labml dashboard: {url}  (store: {Path(store).resolve()}{shown_runs})', flush=True)
     if studies is not None:
         found = len(find_sweeps(runs_dir))
         print(f'studies: {studies.url}  (optuna-dashboard: {found} sweep{"" if found == 1 else "s"} under '
@@ -167,10 +205,23 @@ def serve(store: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, asset
     if studies is not None:
         studies.start()
     try:
-        server.run()
+        asyncio.run(_serve_and_follow(server, follower))
     finally:
         if studies is not None:
             studies.stop()
+
+
+async def _serve_and_follow(server, follower: Optional[RunFollower]) -> None:
+    """uvicorn's server, and the run follower in the same event loop (the app's database is written by one thread),
+    until the server stops."""
+    task = None if follower is None else asyncio.create_task(follower.follow())
+    try:
+        await server.serve()
+    finally:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 def is_loopback(host: str) -> bool:
@@ -228,6 +279,9 @@ def check(store: str, host: str, port: int, assets: Optional[str], max_body_mb: 
             raise DashboardError(problem)
     if assets is not None and missing_assets(Path(assets)):
         raise DashboardError(f'--assets {assets} lacks {", ".join(missing_assets(Path(assets)))}')
+    if assets is None and page_assets.missing():
+        raise DashboardError(f'the web page\'s files are not installed ({", ".join(page_assets.missing())}): '
+                             f'run `python {page_assets.__file__}` (fetches them), or give --assets DIR')
     if max_body_mb < 1:
         raise DashboardError(f'--max-body-mb must be at least 1, got {max_body_mb}')
     if not 0 < header_timeout_s < float('inf'):  # (also refuses nan)

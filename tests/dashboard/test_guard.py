@@ -205,9 +205,16 @@ def test_no_file_outside_the_web_folder(dashboard, which, target):
 
 def test_the_web_page_is_still_served(dashboard):
     from importlib.util import find_spec
+
+    from lazylab.dashboard import CDN_ASSETS, assets
     static = Path(find_spec('labml_app').origin).parent / 'static'
     index = (static / 'index.html').read_bytes()
+    for url, name in CDN_ASSETS.items():  # the page's third-party files are served from here, never a CDN
+        index = index.replace(url.encode(), f'/vendor/{name}'.encode())
+    index = re.sub(rb'\s(integrity|crossorigin)="[^"]*"', b'', index)
     assert dashboard.request(http('GET', b'/')).body == index
+    r = dashboard.request(http('GET', b'/vendor/d3.v6.min.js'))
+    assert (r.status, r.body) == (200, (assets.VENDOR / 'd3.v6.min.js').read_bytes())
     # the page's own routes are pages of index.html; a real file is itself
     assert dashboard.request(http('GET', f'/run/{RUN_UUID}'.encode())).body == index
     asset = next(p for p in sorted(static.rglob('*')) if p.is_file() and p.name != 'index.html')

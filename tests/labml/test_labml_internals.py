@@ -1,4 +1,4 @@
-"""Pins each assumption lazylab/labml_internals.py makes about labml's private API (L1–L16 in its docstring) to
+"""Pins each assumption lazylab/labml_internals.py makes about labml's private API (L1–L17 in its docstring) to
 labml 0.5.3's behaviour, in this process (labml's singletons saved and put back around each test: the
 `labml_state` fixture of tests/labml/conftest.py).
 
