@@ -21,6 +21,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 # Under pytest-xdist (make test: 2 workers on 2 cores) each worker and every process a test starts computes on one
 # thread: torch's default (one thread per core) in every worker oversubscribes the cores, and the suite took 31
@@ -32,6 +33,12 @@ if os.environ.get('PYTEST_XDIST_WORKER'):
 from lazylab.testing import TINY, keep_threads  # noqa: E402  (after the thread settings above)
 
 os.environ.setdefault('LABML_DISABLE_GIT', '1')
+
+# Timing never decides a test: hypothesis's deadline and its too-slow health check measure the machine's load (the
+# suite must pass on two busy cores: a property test of the storage URL failed once only on its data's generation
+# time), so neither applies to any test; a test's own @settings still sets the rest.
+settings.register_profile('lazylab', deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile('lazylab')
 
 
 def _patch_labml_tracker():

@@ -73,7 +73,8 @@ def test_tab_completes_commands_and_flags(here, monkeypatch):
     assert tab('lazylab ', monkeypatch) == ['train', 'options', 'resume', 'generate', 'plot', 'labml', 'sweep',
                                             'compare', 'diff', 'dashboard', 'new', 'schema', 'completion']
     assert tab('lazylab tr', monkeypatch) == ['train ']
-    assert tab('lazylab train transformer --', monkeypatch) == ['--help', '--config', '--allow-changes']
+    assert tab('lazylab train transformer --', monkeypatch) == ['--help', '--config', '--allow-changes', '--slurm',
+                                                                '--wait']
     assert tab('lazylab options transformer --f', monkeypatch) == ['--format ']
     assert tab('lazylab options transformer --format ', monkeypatch) == ['text', 'yaml']
     assert tab('lazylab completion ', monkeypatch) == ['bash', 'zsh', 'fish']
