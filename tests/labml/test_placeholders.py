@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 from labml import monit
-from labml_nn.helpers.trainer import ModeState, Trainer
 
 from lazylab.labml import placeholders
 
@@ -19,10 +18,28 @@ pytestmark = pytest.mark.usefixtures('labml_state')  # labml's monitor loop prin
 
 
 @pytest.fixture
-def metrics(monkeypatch):
-    """labml_nn.helpers.metrics imported afresh with the filler in place (the module of this process is put back
+def fresh_labml_nn():
+    """labml_nn's modules as they were before the test, after it: a test's imports of labml_nn make its config
+    classes on the labml config class of the moment, and a `lazylab labml` run later in this process (the docs'
+    tests run them in-process) must import labml_nn's modules afresh on lazylab's."""
+    before = {name: module for name, module in sys.modules.items() if name.startswith('labml_nn')}
+    yield
+    for name in [name for name in sys.modules if name.startswith('labml_nn')]:
+        del sys.modules[name]
+    sys.modules.update(before)
+
+
+@pytest.fixture
+def trainer_module(fresh_labml_nn):
+    """labml_nn.helpers.trainer, for the test only (see fresh_labml_nn)."""
+    return importlib.import_module('labml_nn.helpers.trainer')
+
+
+@pytest.fixture
+def metrics(fresh_labml_nn):
+    """labml_nn.helpers.metrics imported afresh with the filler in place (this process's modules are put back
     after the test, and the filler taken out)."""
-    monkeypatch.delitem(sys.modules, 'labml_nn.helpers.metrics')
+    sys.modules.pop('labml_nn.helpers.metrics', None)
     placeholders.install_missing_names()
     yield importlib.import_module('labml_nn.helpers.metrics')
     placeholders.remove_placeholders()
@@ -49,20 +66,22 @@ def test_import_adds_a_state_module_and_leaves_the_hook_out_after(metrics):
     assert not any(type(f).__name__ == '_Filler' for f in sys.meta_path)
 
 
-def test_each_trainer_keeps_its_own_memory_across_inner_iterations_and_an_epoch_starts_it_empty(metrics):
+def test_each_trainer_keeps_its_own_memory_across_inner_iterations_and_an_epoch_starts_it_empty(metrics,
+                                                                                                   trainer_module):
     """What xl's and compressive's step do: read the memory, run, store the new one. labml_nn's TrainValidConfigs
     drives a training and a validation Trainer over the same state modules, each pass one inner iteration."""
     memory = metrics.SimpleStateModule()
     seen = []
 
-    def make(name: str) -> Trainer:
+    def make(name: str):
         def step(batch, batch_idx):
             before = memory.get()
             seen.append((name, int(batch), before))
             memory.set((before or ()) + (int(batch),))
 
-        return Trainer(name=name, mode=ModeState(), data_loader=torch.utils.data.DataLoader([0, 1, 2, 3]),
-                       inner_iterations=2, state_modules=[memory], is_track_time=False, step=step)
+        return trainer_module.Trainer(name=name, mode=trainer_module.ModeState(),
+                                      data_loader=torch.utils.data.DataLoader([0, 1, 2, 3]), inner_iterations=2,
+                                      state_modules=[memory], is_track_time=False, step=step)
 
     train, valid = make('train'), make('valid')
     for i in monit.loop(3):  # TrainValidConfigs' training loop: a pass of each, then a pass of each, then train
