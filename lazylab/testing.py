@@ -6,6 +6,7 @@ import another test file or a conftest).
     TINY, tiny(*changes)                                 the sizes of a run that takes a second
     replaced(settings, *changes)                         key=value settings with some keys replaced (no key twice)
     as_stopped(run_dir)                                  a finished run made to look stopped short of its end
+    wait_until(condition, timeout, what)                 poll until a condition holds (never a fixed sleep)
     keep_threads()                                       torch's thread count put back after a block
     lazylab_argv(*args), start_lazylab(*args), run_lazylab(*args)
                                                          `python -m lazylab.cli ARGS` in a child process
@@ -21,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import tokenize
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,6 +82,27 @@ def replaced(settings: list[str], *changes: str, drop: tuple[str, ...] = ()) -> 
         key, _, value = change.partition('=')
         out[key] = value
     return [f'{k}={v}' for k, v in out.items()]
+
+
+def wait_until(condition: Any, timeout: float, what: str, every: float = 0.2, retry: tuple = ()) -> Any:
+    """Poll `condition()` every `every` seconds until it returns something true, and return that; a test waits on a
+    condition, never for a fixed time. Exceptions of the types in `retry` count as "not yet" (a page element
+    replaced while it was read).
+
+    Raises:
+        AssertionError: `timed out after TIMEOUT s waiting for WHAT`.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = condition()
+        except retry:
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f'timed out after {timeout:g} s waiting for {what}')
+        time.sleep(every)
 
 
 def as_stopped(run_dir: Path, steps_left: int = 7) -> Path:

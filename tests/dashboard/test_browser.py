@@ -17,7 +17,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid as uuids
 from pathlib import Path
@@ -25,6 +24,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from lazylab import testing
 from lazylab.testing import tiny
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,17 +82,9 @@ def requests_off_machine(driver) -> list[str]:
 
 
 def wait_until(condition, what: str, deadline_s: float = DEADLINE_S):
-    end = time.monotonic() + deadline_s
-    while True:
-        try:
-            value = condition()
-        except Exception:  # an element replaced while it was read (the page redraws): look again
-            value = None
-        if value:
-            return value
-        if time.monotonic() > end:
-            pytest.fail(f'{what}: not within {deadline_s} s')
-        time.sleep(0.25)
+    """Poll `condition` until it returns something truthy (an element replaced while it was read, as the page
+    redraws, counts as not yet); fail naming `what` after the deadline."""
+    return testing.wait_until(condition, deadline_s, what, every=0.25, retry=(Exception,))
 
 
 def _points(d: str) -> int:

@@ -13,15 +13,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid as uuids
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-from lazylab.testing import tiny
+from lazylab.testing import tiny, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 30  # for what the follower sees within seconds (RESCAN_S is 2 s): loose, for a loaded CI machine
@@ -83,14 +81,7 @@ def _jsonl(run_dir: Path, key: str) -> tuple[np.ndarray, np.ndarray]:
 
 def _wait(condition, what: str, deadline_s: float = DEADLINE_S):
     """Poll `condition` until it returns something truthy; fail naming `what` after the deadline."""
-    end = time.monotonic() + deadline_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > end:
-            pytest.fail(f'{what}: not within {deadline_s} s')
-        time.sleep(0.2)
+    return wait_until(condition, deadline_s, what)
 
 
 def _fingerprint(folder: Path) -> dict[str, tuple]:

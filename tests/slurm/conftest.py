@@ -31,11 +31,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import pytest
 
 from lazylab.slurm.options import split_options
+from lazylab.testing import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 #: what a lazylab subprocess gets: this checkout first (the jobs inherit it through sbatch)
@@ -131,18 +132,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         return s.getsockname()[1]
-
-
-def wait_until(condition: Callable[[], object], timeout: float, what: str, every: float = 0.2):
-    """Poll `condition` until it returns something true (returned), or fail after `timeout` seconds naming `what`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f'timed out after {timeout:g} s waiting for {what}')
-        time.sleep(every)
 
 
 @dataclass
