@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn, Optional
 
-from lazylab.errors import UsageError, given_twice, shown
+from lazylab.errors import LazylabError, UsageError, given_twice, shown
 from lazylab.user_files import control_character
 
 
@@ -103,22 +103,23 @@ class Parser(argparse.ArgumentParser):
         return self.parse_args(flags), settings
 
 
-def split_setting(token: str, expected: str = 'key=value') -> tuple[str, str]:
+def split_setting(token: str, expected: str = 'key=value',
+                  error: type[LazylabError] = UsageError) -> tuple[str, str]:
     """(key, value) of a `key=value` token, the key stripped of spaces: the one splitter of settings (the config
-    engine's `parse_overrides` splits by the same rule).
+    engine's `parse_overrides` splits with it too, raising its own error class).
 
     Raises:
-        UsageError: no `=`, or an empty key (`expected KEY=VALUE, got …`); a key with a control character (a
-            newline, a tab, …), shown escaped: `'d_model\\n'=16` must not quietly mean `d_model=16`.
+        error: no `=`, or an empty key (`expected KEY=VALUE, got …`); a key with a control character (a newline, a
+            tab, …), shown escaped: `'d_model\\n'=16` must not quietly mean `d_model=16`.
     """
     key, eq, text = token.partition('=')
     bad = control_character(key)
-    if bad is not None:
-        raise UsageError(f'bad key {key!r} in {shown(token)}: a key holds no control characters, and this one holds '
-                         f'{bad!r}')
+    if bad is not None:  # before the strip
+        raise error(f'bad key {key!r} in {shown(token)}: a key holds no control characters, and this one holds '
+                    f'{bad!r}')
     key = key.strip()
     if not eq or not key:
-        raise UsageError(f'expected {expected}, got {token!r}')
+        raise error(f'expected {expected}, got {token!r}')
     return key, text
 
 

@@ -31,7 +31,6 @@ import errno
 import json
 import os
 import platform
-import stat
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -183,16 +182,25 @@ def remove_made(folders: list[Path], run_dir: Optional[Path] = None) -> None:
 
 
 def write_json(path: Path, doc: Any) -> None:
-    """`doc` as indented JSON in `path`, through a temporary file beside it and a rename (a reader sees the old
-    file or the new one, never half of one); the temporary file is removed if writing fails.
+    """`doc` as indented JSON in `path`, atomically (`write_text`).
 
     Raises:
         OSError: the file cannot be written (the caller says which run; e.g. a full disk).
     """
+    write_text(path, json.dumps(doc, indent=1) + '\n')
+
+
+def write_text(path: Path, text: str) -> None:
+    """`text` in `path` (UTF-8), through a temporary file beside it and a rename (a reader sees the old file or the
+    new one, never half of one); the temporary file is removed if writing fails.
+
+    Raises:
+        OSError: the file cannot be written (e.g. a full disk).
+    """
     path = Path(path)
     tmp = path.with_name(f'{path.name}.tmp{os.getpid()}-{os.urandom(2).hex()}')
     try:
-        tmp.write_text(json.dumps(doc, indent=1) + '\n', encoding='utf-8')
+        tmp.write_text(text, encoding='utf-8')
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -419,23 +427,10 @@ def read_metrics(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int
     follower's read of a file that may be being written (a line without its newline yet is left for the next read;
     a whole line that is not a JSON object is skipped). ([], offset) when the file is missing or shorter than
     `offset`; a FIFO or other non-regular file in its place is never opened for reading."""
-    flags = os.O_RDONLY | getattr(os, 'O_NONBLOCK', 0) | getattr(os, 'O_CLOEXEC', 0)
     try:
-        if not Path(path).is_file():
-            return [], offset
-        fd = os.open(path, flags)
-    except OSError:
+        data = user_files.read_bytes(path, METRICS_JSONL, None, offset=offset)
+    except LazylabError:  # missing, unreadable, or not a regular file: nothing yet
         return [], offset
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped for a FIFO since the check: not read
-            return [], offset
-        os.lseek(fd, offset, os.SEEK_SET)
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    data = b''.join(chunks)
     whole = data[:data.rfind(b'\n') + 1]
     records = [r for r in map(_record, whole.split(b'\n')) if r is not None]
     return records, offset + len(whole)

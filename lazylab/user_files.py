@@ -133,7 +133,7 @@ def check_file(path: PathLike, what: str, limit: Optional[Limit] = CONFIG,
 
 
 def read_bytes(path: PathLike, what: str, limit: Optional[Limit] = CONFIG,
-               error: type[LazylabError] = UsageError) -> bytes:
+               error: type[LazylabError] = UsageError, offset: int = 0) -> bytes:
     """The bytes of the regular file `path`, at most `limit`'s size (None: any size; still a regular file).
 
     Args:
@@ -141,6 +141,7 @@ def read_bytes(path: PathLike, what: str, limit: Optional[Limit] = CONFIG,
         what: what it is, for messages: 'config file', 'text file', 'configs.yaml'.
         limit: the largest size read (see `Limit`), or None.
         error: the class of the error raised (a `LazylabError`: `UsageError`, `DataError`).
+        offset: read from this byte on (a follower's next read of a file that grows; past the end: nothing).
 
     Raises:
         error: the file is missing, unreadable, not a regular file (a FIFO, a device, a directory, a socket: which,
@@ -157,7 +158,10 @@ def read_bytes(path: PathLike, what: str, limit: Optional[Limit] = CONFIG,
     try:
         st = os.fstat(fd)
         _check(st, path, what, most, variable, error)  # the file opened is the one checked
-        data = _read_at_most(fd, None if most is None else most + 1, st.st_size + 1, path, what, error)
+        if offset:
+            os.lseek(fd, offset, os.SEEK_SET)
+        data = _read_at_most(fd, None if most is None else most + 1, max(st.st_size - offset, 0) + 1, path, what,
+                             error)
     finally:
         os.close(fd)
     if most is not None and len(data) > most:  # it grew since the stat (or stat did not know its size)

@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from lazylab import runs
+from lazylab import runs, user_files
 from lazylab.dashboard import labml_store
+from lazylab.errors import LazylabError
 
 #: seconds between two looks at a running run's files
 POLL_S = 0.5
@@ -155,10 +156,8 @@ def _head(path: Path, size: int) -> str:
 def _read_from(path: Path, offset: int) -> tuple[str, int]:
     """The text of `path` from `offset` to its end (a file shorter than `offset`: from 0, flagged by the caller)."""
     try:
-        with open(path, 'rb') as f:
-            f.seek(offset)
-            data = f.read()
-    except OSError:
+        data = user_files.read_bytes(path, runs.SAMPLES_TXT, None, offset=offset)
+    except LazylabError:  # missing, unreadable, or not a regular file: nothing yet
         return '', offset
     return data.decode('utf-8', errors='replace'), offset + len(data)
 

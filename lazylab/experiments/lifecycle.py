@@ -361,14 +361,22 @@ def record_failure(conf, run_dir: Path, e: BaseException) -> None:
     read-only folder) a user's error `e` says so at the end of its one line (else a warning line does), and `e` is
     what the caller goes on raising."""
     message = user_error_message(e) or f'{type(e).__name__}: {e}'.splitlines()[0]
+    why = _unrecorded('failure', conf, run_dir, 'failed', message)
+    if why is not None and isinstance(e, LazylabError) and not isinstance(e, WrapsUserError):
+        e.args = (f'{message} ({why})',)
+    elif why is not None:
+        print(f'lazylab: warning: {why}', file=sys.stderr, flush=True)
+
+
+def _unrecorded(what: str, conf, run_dir: Path, status: str, error: Optional[str] = None,
+                **more: Any) -> Optional[str]:
+    """`finish_run` of a run that did not complete; None when run.json recorded it, else why it could not (a disk
+    still full, a folder gone read-only): `RUN/run.json could not record the WHAT: REASON`."""
     try:
-        finish_run(conf, run_dir, 'failed', {}, message)
+        finish_run(conf, run_dir, status, {}, error, **more)
     except (OSError, LazylabError) as written:
-        why = f'{run_dir / RUN_JSON} could not record the failure: {write_failure(written) or written}'
-        if isinstance(e, LazylabError) and not isinstance(e, WrapsUserError):
-            e.args = (f'{message} ({why})',)
-        else:
-            print(f'lazylab: warning: {why}', file=sys.stderr, flush=True)
+        return f'{run_dir / RUN_JSON} could not record the {what}: {write_failure(written) or written}'
+    return None
 
 
 #: what an OSError of a write says when the disk, not lazylab, is at fault (read-only, full, over quota, gone)
@@ -397,14 +405,10 @@ def record_interrupt(conf, run_dir: Path, e: KeyboardInterrupt) -> None:
     more: dict[str, Any] = {'signal': name, 'checkpoint_step': saved}
     if step is not None:
         more['steps'] = step
-    try:
-        finish_run(conf, run_dir, status, {}, **more)
-        unrecorded = ''
-    except (OSError, LazylabError) as written:
-        unrecorded = f' ({run_dir / RUN_JSON} could not record the stop: {write_failure(written) or written})'
+    why = _unrecorded('stop', conf, run_dir, status, **more)
     if isinstance(e, Interrupted):
         e.message = f'{status} ({name}){f" at step {step:,}" if step is not None else ""}; ' + \
-            resume_advice(run_dir, step, saved) + unrecorded
+            resume_advice(run_dir, step, saved) + (f' ({why})' if why else '')
 
 
 def resume_advice(run_dir: Path, step: Optional[int], saved: Optional[int]) -> str:

@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 from lazylab import user_files
 from lazylab.errors import TrainingError, point_at_devnull
-from lazylab.runs import METRICS_JSONL, SAMPLES_TXT
+from lazylab.runs import METRICS_JSONL, SAMPLES_TXT, write_text
 
 
 class RunningMetrics:
@@ -91,9 +91,7 @@ class MetricsLog:
         """Keep only records up to `step` (a resumed run re-logs the steps after its checkpoint)."""
         if self.path.exists():
             kept = [r for r in read_metrics(self.path) if r['step'] <= step]
-            tmp = self.path.with_name(self.path.name + '.tmp')
-            tmp.write_text(''.join(json.dumps(r) + '\n' for r in kept), encoding='utf-8')
-            os.replace(tmp, self.path)
+            write_text(self.path, ''.join(json.dumps(r) + '\n' for r in kept))
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -247,9 +245,7 @@ def drop_samples_after(path: Path, step: int) -> None:
     text = path.read_text(encoding='utf-8', errors='replace')
     cut = next((m.start() for m in SAMPLE_HEADER.finditer(text) if int(m.group(1)) > step), None)
     if cut is not None:
-        tmp = path.with_name(path.name + '.tmp')
-        tmp.write_text(text[:cut], encoding='utf-8')
-        os.replace(tmp, path)
+        write_text(path, text[:cut])
 
 
 def append_whole(path: Path, text: str) -> None:

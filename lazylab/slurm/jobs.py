@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Union
 
-from lazylab import runs
-from lazylab.errors import UsageError
+from lazylab import runs, user_files
+from lazylab.errors import LazylabError, UsageError
 from lazylab.experiments.configure import make_configs
 from lazylab.experiments.discovery import find_experiment
 from lazylab.slurm import cluster
@@ -175,11 +175,10 @@ def exit_code(state: cluster.JobState, run_dir: Path) -> int:
 
 def _print_from(log: Path, offset: int) -> int:
     """Print what `log` holds from `offset` on (whole lines); returns the offset reached."""
-    if not log.is_file():
+    try:
+        data = user_files.read_bytes(log, runs.OUTPUT_LOG, None, offset=offset)
+    except LazylabError:  # not there yet (the job has not started), or not a regular file
         return offset
-    with open(log, 'rb') as f:
-        f.seek(offset)
-        data = f.read()
     whole = data[:data.rfind(b'\n') + 1]
     if whole:
         sys.stdout.write(whole.decode('utf-8', errors='replace'))

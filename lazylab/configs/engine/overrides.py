@@ -21,8 +21,8 @@ list item is an error), and other values are fitted to the type or refused.
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Optional, get_args, get_origin
 
+from lazylab.command_line import split_setting
 from lazylab.errors import given_twice, shown
-from lazylab.user_files import control_character
 
 from .coerce import TypeMismatch, coerce_text, conform
 from .constraints import check
@@ -322,14 +322,7 @@ def parse_overrides(argv: Sequence[str], configs: Optional[Any] = None) -> dict[
     values: dict[str, str] = {}
     tokens: dict[str, str] = {}  # key → the token that gave it
     for token in argv:
-        key, eq, text = token.partition('=')
-        bad = control_character(key)
-        if bad is not None:  # before the strip: 'd_model\n=16' must not quietly mean d_model
-            raise OverrideSyntaxError(f'bad key {key!r} in {shown(token)}: a key holds no control characters, and '
-                                      f'this one holds {bad!r}')
-        key = key.strip()
-        if not eq or not key:
-            raise OverrideSyntaxError(f'expected key=value, got {token!r}')
+        key, text = split_setting(token, error=OverrideSyntaxError)
         if key.startswith('--'):  # tolerate `--key=value`
             key = key[2:]
         if key in values:
