@@ -39,10 +39,12 @@ samples and final parameters as one that never stopped.
 
 The hook, `train(…, on_validation=hook)`: after every interleaved validation (its record written and the checkpoint
 saved; not after the final validation) the trainer calls `hook(step, record)` with the step and that metrics record
-(`loss.valid`, `accuracy.valid`, …). A true answer (`'pruned'`, or any truthy value) stops the run there: `train`
-returns that record, and the files are complete as at any checkpoint (the run can be resumed). Under torchrun only
-rank 0 calls the hook, and every process gets its answer. `lazylab.sweeps` passes a hook that reports the metric to
-Optuna and answers whether its pruner stops the trial; nothing else of the loop is exposed.
+(`loss.valid`, `accuracy.valid`, …) with `progress` added: the share of the run done (of `max_minutes` when the
+time budget decides the run's length, else of its steps), so that runs of different speeds can be compared at the
+same point. A true answer (`'pruned'`, or any truthy value) stops the run there: `train` returns that record, and
+the files are complete as at any checkpoint (the run can be resumed). Under torchrun only rank 0 calls the hook,
+and every process gets its answer. `lazylab.sweeps` passes a hook that reports the metric to Optuna and answers
+whether its pruner stops the trial; nothing else of the loop is exposed.
 """
 import math
 import time
@@ -313,6 +315,13 @@ class Training:
         if self.budget.refit(self.pos):
             self.scheduler.set_total_steps(self.pos.total_steps)
 
+    def progress(self) -> float:
+        """The share of the run done, in [0, 1]: of the time budget when it decides the run's length (elapsed /
+        max_minutes), else of the steps (step / total_steps)."""
+        if self.budget.fits:
+            return min(1.0, self.budget.elapsed() / self.budget.seconds)
+        return min(1.0, self.pos.step / max(1, self.pos.total_steps))
+
     def stop_reason(self, late: bool) -> str:
         """Why a run that ends now ends: 'time' (the budget), 'max_steps' or 'epochs'."""
         c, pos = self.c, self.pos
@@ -377,7 +386,8 @@ def train(c, run_dir: Path, *, resume: bool = False, checkpoint: Optional[dict[s
                     done = pos.step >= pos.total_steps or late
                     if t.validation_due(done):
                         done = t.validate(done, late)
-                        if on_validation is not None and not done and stop_asked(on_validation, pos.step, t.last):
+                        if on_validation is not None and not done and \
+                                stop_asked(on_validation, pos.step, dict(t.last, progress=t.progress())):
                             return t.last
                     elif pos.step % c.log_interval == 0:
                         t.log_train()

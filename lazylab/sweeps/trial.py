@@ -40,7 +40,7 @@ from lazylab.labml import runner
 from lazylab.slurm import SLURM_DIR
 from lazylab.sweeps import scripts
 from lazylab.sweeps.grammar import Dimension, Fixed, parse_value
-from lazylab.sweeps.study import REPORT_ENV, load_optuna, make_pruner, open_storage
+from lazylab.sweeps.study import PROGRESS_SCALE, REPORT_ENV, load_optuna, make_pruner, open_storage
 from lazylab.sweeps.typed import type_dimension
 
 USAGE = 'usage: python -m lazylab.sweeps.trial RUN_DIR NAME [--resume] [--swept K,…] -- key=value …'
@@ -49,8 +49,10 @@ USAGE = 'usage: python -m lazylab.sweeps.trial RUN_DIR NAME [--resume] [--swept 
 class OptunaReport:
     """The trainer's `on_validation` hook for a sweep with a pruner.
 
-    At each validation: reports `record[metric]` at `step` to the Optuna trial (once per step; a resumed trial's
-    steps already reported are not reported again), then asks the study's pruner. Returns 'pruned' to stop.
+    At each validation: reports `record[metric]` to the Optuna trial at the per-mille of the run done
+    (`record['progress']`, which the trainer adds; its step where a record has none), once per point (a resumed
+    trial's points already reported are not reported again), then asks the study's pruner. Returns 'pruned' to
+    stop.
 
     Args:
         storage: the study's journal file or database URL.
@@ -72,9 +74,12 @@ class OptunaReport:
         value = record.get(self.metric)
         if value is None:
             return None
-        if step not in self.reported:
-            self.trial.report(float(value), step)
-            self.reported.add(step)
+        # the point of the run, not the step: see lazylab.sweeps.study.MedianByProgress (a labml script's record
+        # has no `progress`: its step)
+        point = round(record['progress'] * PROGRESS_SCALE) if 'progress' in record else step
+        if point not in self.reported:
+            self.trial.report(float(value), point)
+            self.reported.add(point)
         return 'pruned' if self.trial.should_prune() else None
 
 

@@ -239,6 +239,7 @@ def test_the_trainer_hook_is_asked_at_each_validation_and_stops_the_run(tmp_path
 
     def hook(step, record):
         asked.append((step, record['loss.valid']))
+        assert record['progress'] == step / 8  # the share of max_steps=8 done
         return 'pruned' if step == 4 else None
 
     settings = [t for t in tools.TINY if not t.startswith('max_steps=')] + ['max_steps=8', f'runs_dir={tmp_path}']
@@ -253,3 +254,22 @@ def test_the_trainer_hook_is_asked_at_each_validation_and_stops_the_run(tmp_path
     info = json.loads((run / 'run.json').read_text())
     assert info['status'] == 'pruned' and info['steps'] == 4
     assert torch.load(run / 'checkpoint.pt', weights_only=True)['position']['step'] == 4
+
+
+def test_under_a_time_budget_the_hook_is_told_the_share_of_the_minutes_done(tmp_path, tools):
+    seen = []
+
+    def hook(step, record):
+        seen.append((record['progress'], record['time']))
+
+    settings = replaced(tools.TINY, 'max_steps=0', 'max_minutes=0.05', 'valid_interval=5', f'runs_dir={tmp_path}')
+    threads = torch.get_num_threads()
+    try:
+        lifecycle.train_main('transformer', settings, on_validation=hook)
+    finally:
+        torch.set_num_threads(threads)
+    assert seen, 'no interleaved validation in 3 seconds'
+    # the share of the budget's 3 seconds when the hook is asked: after its record's time (rounded to ms), before
+    # the next one's
+    times = [t for _, t in seen] + [3.0]
+    assert all(t / 3 - 1e-3 <= p <= min(1.0, after / 3) for (p, t), after in zip(seen, times[1:])), seen

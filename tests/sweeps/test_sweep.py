@@ -529,8 +529,9 @@ def test_median_pruner_stops_a_much_worse_trial_early(tools, tmp_path):
     assert steps[-1] < 20 and json.loads((worse / 'run.json').read_text())['status'] == 'pruned'
     assert json.loads((worse / 'trial.json').read_text())['state'] == 'pruned'
     assert (worse / 'checkpoint.pt').is_file() and (worse / 'configs.yaml').is_file()  # its files are kept
-    # reported at every validation until it was stopped; the pruned value is its last one
-    assert sorted(study.trials[2].intermediate_values) == [s for s in steps if s % 2 == 0]
+    # reported at every validation until it was stopped, at the per-mille of its 20 steps; the pruned value is its
+    # last one
+    assert sorted(study.trials[2].intermediate_values) == [s * 1000 // 20 for s in steps if s % 2 == 0]
     assert study.trials[2].value == read_metrics(worse / 'metrics.jsonl')[-1]['loss.valid']
     assert 'trial 0002 pruned' in out
 
