@@ -38,3 +38,36 @@ def test_an_unknown_experiment_is_one_line_and_exit_2(tmp_path):
     done = recipes('feedbak', runs_dir=tmp_path)
     assert (done.returncode, done.stderr) == (2, "scripts/recipes.sh: unknown experiment 'feedbak' (feedback, "
                                                  "fast_weights or transformer)\n")
+
+
+def _study_figures():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('study_figures', ROOT / 'scripts' / 'study_figures.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_study_figures_writes_the_plots_and_finds_the_key_that_matters(tmp_path, capsys):
+    import json
+
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+    sweep = tmp_path / 'sweep-x'
+    sweep.mkdir()
+    (sweep / 'sweep.yaml').write_text('study: s\nexperiment: transformer\n')
+    storage = optuna.storages.JournalStorage(JournalFileBackend(str(sweep / 'study.journal')))
+    study = optuna.create_study(study_name='s', storage=storage, sampler=optuna.samplers.RandomSampler(seed=0))
+    # the loss depends on the learning rate only; the FFN's kind is noise-free and irrelevant
+    study.optimize(lambda t: (t.suggest_float('lr', 1e-3, 1e-1, log=True) - 0.01) ** 2
+                   + 0 * len(t.suggest_categorical('ffn', ['GELU', 'SiLU'])), n_trials=40)
+    pruned = study.ask({'lr': optuna.distributions.FloatDistribution(1e-3, 1e-1, log=True)})
+    study.tell(pruned, state=optuna.trial.TrialState.PRUNED)
+    assert _study_figures().main([str(sweep), str(tmp_path / 'out' / 'fig'), '--json']) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert (facts['trials'], facts['states']) == (41, {'complete': 40, 'pruned': 1})
+    assert set(facts['importances']) == {'lr', 'ffn'} and abs(sum(facts['importances'].values()) - 1) < 1e-9
+    assert facts['importances']['lr'] > facts['importances']['ffn']
+    for name in ('history', 'parallel', 'importances'):
+        png = tmp_path / 'out' / f'fig-{name}.png'
+        assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' and png.stat().st_size > 10_000
