@@ -44,8 +44,10 @@ such tensor per layer. Under autocast the state is float32 (the kernels keep it 
 
 The package (this module only re-exports): `layers.py` the whole-sequence modules; `feature_maps.py` the feature
 maps φ'; `delta_rule.py`, `sum_rule.py`, `gated_delta_rule.py` and `delta_product.py` the update rules' kernels
-(step, loop = the reference, chunked = fast; README.md beside them derives the chunked forms), `_chunks.py` what
-they share, `rules.py` the rules by name; `decay.py` the gate; `normalization.py` the attention normaliser;
+(step, loop = the reference, chunked = fast; README.md beside them derives the chunked forms), `gated_sum.py` and
+`gla.py` the diagonal-gate rules' kernels (the gated sum rule of Mamba-2 and RetNet, and GLA; not yet a module
+option), `_chunks.py` what they share,
+`rules.py` the rules by name; `decay.py` the gate; `normalization.py` the attention normaliser;
 `step.py` the generation step functions that `step_function()` returns; `token_wise.py` the token-wise variants
 (one step per call, as labml_nn's `token_wise.py`); `retrieval.py` the models of the associative-retrieval
 experiment; `fla_reference.py` loads flash-linear-attention's plain-PyTorch references for the tests.
@@ -66,6 +68,8 @@ from lazylab.models.fast_weights.gated_delta_rule import (
     gated_delta_rule_loop,
     gated_delta_rule_step,
 )
+from lazylab.models.fast_weights.gated_sum import gated_sum_chunked, gated_sum_loop, gated_sum_step
+from lazylab.models.fast_weights.gla import gla_chunked, gla_loop, gla_step
 from lazylab.models.fast_weights.layers import (
     FastWeightsAttention,
     FastWeightsAttentionTransformer,
@@ -109,7 +113,8 @@ __all__ = ['DPFP', 'LinearElu', 'Favor', 'L2NormSiLU', 'FEATURE_MAPS', 'make_fea
            'run_delta_rule', 'check_update_rule', 'check_kernel', 'check_rule_options', 'per_layer_state',
            'DecayGate', 'delta_rule_step', 'delta_rule_loop', 'delta_rule_chunked', 'sum_rule_step', 'sum_rule_loop',
            'sum_rule_chunked', 'gated_delta_rule_step', 'gated_delta_rule_loop', 'gated_delta_rule_chunked',
-           'delta_product_step', 'delta_product_loop', 'delta_product_chunked', 'divide_by_last_column',
+           'delta_product_step', 'delta_product_loop', 'delta_product_chunked', 'gated_sum_step', 'gated_sum_loop',
+           'gated_sum_chunked', 'gla_step', 'gla_loop', 'gla_chunked', 'divide_by_last_column',
            'join_state', 'normalise_by_attention', 'split_state', 'LayerStepFunction', 'TransformerStepFunction',
            'layer_step_function', 'one_token_inference', 'projector', 'transformer_step_function',
            'PrepareForMultiHeadAttention', 'PreNormLayer', 'check_heads', 'check_n_layers', 'clone_module_list']
