@@ -87,7 +87,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def dashboard_picture(sweep_dir: Path, path: Path, trials: int) -> None:
+def dashboard_picture(sweep_dir: Path, study_name: str, path: Path, trials: int) -> None:
     """`lazylab dashboard` on the sweep folder; headless Chromium opens the study's page in optuna-dashboard, waits
     for its history plot to show every trial, and saves a screenshot."""
     from selenium import webdriver
@@ -113,7 +113,7 @@ def dashboard_picture(sweep_dir: Path, path: Path, trials: int) -> None:
             raise SystemExit(f'lazylab dashboard ended: {proc.stderr.read().decode()[-2000:]}')
         driver = webdriver.Chrome(options=options, service=Service('/usr/bin/chromedriver'))
         driver.get(f'http://127.0.0.1:{studies_port}/dashboard/')
-        wait_until(lambda: driver.find_element('partial link text', sweep_dir.name), 60, 'the study listed',
+        wait_until(lambda: driver.find_element('partial link text', study_name), 60, 'the study listed',
                    retry=(Exception,)).click()
         wait_until(lambda: len(driver.find_elements('css selector', '.js-plotly-plot .scatterlayer .point'))
                    >= trials, 120, 'the history plot with every trial')
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     facts['files'] = [str(p) for p in write_plots(study, a.out, a.top)]
     if a.dashboard:
         picture = a.out.with_name(f'{a.out.name}-dashboard.png')
-        dashboard_picture(a.sweep_dir, picture, facts['trials'])
+        dashboard_picture(a.sweep_dir, study.study_name, picture, facts['trials'])
         facts['files'].append(str(picture))
     if a.json:
         print(json.dumps(facts, indent=1))
