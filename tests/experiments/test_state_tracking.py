@@ -131,8 +131,8 @@ def test_a_prefix_of_a_batch_is_a_batch_so_the_length_can_warm_up():
 def _train(tmp_path, *keys) -> list[dict]:
     runs = tmp_path / 'runs'
     with redirect_stdout(io.StringIO()):
-        assert cli.main(['train', 'state_tracking', *TINY, 'max_steps=4', 'valid_interval=2', 'log_interval=2',
-                         f'runs_dir={runs}', *keys]) == 0
+        assert cli.main(['train', 'state_tracking', *replaced(TINY, 'max_steps=4', 'valid_interval=2',
+                                                              'log_interval=2', f'runs_dir={runs}', *keys)]) == 0
     return read_metrics(next((runs / 'state_tracking').iterdir()) / 'metrics.jsonl')
 
 
@@ -147,6 +147,17 @@ def test_every_family_trains_and_records_the_accuracy_at_every_length(tmp_path, 
     names = ('accuracy.valid', 'accuracy.valid_2x', 'accuracy.valid_4x')
     assert all(0 <= r[name] <= 1 for r in valid for name in names)
     assert all(math.isfinite(r[f'loss.{which}']) for r in valid for which in ('valid', 'valid_2x', 'valid_4x'))
+
+
+def test_deltanet_tracks_parity_at_four_times_the_length_with_negative_eigenvalues_and_not_without(tmp_path):
+    # Grazzi et al. 2025: β ∈ (0, 2) lets the delta rule's transition flip a state (eigenvalue −1), which parity
+    # needs; with β ∈ (0, 1) it cannot. At tiny sizes, 60 steps (seconds) tell them apart.
+    learns = ['max_steps=60', 'valid_interval=20', 'optimizer.warmup=5', 'optimizer.learning_rate=0.01',
+              'stop_accuracy=0']
+    negative = _train(tmp_path / 'negative', 'preset=deltanet_negative', *learns)[-1]
+    assert negative['accuracy.valid'] == 1.0 and negative['accuracy.valid_4x'] >= 0.9
+    positive = _train(tmp_path / 'positive', 'preset=deltanet', *learns)[-1]
+    assert max(positive['accuracy.valid'], positive['accuracy.valid_2x'], positive['accuracy.valid_4x']) < 0.8
 
 
 def test_compare_shows_the_accuracy_at_four_times_the_length(tmp_path, capsys):
