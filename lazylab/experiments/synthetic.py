@@ -173,15 +173,16 @@ class SyntheticConfigs(TrainerConfigs):
 
 
 def check_family_keys(c: SyntheticConfigs) -> None:
-    """Keys of a family's sub-config given for a run of another family change nothing: a mistake (a preset's are
-    not: a preset may set several families up).
+    """Keys of a family's sub-config that a person gave (on the command line, in a --config file, by a sweep) for a
+    run of another family change nothing: a mistake. A preset's are not (a preset may set several families up), nor
+    the values code gives (a sweep's check of its points hands one point's built parts to the next).
 
     Raises:
         UsageError: naming the keys, the model they belong to, and the model chosen.
     """
     chosen = selected_option(c, 'model')
     given = [k for k, label in inspect.given(c).items() if '.' in k and k.split('.', 1)[0] in FAMILIES
-             and k.split('.', 1)[0] != chosen and not str(label).startswith('preset ')]
+             and k.split('.', 1)[0] != chosen and _by_a_person(str(label))]
     if not given:
         return
     families = list(dict.fromkeys(k.split('.', 1)[0] for k in given))
@@ -191,6 +192,11 @@ def check_family_keys(c: SyntheticConfigs) -> None:
                          f'{them}); leave {them} out, or use model={families[0]}')
     raise UsageError(f'{", ".join(given)} have no effect with model={chosen} (only '
                      f'{", ".join(f"model={f}" for f in families)} read them, each its own); leave them out')
+
+
+def _by_a_person(label: str) -> bool:
+    """Whether a given value's label (`lazylab.configs.inspect.given`) says a person gave it."""
+    return label in ('user', 'sweep') or label.startswith('--config')
 
 
 @option(SyntheticConfigs.transformer, 'TransformerConfigs')

@@ -13,6 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lazylab import cli
+from lazylab.configs import apply_overrides
+from lazylab.experiments.configure import make_configs, prepare
 from lazylab.experiments.metrics import read_metrics
 from lazylab.experiments.state_tracking import (
     StateTrackingTask,
@@ -192,8 +194,16 @@ def test_a_model_that_cannot_take_the_longest_sequences_is_one_error_line(tmp_pa
 
 def test_the_feedback_check_counts_the_memory_span():
     # a memory span of 8 needs 8 relative positions, whatever the length (32 tokens at 4 × seq_len)
-    from lazylab.experiments.configure import make_configs, prepare
     conf = make_configs('state_tracking', [*TINY, 'model=feedback', 'feedback.n_positions=8',
                                            'feedback.memory_span=8'])
     prepare(conf)
     assert (conf.task.longest, conf.feedback.n_positions, conf.feedback.memory_span) == (32, 8, 8)
+
+
+def test_another_familys_values_that_code_gives_are_no_error():
+    # a sweep's check of its points hands the parts one point built to the next (here model=transformer's to
+    # model=fast_weights's), as overrides: only what a person gave is a mistake
+    conf = make_configs('state_tracking', [*TINY, 'model=fast_weights'])
+    apply_overrides(conf, {'transformer.n_layers': 3})
+    prepare(conf)
+    assert type(conf.model).__name__ == 'AutoregressiveModel' and conf.transformer.n_layers == 3
