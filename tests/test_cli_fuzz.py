@@ -143,11 +143,15 @@ BASE = ['d_model=16', 'heads=2', 'd_ff=32', 'n_layers=1', 'seq_len=8', 'batch_si
         'sample_tokens=3', 'log_interval=1', 'device=cpu', 'threads=1', 'text=small.txt', 'runs_dir=runs']
 
 
+#: what an experiment needs besides BASE for a run to start (MQAR's default 4 pairs and 4 queries need 16 tokens)
+FITS = {'mqar': ['n_pairs=2']}
+
+
 def _base(name):
     """BASE less the keys experiment `name` does not declare (retrieval, mqar and state_tracking read no text and
-    sample nothing), so that a draw meets a run that can start rather than an unknown key."""
+    sample nothing), with what it needs to fit (FITS), so that a draw meets a run that can start."""
     keys = declared_keys(load_experiment(name).Configs)
-    return [b for b in BASE if b.split('=', 1)[0] in keys]
+    return [b for b in BASE if b.split('=', 1)[0] in keys] + FITS.get(name, [])
 
 
 def _tree(folder: Path) -> dict[str, tuple[int, int]]:
