@@ -22,9 +22,9 @@
     lazylab schema EXPERIMENT                                 the JSON Schema of EXPERIMENT's --config files
     lazylab completion bash|zsh|fish                          the shell code for TAB completion (lazylab completion -h)
 
-EXPERIMENT: a built-in name (feedback, fast_weights, transformer, retrieval), an installed plugin's name, a .py
-file, or a dotted module (see lazylab.experiments.discovery). A mistake the user can fix prints one line
-`lazylab: error: …` on stderr and exits with code 2.
+EXPERIMENT: a built-in name (feedback, fast_weights, transformer, retrieval, mqar, state_tracking), an installed
+plugin's name, a .py file, or a dotted module (see lazylab.experiments.discovery). A mistake the user can fix prints
+one line `lazylab: error: …` on stderr and exits with code 2.
 
 Each command is a module `lazylab.cli.NAME` with `parser()` (its `Parser`, which the docs' CLI reference is made
 from) and `run(argv) -> int | None`; they are imported only when their command runs (the start-up time of the

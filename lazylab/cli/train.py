@@ -8,7 +8,7 @@ from lazylab.slurm import parse_options  # torch-free; submitit is imported only
 
 
 def experiments_text() -> str:
-    """'experiments: feedback, fast_weights, transformer, retrieval (built-in); lstm (installed, mypkg)': the names
+    """'experiments: feedback, fast_weights, …, state_tracking (built-in); lstm (installed, mypkg)': the names
     EXPERIMENT may be, besides a .py file and a dotted module (for `lazylab --help` and `lazylab train --help`)."""
     named = registered()
     text = 'experiments: ' + ', '.join(n for n, e in named.items() if e.kind == 'builtin') + ' (built-in)'

@@ -18,8 +18,8 @@
 
 `lazylab train char_lstm.py hidden=512`, `lazylab resume RUN`, `lazylab generate RUN …`, `lazylab sweep …`: every
 command takes such a file (or a dotted module, or a name an installed package registers under the entry-point group
-`lazylab.experiments`; see `lazylab.experiments.discovery`). lazylab's own four experiments (feedback, fast_weights,
-transformer, retrieval) are written the same way, on this API alone.
+`lazylab.experiments`; see `lazylab.experiments.discovery`). lazylab's own six experiments (feedback, fast_weights,
+transformer, retrieval, mqar, state_tracking) are written the same way, on this API alone.
 
 The names (imported when first used, so that `import lazylab.experiments` and `lazylab --help` load no torch):
 

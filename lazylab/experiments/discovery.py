@@ -2,7 +2,7 @@
 
 EXPERIMENT is one of:
 
-    feedback                     a built-in name (lazylab's own four, registered as entry points like any plugin)
+    feedback                     a built-in name (lazylab's own six, registered as entry points like any plugin)
     ./char_lstm.py, char_lstm.py the path of a .py file (its folder goes on sys.path, so it may import its neighbours)
     mypkg.experiments.lstm       a dotted module importable from the current folder or the environment
     lstm                         a name an installed package registers in the entry-point group `lazylab.experiments`:
@@ -36,7 +36,8 @@ from lazylab.errors import LazylabError, UsageError
 ENTRY_POINT_GROUP = 'lazylab.experiments'
 #: lazylab's own experiments (also its entry points; this list serves an uninstalled source tree)
 BUILTIN = {'feedback': 'lazylab.experiments.feedback', 'fast_weights': 'lazylab.experiments.fast_weights',
-           'transformer': 'lazylab.experiments.transformer', 'retrieval': 'lazylab.experiments.retrieval'}
+           'transformer': 'lazylab.experiments.transformer', 'retrieval': 'lazylab.experiments.retrieval',
+           'mqar': 'lazylab.experiments.mqar', 'state_tracking': 'lazylab.experiments.state_tracking'}
 
 
 @dataclass

@@ -12,7 +12,8 @@ A record (one JSON object per line of metrics.jsonl):
                                                wall-clock seconds over all resumes
     loss.train, accuracy.train, tokens_per_s   when steps were taken since the last record: the mean loss of
                                                those steps, the fraction of right predictions, their speed
-    loss.valid, accuracy.valid                 on validation records
+    loss.valid, accuracy.valid                 on validation records, with any metric of the task's own
+                                               (`Task.evaluate`'s keys with a dot, e.g. accuracy.valid_2x)
 
 Torch-free, so that `lazylab plot` reads metrics.jsonl without loading torch.
 """
@@ -59,8 +60,9 @@ class RunningMetrics:
         self.lr = lr
 
     def record(self, pos, batches_per_epoch: int, valid: Optional[dict[str, float]] = None) -> dict[str, Any]:
-        """The record of step `pos.step` (a checkpoint.Position), with the validation's loss and accuracy if given;
-        the sums start again from zero."""
+        """The record of step `pos.step` (a checkpoint.Position), with the validation's loss and accuracy if given
+        (and the task's own validation metrics, the keys of `valid` with a dot, under those names); the sums start
+        again from zero."""
         s = self.sums
         r = {'step': pos.step, 'tokens': pos.tokens, 'epoch': round(pos.epoch + pos.batch / batches_per_epoch, 4),
              'lr': self.lr, 'time': round(pos.elapsed, 3)}
@@ -70,6 +72,7 @@ class RunningMetrics:
             r['tokens_per_s'] = s['tokens'] / max(s['seconds'], 1e-9)
         if valid is not None:
             r['loss.valid'], r['accuracy.valid'] = valid['loss'], valid['accuracy']
+            r.update({k: v for k, v in valid.items() if '.' in k})  # a task's own, by their names (accuracy.valid_2x)
         self.sums = self._zeros()
         return r
 

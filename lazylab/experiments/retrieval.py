@@ -250,13 +250,15 @@ FAST_WEIGHT_KEYS = ('phi', 'nu', 'favor_features', 'update_rule', 'sum_normaliza
 
 def check_softmax_keys(c: Configs) -> None:
     """With model=softmax the fast-weight keys change nothing: one given on the command line, in a --config file
-    or by a sweep is a mistake (a preset's, e.g. setting2's update_rule, is not: it sets both models up).
+    or by a sweep is a mistake (a preset's, e.g. setting2's update_rule, is not: it sets both models up; nor are the
+    values code gives, e.g. the feature map a sweep's check of its points hands from a fast-weight point to a softmax
+    one).
 
     Raises:
         UsageError: naming the keys (and where each came from, when not the command line).
     """
     given = {k: label for k, label in inspect.given(c).items()
-             if k in FAST_WEIGHT_KEYS and not str(label).startswith('preset ')}
+             if k in FAST_WEIGHT_KEYS and (label in ('user', 'sweep') or str(label).startswith('--config'))}
     if given:
         keys = ', '.join(k if label == 'user' else f'{k} (from {label})' for k, label in given.items())
         them = 'it' if len(given) == 1 else 'them'

@@ -168,7 +168,9 @@ class Task:
     def evaluate(self, model: torch.nn.Module, final: bool) -> dict[str, float]:
         """{'loss', 'accuracy'} on the validation data: a quick estimate (final=False, at every validation) or
         the thorough one that ends the run (final=True). Called on every process; it leaves the model in the
-        mode it found it in. Required; the `evaluate` helper of this module does it for a list of batches.
+        mode it found it in. Required; the `evaluate` helper of this module does it for a list of batches. Metrics
+        of the task's own may come beside them, named as metrics.jsonl records them (a name with a dot, e.g.
+        'accuracy.valid_2x': the state-tracking task's accuracy at twice the training length).
 
         Args:
             model: the model (not the DDP wrapper).

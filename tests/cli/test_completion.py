@@ -84,8 +84,8 @@ def test_tab_completes_experiments_by_name_and_py_files(here, monkeypatch):
     (here / 'my_lstm.py').write_text(OWN)
     (here / 'notes.txt').write_text('')
     (here / 'exps').mkdir()
-    assert tab('lazylab train ', monkeypatch) == ['feedback', 'fast_weights', 'transformer', 'retrieval', 'exps/',
-                                                  'my_lstm.py']
+    assert tab('lazylab train ', monkeypatch) == ['feedback', 'fast_weights', 'transformer', 'retrieval', 'mqar',
+                                                  'state_tracking', 'exps/', 'my_lstm.py']
     assert tab('lazylab options f', monkeypatch) == ['feedback', 'fast_weights']
     assert tab('lazylab train my', monkeypatch) == ['my_lstm.py ']
     assert tab('lazylab sweep tra', monkeypatch) == ['transformer ']

@@ -93,5 +93,5 @@ def test_lazylab_help_lists_the_built_in_experiments(capsys):
     assert cli.main(['--help']) == 0
     out = capsys.readouterr().out
     assert 'lazylab new NAME [--task text|custom]' in out
-    assert out.rstrip().splitlines()[-1] == ('experiments: feedback, fast_weights, transformer, retrieval (built-in); '
-                                             'or a .py file, or a dotted module')
+    assert out.rstrip().splitlines()[-1] == ('experiments: feedback, fast_weights, transformer, retrieval, mqar, '
+                                             'state_tracking (built-in); or a .py file, or a dotted module')

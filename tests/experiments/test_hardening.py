@@ -299,7 +299,8 @@ def test_every_command_answers_help_with_exit_0(capsys, command, flag):
 
 def test_train_without_a_name_asks_for_one_and_help_names_the_experiments(capsys, cli_error):
     assert cli.main(['train', '--help']) == 0
-    assert 'experiments: feedback, fast_weights, transformer, retrieval (built-in)' in capsys.readouterr().out
+    help_text = ' '.join(capsys.readouterr().out.split())  # (the help wraps its lines)
+    assert 'experiments: feedback, fast_weights, transformer, retrieval, mqar, state_tracking (built-in)' in help_text
     assert cli_error(['train']) == ('the following arguments are required: EXPERIMENT (see: lazylab train '
                                     '--help)')
 

@@ -398,7 +398,7 @@ NOT_AN_EXPERIMENT = {'no_configs_h.py': 'x = 1\n',
 @pytest.mark.parametrize('experiment, message', [
     ('missing_h.py', 'experiment file not found: missing_h.py'),
     ('nowhere_h.lstm', "unknown experiment 'nowhere_h.lstm' (experiments: feedback, fast_weights, transformer, "
-                       "retrieval; or a .py file, or a module importable from here)"),
+                       "retrieval, mqar, state_tracking; or a .py file, or a module importable from here)"),
     ('no_configs_h.py', 'no_configs_h.py has no Configs: an experiment defines `class Configs(TrainerConfigs)` (from '
                         'lazylab.experiments import TrainerConfigs, or NLPAutoRegressionConfigs for a text model)'),
     ('not_trainer_h.py', 'not_trainer_h.py: its Configs is not a TrainerConfigs subclass; an experiment defines '

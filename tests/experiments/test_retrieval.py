@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from lazylab import cli
+from lazylab.configs import apply_overrides
 from lazylab.experiments.configure import make_configs, prepare
 from lazylab.experiments.retrieval import RetrievalTask, retrieval_batch
 from lazylab.experiments.trainer import read_metrics
@@ -266,6 +267,15 @@ def test_a_presets_fast_weight_key_is_no_error_with_the_softmax_model():
     finally:
         torch.set_num_threads(threads)
     assert isinstance(conf.model, SoftmaxRetrieval) and conf.replace and conf.update_rule == 'delta'
+
+
+def test_a_fast_weight_key_that_code_gives_is_no_error_with_the_softmax_model():
+    # `lazylab sweep retrieval model=fast_weights,softmax`: the check of its points hands the feature map the first
+    # point built to the second, as an override; only what a person gave is a mistake
+    conf = make_configs('retrieval', ['model=softmax', 'n_keys=4', 'threads=1', 'device=cpu'])
+    apply_overrides(conf, {'phi': 'linear'})
+    prepare(conf)
+    assert isinstance(conf.model, SoftmaxRetrieval)
 
 
 def test_keys_reach_the_model_and_defaults_follow_the_rule():
