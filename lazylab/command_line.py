@@ -20,8 +20,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn, Optional
 
+from lazylab import user_files
 from lazylab.errors import LazylabError, UsageError, given_twice, shown
 from lazylab.user_files import control_character
+
+#: what `--config` is, in the help of every command that takes it (train, options, sweep, labml)
+CONFIG_HELP = ("settings from a YAML file, or a run's configs.yaml; repeat it to stack files (a later file wins, then "
+               "key=value). A value may read the environment: ${env:NAME} or ${env:NAME,default}, here and in "
+               "key=value (quote it for the shell: 'lr=${env:LR}'); $${ is the text ${")
 
 
 class HelpShown(Exception):
@@ -121,6 +127,27 @@ def split_setting(token: str, expected: str = 'key=value',
     if not eq or not key:
         raise error(f'expected {expected}, got {token!r}')
     return key, text
+
+
+def add_config_flag(p: Parser, help: str = CONFIG_HELP) -> None:
+    """`--config FILE.yaml`, repeatable: the one flag of every command that stacks config files."""
+    p.add_argument('--config', metavar='FILE.yaml', action='append', help=help)
+
+
+def config_files(files: Optional[Sequence[str]]) -> list[str]:
+    """The `--config` files of a command line (`add_config_flag`), checked before anything is imported or read:
+    a FIFO, /dev/zero or a huge file is one line at once (each is read later, bounded, by
+    `lazylab.experiments.configure.stack_config_files`).
+
+    Raises:
+        UsageError: `--config=` or `--config ''` (not the current folder); a file `user_files.check_file` refuses.
+    """
+    files = list(files or ())
+    if '' in files:
+        raise UsageError('--config needs a YAML file')
+    for path in files:
+        user_files.check_file(path, 'config file', user_files.CONFIG)
+    return files
 
 
 def asks_help(argv: Sequence[str]) -> bool:

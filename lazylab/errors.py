@@ -2,8 +2,9 @@
 
 Each message is one line that names the culprit (the key, file, character or checkpoint); the command line prints
 it as `lazylab: error: …` and exits with code 2, without a traceback (`run_cli`). Every other exception is a
-programming error and keeps its traceback. This module is the leaf of the package: it imports nothing of lazylab
-(and no torch), and every other module's user errors derive from `LazylabError`, configuration mistakes included.
+programming error and keeps its traceback. It imports only `lazylab.redaction` (the
+bottom leaf; no torch), and every other module's user errors derive from `LazylabError`, configuration mistakes
+included. A message never shows a secret read from the environment (`lazylab.redaction.conceal`).
 
     LazylabError
     ├── ConfigError         (lazylab.configs) a configuration mistake: an unknown key, a bad value, an unknown option
@@ -31,10 +32,13 @@ import threading
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
+from lazylab.redaction import hide_concealed
+
 __all__ = ['LazylabError', 'WrapsUserError', 'UsageError', 'DashboardError', 'DataError', 'DistributedError',
            'TrainingError', 'CheckpointError', 'NonFiniteLossError', 'Interrupted', 'signals_interrupt',
            'signals_deferred', 'signals_polled', 'signals_noted', 'NotedSignals', 'stop_signals', 'stop_status',
-           'signal_number', 'STOP_SIGNAL_ENV', 'user_error_message', 'run_cli', 'plural', 'shown', 'given_twice']
+           'signal_number', 'STOP_SIGNAL_ENV', 'user_error_message', 'error_line', 'run_cli', 'plural', 'shown',
+           'given_twice']
 
 
 def plural(n: float, noun: str, nouns: Optional[str] = None) -> str:
@@ -325,13 +329,19 @@ def user_error_message(e: BaseException) -> Optional[str]:
 
     User errors: every `LazylabError` (`lazylab.configs.ConfigError` is one). One of ours raised while the config
     engine computed an item arrives wrapped in a `CalculatorError` (a `WrapsUserError`); the user sees the original
-    message.
+    message. A secret read from the environment (`lazylab.redaction.conceal`) is `***` in it.
     """
     if isinstance(e, WrapsUserError):
         e = e.cause_for_user() or e
     if isinstance(e, LazylabError):
-        return str(e).splitlines()[0] if str(e) else type(e).__name__
+        return hide_concealed(str(e).splitlines()[0]) if str(e) else type(e).__name__
     return None
+
+
+def error_line(e: BaseException) -> str:
+    """The one line a run's record keeps of the exception that ended it: `user_error_message(e)`, or for a
+    programming error its type and first line; a secret read from the environment is `***` in it either way."""
+    return user_error_message(e) or hide_concealed(f'{type(e).__name__}: {e}'.splitlines()[0])
 
 
 def run_cli(func: Callable[..., Any], *args) -> int:

@@ -28,7 +28,21 @@ and the secrets as the DBAPI's `connect_args`. An ambiguous URL (a `?` before th
 number and a password that is not valid percent-encoding are refused (`StorageURLError`) with a message that
 quotes no part of the URL.
 
-Imports nothing of lazylab (a leaf: messages anywhere can use it) and no torch.
+Values read from the environment (`${env:NAME}` in a configuration, lazylab.configs) are secret by their names,
+with the same words (`secret_name`):
+
+- an environment variable is secret when one of its words (split at `_`, `-`, `.`) ends in PASSWORD, PASSWD,
+  SECRET, TOKEN, KEY or CREDENTIAL, plural or not, in any case: `PGPASSWORD`, `GITHUB_TOKEN`, `WANDB_API_KEY`,
+  `AWS_SECRET_ACCESS_KEY`, `SSH_KEYS`; not `PWD` (a folder), `TOKENIZERS_PARALLELISM`, `KEYBOARD`;
+- a config key only by its last part's last word, whole: `password`, `passwd`, `secret(s)`, `token`,
+  `credential(s)`, `apikey`, or `key` after `api`, `access`, `secret`, `private` or `auth` (`api_key`,
+  `hf_token`, `db_password`, `secret`); not a model's `key`, `d_key`, `n_tokens` or `token_embeddings`.
+
+Such a value is written as its reference (`${env:NAME}`) in every dump, and `conceal` hides its text from every
+message `hide_concealed` sees from then on in this process (`lazylab.errors.user_error_message`: what the command
+line prints and run.json's `error` records).
+
+Imports nothing of lazylab (the bottom layer: messages anywhere, `lazylab.errors` included, can use it) and no torch.
 """
 import re
 import urllib.parse
@@ -38,10 +52,21 @@ from typing import Any, NamedTuple, Optional
 MASK = '***'
 #: a secret shorter than this is hidden only inside its URL, not elsewhere in a text (it would hide letters)
 MIN_SECRET = 4
+#: the words a secret's name ends in (a URL's query parameter, an environment variable, a config key's last word)
+SECRET_WORDS = ('password', 'passwd', 'secret', 'token', 'key', 'credential')
+_WORDS = '|'.join(SECRET_WORDS)
+# a URL's parameter: its name ends in a secret word, `credentials` or ODBC's `pwd`, in any case
 _SECRET_PARAM = re.compile(
-    r'(?P<name>[?&;][^=&;?#]*?(?:password|passwd|pwd|secret|token|key|credentials?)\s*=)(?P<value>[^&;#]*)',
-    re.IGNORECASE)
-_SECRET_NAME = re.compile(r'(?:password|passwd|pwd|secret|token|key|credentials?)\s*$', re.IGNORECASE)
+    rf'(?P<name>[?&;][^=&;?#]*?(?:pwd|{_WORDS}|credentials)\s*=)(?P<value>[^&;#]*)', re.IGNORECASE)
+_SECRET_NAME = re.compile(rf'(?:pwd|{_WORDS}|credentials)\s*$', re.IGNORECASE)
+# an environment variable's word: ends in a secret word (PGPASSWORD, API_KEYS)
+_SECRET_VARIABLE_WORD = re.compile(rf'.*(?:{_WORDS})s?', re.IGNORECASE)
+# a config key's last word, whole; `key` only after a word that makes it a credential (a model has `key`, `d_key`)
+_SECRET_KEY_WORDS = frozenset({'password', 'passwd', 'secret', 'secrets', 'token', 'credential', 'credentials',
+                               'apikey'})
+_KEY_KINDS = frozenset({'api', 'access', 'secret', 'private', 'auth'})
+#: texts `hide_concealed` hides (see `conceal`), in this process
+_CONCEALED: dict[str, None] = {}
 _URL_WORD = re.compile(r'[A-Za-z][A-Za-z0-9+.-]*://\S+')
 _TRAILING = ':;,.)]}\'"'
 _SCHEME = re.compile(r'[A-Za-z][\w+.-]*')
@@ -226,3 +251,35 @@ def _redact_word(m: re.Match) -> str:
     word = m.group(0)
     core = word.rstrip(_TRAILING)
     return redact_url(core) + word[len(core):]
+
+
+def secret_name(name: str, config_key: bool = False) -> bool:
+    """Whether `name` names a secret (see the module docstring): an environment variable's name, or with
+    `config_key` a config key (dotted or not: its last part counts).
+
+        secret_name('GITHUB_TOKEN') and secret_name('AWS_SECRET_ACCESS_KEY') and not secret_name('PWD')
+        secret_name('optimizer.api_key', config_key=True) and not secret_name('d_key', config_key=True)
+    """
+    if not config_key:
+        return any(_SECRET_VARIABLE_WORD.fullmatch(w) for w in re.split(r'[^A-Za-z0-9]+', name) if w)
+    words = [w.lower() for w in re.split(r'[^A-Za-z0-9]+', name.rsplit('.', 1)[-1]) if w]
+    if not words:
+        return False
+    return words[-1] in _SECRET_KEY_WORDS or (words[-1] == 'key' and len(words) > 1 and words[-2] in _KEY_KINDS)
+
+
+def conceal(*forms: str) -> None:
+    """From now on, in this process, hide each of `forms` — a secret value as written, and as messages quote it
+    (`repr`, `lazylab.errors.shown`) — from every text `hide_concealed` sees. The caller decides the forms: a
+    value shorter than `MIN_SECRET` only in its quoted forms (alone it would hide ordinary letters)."""
+    for form in forms:
+        if form:
+            _CONCEALED[form] = None
+
+
+def hide_concealed(text: str) -> str:
+    """`text` with every form `conceal` was given replaced by `***`, the longest first."""
+    for form in sorted(_CONCEALED, key=len, reverse=True):
+        if form in text:
+            text = text.replace(form, MASK)
+    return text

@@ -65,6 +65,13 @@ SWEEP_PREFIX = 'sweep-'
 OWN_FILES = frozenset({RUN_JSON, CONFIGS_YAML, METRICS_JSONL, SAMPLES_TXT, CHECKPOINT_PT, TRIAL_JSON, OUTPUT_LOG,
                        SWEEP_YAML, STUDY_JOURNAL, SWEEP_CONFIG})
 
+
+
+def sweep_config(i: int) -> str:
+    """The name of the copy of a sweep's `i`-th --config file in its directory: config.yaml, config-2.yaml, …"""
+    return SWEEP_CONFIG if i == 0 else f'config-{i + 1}.yaml'
+
+
 #: the metric keys of a metrics.jsonl record (lazylab.experiments.metrics): what a sweep optimizes and compares
 METRIC_KEYS = ('loss.valid', 'accuracy.valid', 'loss.train', 'accuracy.train', 'tokens_per_s')
 #: the keys of a metrics.jsonl record that say where the run was, not how it did

@@ -12,7 +12,7 @@ Fixtures (test files cannot import a conftest under --import-mode=importlib, so 
                 and return the message after 'lazylab: error: '
 
 Every test leaves torch's thread count as it found it (a run's `threads=1` would otherwise stay for the rest of
-the session).
+the session), and starts with no secret hidden from messages (lazylab.redaction.conceal).
 """
 import os
 import socket
@@ -58,6 +58,13 @@ _patch_labml_tracker()
 def _keep_threads():
     with keep_threads():
         yield
+
+
+@pytest.fixture(autouse=True)
+def _forget_concealed_secrets(monkeypatch):
+    """The secrets a test's configuration read from the environment are hidden from messages for the rest of the
+    process (lazylab.redaction.conceal): each test starts with none, so no test's message is masked by another's."""
+    monkeypatch.setattr('lazylab.redaction._CONCEALED', {})
 
 
 @pytest.fixture

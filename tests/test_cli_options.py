@@ -24,5 +24,5 @@ def test_options_lists_every_key_with_type_default_options_and_help(capsys, name
 def test_train_help_prints_the_options(capsys):
     assert cli.main(['train', 'transformer', '--help']) == 0
     out = capsys.readouterr().out
-    assert out.startswith('usage: lazylab train transformer [key=value …] [--config FILE.yaml]')
+    assert out.startswith('usage: lazylab train transformer [key=value …] [--config FILE.yaml …]')
     assert 'labml_nn: d_model=512 heads=8 n_layers=6' in out

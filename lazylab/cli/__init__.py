@@ -1,12 +1,12 @@
 """The `lazylab` command line: one module per command, one parser class, one `key=value` splitter.
 
-    lazylab train EXPERIMENT [key=value …] [--config FILE.yaml] [--allow-changes]   train an experiment
+    lazylab train EXPERIMENT [key=value …] [--config FILE.yaml …] [--allow-changes]   train an experiment
     lazylab options EXPERIMENT                                every key with type, default, options and help
     lazylab resume RUN_DIR [--allow-changes]                  continue a run from its checkpoint
     lazylab train|resume … --slurm KEY=VALUE,… [--wait]       the same as a Slurm job (sbatch's options; the extra)
     lazylab generate RUN_DIR --prompt TEXT --tokens N [--temperature T] [--top-k K] [--seed S]
     lazylab plot RUN_DIR [RUN_DIR …] -o FILE.png              loss against tokens seen, for one or several runs
-    lazylab labml MODULE [key=value …] [--config FILE] [--options] [--steps N] [--runs-dir DIR] [--dashboard URL]
+    lazylab labml MODULE [key=value …] [--config FILE …] [--options] [--steps N] [--runs-dir DIR] [--dashboard URL]
                                                               run a labml experiment module on lazylab's engine
     lazylab sweep EXPERIMENT [key=value | key=a,b,c …] [--workers N] [--sampler grid|random|tpe] [--trials N] …
                                                               many runs of one experiment (lazylab sweep -h)

@@ -1,13 +1,14 @@
-"""`lazylab labml MODULE [key=value …] [--config FILE] [--options] [--steps N] [--runs-dir DIR] [--dashboard URL]`:
+"""`lazylab labml MODULE [key=value …] [--config FILE …] [--options] [--steps N] [--runs-dir DIR] [--dashboard URL]`:
 run a labml experiment module on lazylab's engine (lazylab.labml.runner)."""
 from pathlib import Path
 from typing import Optional
 
 from lazylab import user_files
-from lazylab.command_line import Parser, asks_help
+from lazylab.command_line import Parser, add_config_flag, asks_help, config_files
 from lazylab.errors import UsageError
 
-USAGE = 'lazylab labml MODULE [key=value …] [--config FILE] [--options] [--steps N] [--runs-dir DIR] [--dashboard URL]'
+USAGE = ('lazylab labml MODULE [key=value …] [--config FILE …] [--options] [--steps N] [--runs-dir DIR] '
+         '[--dashboard URL]')
 DEFAULT_RUNS_DIR = 'runs/labml'
 
 
@@ -18,7 +19,7 @@ def parser() -> Parser:
                    help='a dotted module name (labml_nn.transformers.feedback.experiment) or a .py file')
     p.add_argument('settings', nargs='*', metavar='key=value',
                    help="set on top of the script's experiment.configs(conf, {...}); typed and checked first")
-    p.add_argument('--config', metavar='FILE', help="a YAML mapping of settings, or a run's configs.yaml (replays it)")
+    add_config_flag(p)
     p.add_argument('--options', action='store_true',
                    help="list the keys of the script's config class, and what its dict sets")
     p.add_argument('--steps', metavar='N', help='end training after N optimizer updates')
@@ -34,8 +35,7 @@ def run(argv: list[str]) -> None:
     if not asks_help(argv) and not any(not a.startswith('-') for a in argv):
         raise UsageError(f'usage: {USAGE}')
     args, settings = parser().parse_with_settings(argv)
-    if args.config:  # a FIFO, /dev/zero or a huge file: one line at once, not after torch's import (read later)
-        user_files.check_file(args.config, 'config file', user_files.CONFIG)
+    args.config = config_files(args.config)  # one line at once, not after torch's import
     from lazylab.labml.runner import run_labml  # torch and labml: only once the flags and the --config file are fine
     run_labml(args.module, settings, config=args.config, options=args.options, steps=_steps(args.steps),
               runs_dir=_runs_dir(args.runs_dir), dashboard=args.dashboard, argv=tuple(argv))

@@ -2,8 +2,7 @@
 `lazylab options EXPERIMENT key=value … [--config FILE …] --resolved [--format yaml]`: every value a run would get
 and who set it, without building the model; `… --graph dot|mermaid|svg`: the same configuration as a graph (items as
 nodes, what each was computed from as edges, user-set keys marked)."""
-from lazylab import user_files
-from lazylab.command_line import Parser
+from lazylab.command_line import CONFIG_HELP, Parser, add_config_flag, config_files
 from lazylab.errors import UsageError
 
 
@@ -21,9 +20,7 @@ def parser() -> Parser:
                    help='a built-in or installed experiment, a .py file or a dotted module')
     p.add_argument('settings', nargs='*', default=[], metavar='key=value',
                    help='settings (with --resolved or --graph)')
-    p.add_argument('--config', metavar='FILE.yaml', action='append',
-                   help='settings from a YAML file, as train takes them (with --resolved or --graph; repeat it: later '
-                        'wins)')
+    add_config_flag(p, 'with --resolved or --graph: ' + CONFIG_HELP)
     p.add_argument('--resolved', action='store_true',
                    help='print the values a run would get, and who set each, instead of the declarations')
     p.add_argument('--format', choices=('text', 'yaml'), default='text',
@@ -44,10 +41,7 @@ def run(argv: list[str]) -> None:
         given = 'key=value settings need' if settings else ('--config needs' if a.config else '--format needs')
         raise UsageError(f'{given} --resolved or --graph (lazylab options EXPERIMENT key=value … --resolved): '
                          f'without it, options lists the declarations')
-    if '' in (a.config or ()):  # `--config=` or `--config ''`: not the current folder
-        raise UsageError('--config needs a YAML file')
-    for path in a.config or ():  # a FIFO, /dev/zero or a huge file: one line before torch's import (read later)
-        user_files.check_file(path, 'config file', user_files.CONFIG)
+    a.config = config_files(a.config)  # one line before torch's import
     if not a.resolved and not a.graph:
         from lazylab.experiments.listing import options_text  # torch: the listing builds the experiment's parts
         print(options_text(a.experiment))

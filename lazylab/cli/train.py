@@ -1,7 +1,6 @@
-"""`lazylab train EXPERIMENT [key=value …] [--config FILE.yaml] [--allow-changes] [--slurm KEY=VALUE,… [--wait]]`:
+"""`lazylab train EXPERIMENT [key=value …] [--config FILE.yaml …] [--allow-changes] [--slurm KEY=VALUE,… [--wait]]`:
 train an experiment, here or as a Slurm job."""
-from lazylab import user_files
-from lazylab.command_line import Parser, asks_help
+from lazylab.command_line import Parser, add_config_flag, asks_help, config_files
 from lazylab.errors import UsageError
 from lazylab.experiments.discovery import registered  # torch-free: names and entry points only
 from lazylab.slurm import parse_options  # torch-free; submitit is imported only when --slurm is given
@@ -26,9 +25,7 @@ def parser() -> Parser:
     p.add_argument('experiment', metavar='EXPERIMENT',
                    help='a built-in or installed experiment, a .py file (./char_lstm.py) or a dotted module')
     p.add_argument('settings', nargs='*', default=[], metavar='key=value', help='settings, typed and checked')
-    p.add_argument('--config', metavar='FILE.yaml', action='append',
-                   help='settings from a YAML file, or a run\'s configs.yaml; repeat it to stack files (a later '
-                        'file wins, then key=value)')
+    add_config_flag(p)
     p.add_argument('--allow-changes', action='store_true',
                    help='replaying a dump: go on although a computed value now comes out differently')
     add_slurm_flags(p, 'the run')
@@ -61,14 +58,11 @@ def slurm_options(a):
 def run(argv: list[str]) -> int:
     if argv and not argv[0].startswith('-') and asks_help(argv):  # `lazylab train EXPERIMENT --help`: its keys
         from lazylab.experiments.listing import options_text  # torch: only once an experiment's keys are listed
-        print(f'usage: lazylab train {argv[0]} [key=value …] [--config FILE.yaml] [--allow-changes] '
+        print(f'usage: lazylab train {argv[0]} [key=value …] [--config FILE.yaml …] [--allow-changes] '
               f'[--slurm KEY=VALUE,… [--wait]]\n\n' + options_text(argv[0]))
         return 0
     a, settings = parser().parse_with_settings(argv)
-    if '' in (a.config or ()):  # `--config=` or `--config ''`: not the current folder
-        raise UsageError('--config needs a YAML file')
-    for path in a.config or ():  # a FIFO, /dev/zero or a huge file: one line at once, not after torch's import
-        user_files.check_file(path, 'config file', user_files.CONFIG)  # (read later, bounded)
+    a.config = config_files(a.config)  # one line at once, not after torch's import
     options = slurm_options(a)
     if options is not None:
         from lazylab.slurm.jobs import submit_train  # submitit and Slurm's commands: only for --slurm

@@ -26,6 +26,9 @@ Instance API: ``conf.set_default(Cls.item, value=None, func=None)``, ``conf._set
     load(configs, path_or_yaml_or_dict, label=None)   replay a dump: its given values applied, the rest recomputed
     replay_changes(configs) -> [Change]            after computing: recorded computed values that came out different
     label_given(configs, keys, label)              say where given values came from (the dump's `given` section)
+    expand_env(values, origins=None) -> (values, {key: EnvUse})   read ${env:NAME} / ${env:NAME,default} in values
+    note_env(configs, {path: EnvUse})              label those values `env NAME`; dumps write a secret's reference
+    escape_env(value) -> value                     written so that expand_env reads it back as it is ($${ for ${)
     describe(configs_or_class) -> [row]; format_description(rows) -> str     listing for --help / options
     nearest(name, names) -> [name]; suggestion(name, names) -> "; did you mean 'x'?"   for messages about names
 
@@ -69,6 +72,7 @@ Importing this package never imports torch.
 from . import inspect  # noqa: F401 - the public view of a config: `from lazylab.configs import inspect`
 from .engine.base import BaseConfigs
 from .engine.coerce import coerce_text
+from .engine.env_refs import EnvUse, escape_env, expand_env, has_env_reference, note_env
 from .engine.errors import (
     AlreadyComputedError,
     BadValueError,
@@ -93,6 +97,7 @@ __all__ = [
     'BaseConfigs', 'option', 'calculate', 'aggregate', 'hyperparams', 'meta_config',
     'explain', 'format_explain', 'describe', 'format_description', 'to_dict', 'dump', 'load',
     'replay_changes', 'label_given', 'Change',
+    'expand_env', 'note_env', 'escape_env', 'has_env_reference', 'EnvUse',
     'apply_overrides', 'parse_overrides', 'coerce_text', 'nearest', 'suggestion',
     'ConfigError', 'UnknownItemError', 'NoValueError', 'AlreadyComputedError', 'UnknownOptionError',
     'BadValueError', 'CycleError', 'CalculatorError', 'DeclarationError', 'OverrideSyntaxError',

@@ -111,11 +111,13 @@ def graph(configs: Any, later: Optional[Mapping[str, str]] = None) -> Graph:
             (:func:`lazylab.experiments.resolved.resolve`'s second value); others not computed are "not computed".
     """
     later = later or {}
-    setters, waiting = inspect.set_by(configs), inspect.waiting(configs)
+    setters, waiting, hidden = inspect.set_by(configs), inspect.waiting(configs), inspect.redacted(configs)
     out = Graph()
     for item in inspect.items(configs):
         value, how = (_computed(item, setters.get(item.path)) if item.computed
                       else _not_computed(item, waiting, later))
+        if item.path in hidden:  # a secret read from the environment: its reference, never its value
+            value = _shown(hidden[item.path])
         out.nodes.append(Node(item.path, value, how, is_user_set(item.given)))
         out.edges.extend((read, item.path) for read in item.reads if read != item.path)
     return out

@@ -17,6 +17,8 @@ defaults, and the paths of the sub-configs. Nothing outside :mod:`lazylab.config
     with inspect.reads_outside(conf) as reads: ...     reads: the items the block itself read, in first-read order
     with inspect.not_built(is_module): ...   computing an item of such a type raises NotBuiltError (naming it)
     inspect.waiting(conf)            {'optimizer.learning_rate': 0.001}   given values waiting for their sub-config
+    inspect.redacted(conf)           {'api_key': '${env:API_KEY}'}   secrets read from the environment, as written:
+                                     what listings and dumps show in their place (lazylab.configs.note_env)
 
 Paths are full dotted paths from the root config (``optimizer.learning_rate``), a sub-config's items after its
 parent's, in declaration order. Apart from :func:`build_addressed` and :func:`compute_plain`, which compute items on
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from .engine.declarations import spec_of
+from .engine.env_refs import redacted
 from .engine.errors import NotBuiltError, UnknownItemError, unknown_item
 from .engine.listing import is_plain
 from .engine.overrides import declared_paths, expand_short_keys, typed_pending
@@ -38,7 +41,7 @@ from .engine.typing_tools import is_configs_class
 
 __all__ = ['Item', 'items', 'computed', 'given', 'sub_configs', 'selected_option', 'class_defaults', 'declared_by',
            'is_configs', 'declared_paths', 'expand_short_keys', 'fresh_sub_config', 'build_addressed', 'compute_plain',
-           'effective_defaults', 'set_by', 'reads_outside', 'not_built', 'NotBuiltError', 'waiting']
+           'effective_defaults', 'set_by', 'reads_outside', 'not_built', 'NotBuiltError', 'waiting', 'redacted']
 
 
 @dataclass(frozen=True)

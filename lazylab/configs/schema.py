@@ -22,6 +22,8 @@ where it concerns one):
   list, an Enum member's value) where the schema asks for the YAML type itself (an Enum's member by its name), and
   a key's unique end (`glu_variant` for `transformer.ffn.glu_variant`) where the schema names keys in full:
   the schema is the stricter of the two, on purpose (it says what a file should say);
+- a value that reads the environment (`${env:LR}`, lazylab.configs.expand_env) is text until it is read, so the
+  schema refuses it for a key that is not a string: an editor flags it, the engine reads it;
 - checks between keys (`d_model` divisible by `heads`), which run when the configuration is computed;
 - a run's configs.yaml (sections `values`, `given`, …) is not a flat file: the schema is for files one writes.
 """

@@ -7,6 +7,9 @@
 configs.yaml dump; a later file wins) and the key=value settings; a key may be given by a unique end of its dotted path
 (`ffn.glu_variant` for `transformer.ffn.glu_variant`, `lazylab.configs.inspect.expand_short_keys`). A dump is
 checked first to be one of this experiment's (`check_dump_experiment`) and to hold only its keys (`check_dump`).
+A value may read the environment, in a file or on the command line (`${env:NAME}`, `${env:NAME,default}`:
+`lazylab.configs.expand_env`); it is then labelled `env NAME`, and a secret one is written as its reference in the
+run's files (`lazylab.configs.note_env`). `lazylab labml` stacks its files with the same `stack_config_files`.
 
 `prepare` computes everything a run needs, in the order its mistakes should surface: the values the declarations
 cannot check (`check_values`), the memory the run needs (`check_memory_needs`), the data, the model, the step count,
@@ -23,7 +26,17 @@ import torch
 import yaml
 
 from lazylab import safe_yaml, user_files
-from lazylab.configs import apply_overrides, describe, inspect, label_given, load, parse_overrides, suggestion
+from lazylab.configs import (
+    apply_overrides,
+    describe,
+    expand_env,
+    inspect,
+    label_given,
+    load,
+    note_env,
+    parse_overrides,
+    suggestion,
+)
 from lazylab.dashboard_client import track_url
 from lazylab.errors import UsageError
 from lazylab.experiments.discovery import BUILTIN, Experiment, find_experiment, load_experiment
@@ -138,7 +151,8 @@ def make_configs(experiment: Union[str, Experiment], settings: Sequence[str] = (
     """A fresh `Configs` of EXPERIMENT with, in order, the preset, the `--config` files and the settings applied.
 
     Each given value is labelled with where it came from (the dump's `given` section, `lazylab diff` and `lazylab
-    options --resolved` show it): `user` (the command line), `preset NAME`, `--config FILE:LINE`.
+    options --resolved` show it): `user` (the command line), `preset NAME`, `--config FILE:LINE`, `env NAME` (a
+    value that read the environment, in a file or on the command line).
 
     Args:
         experiment: EXPERIMENT as written (a built-in name, a .py file, a module; `discovery.find_experiment`) or
@@ -149,18 +163,21 @@ def make_configs(experiment: Union[str, Experiment], settings: Sequence[str] = (
             or a run's configs.yaml dump (one at most).
 
     Raises:
-        UsageError, ConfigError: an experiment, setting, file or preset that is wrong (one line naming it).
-            Nothing is computed yet.
+        UsageError, ConfigError: an experiment, setting, file or preset that is wrong (one line naming it); a
+            malformed `${…}` or an unset variable without a default (naming it and the key). Nothing is computed
+            yet.
     """
     found = experiment if isinstance(experiment, Experiment) else find_experiment(experiment)
     module, name = found.load(), found.name
     conf = module.Configs()
-    values = inspect.expand_short_keys(conf, parse_overrides(list(settings)))
+    written, env = expand_env(parse_overrides(list(settings)))
+    values = inspect.expand_short_keys(conf, written)
+    env = {key: env[w] for key, w in zip(values, written) if w in env and key != 'preset'}
     preset = values.pop('preset', None)
     files = [config] if isinstance(config, str) else list(config or ())
     if '' in files:  # `--config=` or `--config ''`: not the current folder
         raise UsageError('--config needs a YAML file')
-    stacked = stack_config_files(name, conf, files)
+    stacked = stack_config_files(files, conf, name)
     if preset is None:
         preset = stacked.preset
     if preset is not None:
@@ -173,68 +190,98 @@ def make_configs(experiment: Union[str, Experiment], settings: Sequence[str] = (
     if values:
         apply_overrides(conf, values)
         label_given(conf, values, 'user')
+    note_env(conf, env)
     return conf
 
 
 class StackedFiles:
     """What the `--config` files give, stacked (`stack_config_files`): `values` (key → value, a later file's
-    winning), `labels` (key → `--config FILE:LINE`), `preset` (the last file's `preset:`), and `dump` (the parsed
-    configs.yaml dump among them, whose computed values replay checks, or None)."""
+    winning), `labels` (key → `--config FILE:LINE`), `env` (key → how the value read the environment, for the
+    values that did: `lazylab.configs.EnvUse`), `preset` (the last file's `preset:`), and `dump` (the parsed
+    configs.yaml dump among them, whose computed values replay checks, or None). Every value is read already:
+    `${env:…}` references are resolved, and nothing reads them again."""
 
     def __init__(self):
         self.values: dict[str, Any] = {}
         self.labels: dict[str, str] = {}
+        self.env: dict[str, Any] = {}
         self.preset: Optional[str] = None
         self.dump: Optional[dict[str, Any]] = None
         self.dump_path, self.dump_label = '', ''
 
+    def flat(self) -> dict[str, Any]:
+        """Every value the files give as one mapping (a dump's computed values too, then the flat files' values):
+        what `lazylab labml` applies, without replay's checks."""
+        return {**(self.dump['values'] if self.dump is not None else {}), **self.values}
+
     def apply(self, conf) -> None:
-        """Give `conf` the stacked values (a dump's through `load`, so that replay checks its computed values)."""
+        """Give `conf` the stacked values (a dump's through `load`, so that replay checks its computed values), each
+        labelled with its file and line, or with the variables it read (`note_env`)."""
         if self.dump is not None:
             doc = {**self.dump, 'values': {**self.dump['values'], **self.values},
                    'given': {**(self.dump.get('given') or {}), **self.labels}}
             if not isinstance(self.dump.get('given'), dict):  # a dump without `given` is applied whole
                 doc['given'] = {**{k: self.dump_label for k in self.dump['values']}, **self.labels}
-            load(conf, doc, label=self.dump_label)  # (the label names the file in replay's messages)
+            load(conf, doc, label=self.dump_label, env=False)  # (the label names the file in replay's messages)
         elif self.values:
-            load(conf, self.values)
+            load(conf, self.values, env=False)
         for key, label in self.labels.items():
             label_given(conf, [key], label)
+        note_env(conf, self.env)
 
 
-def stack_config_files(name: str, conf, files: Sequence[str]) -> StackedFiles:
-    """The `--config` FILES of experiment NAME read, checked and stacked in order (see `StackedFiles`): each file's
-    keys expanded (a unique end of a key stands for it), a dump checked to be NAME's (`check_dump_experiment`,
-    `check_dump`), each value labelled with its file and line.
+def stack_config_files(files: Sequence[str], conf=None, name: str = '') -> StackedFiles:
+    """The `--config` FILES read, checked and stacked in order (see `StackedFiles`): each value's `${env:…}`
+    references read (`lazylab.configs.expand_env`; a dump's given values only), each value labelled with its file
+    and line. With `conf`, a fresh Configs of experiment NAME: each file's keys expanded (a unique end of a key
+    stands for it), a dump checked to be NAME's (`check_dump_experiment`, `check_dump`). Without (`lazylab labml`,
+    whose script makes its config object later): keys as written.
 
     Raises:
         UsageError: a file `read_config_file` refuses; a dump of another experiment or with keys NAME lacks; two
             dumps (a run's configuration is one dump: stack flat files on it).
+        ConfigError: a malformed `${…}` or an unset variable without a default (`FILE:LINE: key: …`).
     """
     stacked = StackedFiles()
     for path in files:
         doc, lines = read_config(path)
-        if doc.get('preset') is not None:
-            stacked.preset = doc.pop('preset')
+        origins = {key: f'{path}:{line}' for key, line in lines.items()}
+        if conf is not None and doc.get('preset') is not None:  # (a labml script's `preset` is one of its keys)
+            stacked.preset = expand_env({'preset': doc.pop('preset')}, origins)[0]['preset']
         if isinstance(doc.get('values'), dict):  # a configs.yaml dump: its values hold the settings
             if stacked.dump is not None:
                 raise UsageError(f'--config {path}: {stacked.dump_path} is a run\'s dump already; stack flat '
                                  f'key: value files on one dump')
-            check_dump_experiment(name, type(conf), doc, Path(path))  # its keys as written
-            doc = {**doc, 'values': inspect.expand_short_keys(conf, doc['values'])}
-            check_dump(name, type(conf), doc, Path(path))
-            stacked.dump, stacked.dump_path, stacked.dump_label = doc, path, f'--config {path}'
+            if conf is not None:
+                check_dump_experiment(name, type(conf), doc, Path(path))  # its keys as written
             given = doc.get('given') if isinstance(doc.get('given'), dict) else doc['values']
+            read, env = expand_env({k: v for k, v in doc['values'].items() if k in given}, origins)
+            doc = {**doc, 'values': {**doc['values'], **read}}
+            if conf is not None:
+                doc = {**doc, 'values': inspect.expand_short_keys(conf, doc['values'])}
+                check_dump(name, type(conf), doc, Path(path))
+            stacked.dump, stacked.dump_path, stacked.dump_label = doc, path, f'--config {path}'
             for key in given:  # its given values are this file's, at their lines (a later file still wins)
                 if key in doc['values']:
                     stacked.values.pop(key, None)
                     stacked.labels[key] = f'--config {path}:{lines[key]}' if key in lines else f'--config {path}'
+                    _note(stacked.env, key, env.get(key))
             continue
-        expanded = inspect.expand_short_keys(conf, doc)
-        for (key, value), written in zip(expanded.items(), doc):
+        read, env = expand_env(doc, origins)
+        expanded = inspect.expand_short_keys(conf, read) if conf is not None else read
+        for (key, value), written in zip(expanded.items(), read):
             stacked.values[key] = value
             stacked.labels[key] = f'--config {path}:{lines[written]}' if written in lines else f'--config {path}'
+            _note(stacked.env, key, env.get(written))
     return stacked
+
+
+def _note(env: dict[str, Any], key: str, use: Any) -> None:
+    """`env[key] = use`, or no entry when the value read no environment (a later file's plain value wins)."""
+    if use is None:
+        env.pop(key, None)
+    else:
+        env[key] = use
 
 
 def prepare(conf) -> None:

@@ -36,6 +36,7 @@ from lazylab.errors import (
     TrainingError,
     UsageError,
     WrapsUserError,
+    error_line,
     plural,
     signals_interrupt,
     user_error_message,
@@ -360,7 +361,7 @@ def record_failure(conf, run_dir: Path, e: BaseException) -> None:
     (else the exception's type and first line). When run.json itself cannot be written (a disk still full, a
     read-only folder) a user's error `e` says so at the end of its one line (else a warning line does), and `e` is
     what the caller goes on raising."""
-    message = user_error_message(e) or f'{type(e).__name__}: {e}'.splitlines()[0]
+    message = error_line(e)
     why = _unrecorded('failure', conf, run_dir, 'failed', message)
     if why is not None and isinstance(e, LazylabError) and not isinstance(e, WrapsUserError):
         e.args = (f'{message} ({why})',)

@@ -80,17 +80,21 @@ def _compute(conf: Any, path: str, later: dict[str, str]) -> None:
 
 def rows(conf: Any, later: dict[str, str]) -> list[tuple[str, str, str]]:
     """(key, value, where it came from) for every item of the resolved configuration `conf`, in `describe`'s order:
-    given values by their source (`command line`, `preset NAME`, `FILE:LINE`, `env NAME`), computed ones by how
+    given values by their source (`command line`, `preset NAME`, `FILE:LINE`, `env NAME`: a secret one shown as its
+    `${env:NAME}` reference, never its value), computed ones by how
     (`default`, `option NAME`, `set by ITEM`, `aggregate S=O`) and from what (`← d_model, heads`), and those computed
     when the run starts by the value they start from and the item they wait for."""
     items = {item.path: item for item in inspect.items(conf)}
     given, set_by, waiting = inspect.given(conf), inspect.set_by(conf), inspect.waiting(conf)
+    hidden = inspect.redacted(conf)  # secrets read from the environment: shown as their references
+    waiting.update(hidden)
     out = []
     for row in describe(conf):
         path = row['name']
         item = items.get(path)
         if item is not None and item.computed:
             shown = _shown(item.value) if item.plain else item.value.__class__.__name__
+            shown = _shown(hidden[path]) if path in hidden else shown
             out.append((path, shown, given_by(given[path]) if path in given else _how(item, set_by.get(path))))
             continue
         start = waiting.get(path, row['default'])

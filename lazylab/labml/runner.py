@@ -13,13 +13,13 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
-from lazylab.configs import apply_overrides, describe, format_description, inspect, load, parse_overrides
+from lazylab.configs import describe, expand_env, format_description, inspect, parse_overrides
 from lazylab.errors import UsageError
-from lazylab.experiments.configure import read_config_file
+from lazylab.experiments.configure import stack_config_files
 from lazylab.labml import adapter, install
-from lazylab.labml.session import OptionsRequested, Session, without_class_defaults
+from lazylab.labml.session import OptionsRequested, Session
 
 # Import names whose pip package is named differently, for the hint of a missing-package error.
 _PIP_NAMES = {'PIL': 'pillow', 'sklearn': 'scikit-learn', 'cv2': 'opencv-python', 'yaml': 'PyYAML'}
@@ -90,11 +90,13 @@ def options_text(module: str, conf: Any, script_values: dict[str, Any]) -> str:
     return text
 
 
-def run_labml(module: str, settings: Sequence[str] = (), *, config: Optional[str] = None, options: bool = False,
+def run_labml(module: str, settings: Sequence[str] = (), *, config: Union[None, str, Sequence[str]] = None,
+              options: bool = False,
               steps: Optional[int] = None, runs_dir: str = 'runs/labml', dashboard: str = '',
               argv: Sequence[str] = (), run_dir: Optional[Path] = None) -> None:
     """Run labml experiment MODULE's ``main()`` with ``settings`` (``key=value``) over the script's own dict and
-    ``config`` (a YAML file of settings, or a run's configs.yaml); ``options``: list the keys instead; ``steps``:
+    ``config`` (YAML files of settings, stacked as ``lazylab train`` stacks them — a later file wins —, one of
+    them may be a run's configs.yaml); ``options``: list the keys instead; ``steps``:
     end training after that many optimizer updates; the run directory goes under ``runs_dir`` (or is ``run_dir``,
     an existing folder: a sweep's trial); ``dashboard``: a labml dashboard URL to stream to; ``argv``: the command
     line, for run.json.
@@ -129,7 +131,7 @@ def run_labml(module: str, settings: Sequence[str] = (), *, config: Optional[str
         print(session.summary(), flush=True)
 
 
-def script_configs(module: str, settings: Sequence[str] = (), *, config: Optional[str] = None,
+def script_configs(module: str, settings: Sequence[str] = (), *, config: Union[None, str, Sequence[str]] = None,
                    runs_dir: str = 'runs/labml') -> Any:
     """The config object labml experiment MODULE's ``main()`` passes to ``experiment.configs``, given the script's
     dict, ``config`` and ``settings`` as ``lazylab labml`` gives them, with nothing computed and nothing written:
@@ -148,12 +150,7 @@ def script_configs(module: str, settings: Sequence[str] = (), *, config: Optiona
         _run_main(module, session)
     except OptionsRequested as o:  # (Session.apply_configs)
         conf = o.conf
-        parse_overrides([f'{k}={v}' for k, v in session.overrides.items()], conf)
-        conf._set_values(o.values)
-        if session.file_values:
-            load(conf, without_class_defaults(conf, session.file_values))
-        if session.overrides:
-            apply_overrides(conf, session.overrides)
+        session.give(conf, o.values)
         return conf
     finally:
         adapter.SESSION = None
@@ -161,14 +158,17 @@ def script_configs(module: str, settings: Sequence[str] = (), *, config: Optiona
     raise UsageError(f'{module} never calls experiment.configs(conf, …): it has no configs to set')
 
 
-def _session(module: str, settings: Sequence[str], config: Optional[str], **kwargs: Any) -> Session:
-    """The Session of MODULE with ``settings`` and ``config`` read (see `run_labml`)."""
-    overrides = parse_overrides(list(settings))  # syntax only; typed against the script's class later
-    file_values = read_config_file(config) if config else {}
-    if isinstance(file_values.get('values'), dict):  # a configs.yaml dump: its replayable values
-        file_values = file_values['values']
+def _session(module: str, settings: Sequence[str], config: Union[None, str, Sequence[str]], **kwargs: Any
+             ) -> Session:
+    """The Session of MODULE with ``settings`` and the ``config`` files read (see `run_labml`): the settings' and
+    the files' ``${env:…}`` references read, the files stacked (a dump's values, then each flat file's)."""
+    overrides, env = expand_env(parse_overrides(list(settings)))  # syntax only; typed against the script's class later
+    files = [config] if isinstance(config, str) else list(config or ())
+    if '' in files:  # `--config=` or `--config ''`: not the current folder
+        raise UsageError('--config needs a YAML file')
     is_file = module.endswith('.py')
-    return Session(script_name(module), overrides, file_values, path=Path(module) if is_file else None, **kwargs)
+    return Session(script_name(module), overrides, stack_config_files(files), env=env,
+                   path=Path(module) if is_file else None, **kwargs)
 
 
 def script_name(module: str) -> str:

@@ -5,8 +5,10 @@ A :class:`Session` is driven by the labml functions :mod:`lazylab.labml.adapter`
 script calls them::
 
     experiment.create(name=…)         before_create: labml's data goes under RUNS_DIR/data/, its writers are chosen
-    experiment.configs(conf, {...})   apply_configs: the script's dict, then --config FILE, then key=value (typed
-                                      and checked first: an unknown key or bad value is a one-line error, exit 2)
+    experiment.configs(conf, {...})   apply_configs: the script's dict, then the --config files (stacked as
+                                      `lazylab train` stacks them), then key=value (typed and checked first: an
+                                      unknown key or bad value is a one-line error, exit 2); values may read the
+                                      environment (`${env:NAME}`), labelled `env NAME`
     experiment.start()                before_start: RUN_DIR is made (lazylab.runs.make_run_dir: a new id when
                                       another run took one), labml's run moved under RUN_DIR/labml/, run.json and
                                       configs.yaml written; after_start: metrics.jsonl / samples.txt, --steps limit
@@ -33,9 +35,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lazylab import labml_internals, runs
-from lazylab.configs import apply_overrides, dump, inspect, load, parse_overrides
+from lazylab.configs import apply_overrides, dump, inspect, label_given, load, note_env, parse_overrides
 from lazylab.dashboard_client import configure_app_writer
-from lazylab.errors import UsageError, user_error_message
+from lazylab.errors import UsageError, error_line
+from lazylab.experiments.configure import StackedFiles
 from lazylab.labml import adapter
 from lazylab.labml.console import Console
 
@@ -61,8 +64,10 @@ class Session:
     Args:
         module: the name of the runs' folder ``RUNS_DIR/MODULE`` (the dotted module name, or a file's stem); run.json's
             ``experiment``.
-        overrides: ``key=value`` text, typed by the engine against the script's config class.
-        file_values: ``--config FILE`` values (a flat mapping, or a configs.yaml dump's ``values``).
+        overrides: ``key=value`` text, typed by the engine against the script's config class (its ``${env:…}``
+            references read already).
+        files: the ``--config`` files, read and stacked (``lazylab.experiments.configure.stack_config_files``).
+        env: {key: EnvUse} of the overrides that read the environment (``lazylab.configs.expand_env``).
         steps: end training after this many optimizer updates (None: the script's own length).
         runs_dir: the folder of runs (``RUNS_DIR/MODULE/RUN_ID``) and of labml's data (``RUNS_DIR/data``).
         dashboard: a labml dashboard URL (``lazylab dashboard``); '' uses labml's ``app_url`` setting, if any.
@@ -73,13 +78,16 @@ class Session:
         run_dir: the run directory, an existing folder (a sweep's trial folder); None: a new RUNS_DIR/MODULE/RUN_ID.
     """
 
-    def __init__(self, module: str, overrides: dict[str, str], file_values: dict[str, Any], *,
-                 steps: Optional[int] = None, runs_dir: str = 'runs/labml', dashboard: str = '',
+    def __init__(self, module: str, overrides: dict[str, str], files: StackedFiles, *,
+                 env: Optional[dict[str, Any]] = None, steps: Optional[int] = None, runs_dir: str = 'runs/labml',
+                 dashboard: str = '',
                  argv: tuple[str, ...] = (), options_only: bool = False, path: Optional[Path] = None,
                  console: Optional[Console] = None, run_dir: Optional[Path] = None):
         self.module = module
         self.overrides = overrides
-        self.file_values = file_values
+        self.files = files
+        self.file_values = files.flat()
+        self.env = dict(env or {})
         self.steps = steps
         self.runs_dir = Path(runs_dir)
         self.dashboard = dashboard
@@ -151,12 +159,22 @@ class Session:
         if self.conf is not None:
             raise UsageError(f'{self.module} calls experiment.configs with a second config object')
         self.conf = conf
+        self.give(conf, script_values)
+
+    def give(self, conf: Any, script_values: dict[str, Any]) -> None:
+        """Give `conf` the script's dict, then the --config files' values (each labelled with its file and line, or
+        the variables it read), then the key=value settings (checked first, so a mistake there leaves `conf`
+        untouched)."""
         parse_overrides([f'{k}={v}' for k, v in self.overrides.items()], conf)  # types and checks; applies nothing
         conf._set_values(script_values)
         if self.file_values:
-            load(conf, without_class_defaults(conf, self.file_values))
+            load(conf, without_class_defaults(conf, self.file_values), env=False)  # (read by stack_config_files)
+            for key, label in self.files.labels.items():
+                label_given(conf, [key], label)
+            note_env(conf, self.files.env)
         if self.overrides:
             apply_overrides(conf, self.overrides)
+            note_env(conf, self.env)
 
     def place_data(self) -> None:
         """Copy the bundled Tiny Shakespeare to labml's data path, where labml_nn's TextFileDataset (and scripts of
@@ -237,7 +255,7 @@ class Session:
             values['status'] = 'interrupted'
         elif error is not None:
             values['status'] = 'failed'
-            values['error'] = user_error_message(error) or f'{type(error).__name__}: {error}'.splitlines()[0]
+            values['error'] = error_line(error)
         elif self.status not in ('', 'completed'):  # the script went on after its `with experiment.start()` failed
             values['status'] = 'failed' if self.status == 'crashed' else self.status
         try:

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from lazylab import runs, user_files
-from lazylab.command_line import Parser, split_setting
+from lazylab.command_line import Parser, config_files, split_setting
+from lazylab.configs import has_env_reference
 from lazylab.errors import UsageError, given_twice
 from lazylab.experiments import discovery
 from lazylab.redaction import StorageURLError, parse_database_url, redact, redact_url
@@ -34,7 +35,7 @@ def parser() -> Parser:
     sweep's `--resume` reads its recorded command line with. -h/--help is a flag here (sweep_main prints the help)."""
     p = Parser('sweep', add_help=False)
     p.add_argument('settings', nargs='*')
-    p.add_argument('--config')
+    p.add_argument('--config', action='append')
     p.add_argument('--workers', type=int, default=1)
     p.add_argument('--trials', type=int)
     p.add_argument('--sampler', choices=('grid', 'random', 'tpe'))
@@ -64,7 +65,7 @@ class Plan:
         name: the experiment's name as given (NAME), or the module of a --labml script.
         argv: the command's arguments, as given.
         fixed: the key=value tokens every trial gets (keys as written).
-        config_file: --config's file, or None.
+        config_files: the --config files, in order (stacked as `lazylab train` stacks them).
         space: the swept dimensions, typed, and the --zip groups.
         sampler: 'grid', 'random' or 'tpe'.
         trials: how many trials: the grid's points, or --trials for a sampler.
@@ -92,7 +93,7 @@ class Plan:
     name: str
     argv: list[str]                 # the command's arguments, as given
     fixed: list[str]                # key=value tokens for every trial
-    config_file: Optional[str]
+    config_files: list[str]
     space: Space
     sampler: str
     trials: int
@@ -120,9 +121,8 @@ class Plan:
 
     def signature(self) -> dict[str, Any]:
         """What every process on one study must agree on (machines may differ in paths, threads, versions)."""
-        config = None
-        if self.config_file:
-            config = hashlib.sha256(user_files.read_bytes(self.config_file, 'config file')).hexdigest()
+        shas = [hashlib.sha256(user_files.read_bytes(f, 'config file')).hexdigest() for f in self.config_files]
+        config = shas[0] if len(shas) == 1 else (shas or None)  # (one file: the sha256 sweeps recorded before)
         fixed = [t for t in self.fixed if not t.startswith('runs_dir=')]  # each machine has its own runs folder
         signature = {'experiment': self.name, 'fixed': fixed, 'config_sha256': config,
                      'space': self.space.describe(), 'zip': self.space.zips, 'sampler': self.sampler,
@@ -174,15 +174,14 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
         if value is not None:
             raise UsageError(f'{flag} is for --labml sweeps (an experiment is set by its keys: max_steps=, runs_dir=)')
     name, tokens = a.settings[0], a.settings[1:]
-    if a.config:  # a FIFO, /dev/zero or a huge file: one line before torch's import (read later, bounded)
-        user_files.check_file(a.config, 'config file', user_files.CONFIG)
+    a.config = config_files(a.config)  # one line before torch's import
     from lazylab.sweeps import typed  # torch (the points are computed): the parser and `--help` load none
     found = discovery.find_experiment(name)
     defaults = found.Configs()  # (imported, and checked to be an experiment)
     fixed, dims = _settings(tokens, lambda key: typed.full_key(defaults, key))
     metric, direction = _metric(a)
     study, storage = _study(a, study), _storage(storage or a.storage, a.storage)
-    config_args = ['--config', a.config] if a.config else []
+    config_args = [arg for path in a.config for arg in ('--config', path)]
     checker = typed.PointChecker(name, fixed + config_args, [d.key for d in dims])
     conf = typed.type_space(name, fixed + config_args, dims, checker)
     space = Space(dims, [[typed.full_key(defaults, k.strip()) for k in z.split(',') if k.strip()] for z in a.zip])
@@ -191,7 +190,7 @@ def make_plan(argv: list[str], *, study: Optional[str] = None, storage: Optional
     if check:
         typed.check_points(name, fixed + config_args, space, grid=sampler == 'grid', checker=checker, say=say)
     default_threads = defaults.threads if not any(t.startswith('threads=') for t in fixed) else -1
-    return Plan(name=name, argv=list(argv), fixed=fixed, config_file=a.config, space=space, sampler=sampler,
+    return Plan(name=name, argv=list(argv), fixed=fixed, config_files=a.config, space=space, sampler=sampler,
                 trials=trials, metric=metric, direction=direction, prune=a.prune, storage=storage,
                 study=study or runs.new_run_id(), seed=a.seed,
                 workers=a.workers, launcher=launcher, runs_dir=Path(conf.runs_dir), default_threads=default_threads,
@@ -210,6 +209,7 @@ def _script_plan(a: argparse.Namespace, argv: list[str], study: Optional[str], s
     if a.steps is not None and a.steps < 1:
         raise UsageError(f'--steps must be ≥ 1, got {a.steps}')
     fixed, dims = _settings(tokens, lambda key: key)
+    a.config = config_files(a.config)
     metric, direction = _metric(a, any_metric=True)
     study, storage = _study(a, study), _storage(storage or a.storage, a.storage)
     runs_dir = scripts.runs_dir(a.runs_dir)
@@ -221,7 +221,7 @@ def _script_plan(a: argparse.Namespace, argv: list[str], study: Optional[str], s
     space = Space(dims, [[k.strip() for k in z.split(',') if k.strip()] for z in a.zip])
     sampler, points, trials = _points(a, space)
     slurm = _slurm(a, study, check)
-    return Plan(name=name, argv=list(argv), fixed=fixed, config_file=a.config, space=space, sampler=sampler,
+    return Plan(name=name, argv=list(argv), fixed=fixed, config_files=a.config, space=space, sampler=sampler,
                 trials=trials, metric=metric, direction=direction, prune=a.prune, storage=storage,
                 study=study or runs.new_run_id(), seed=a.seed, workers=a.workers, launcher=_launcher(a.launcher),
                 runs_dir=Path(runs_dir), default_threads=-1, points=points, study_named=study is not None,
@@ -251,6 +251,9 @@ def _settings(tokens: list[str], full_key: Callable[[str], str]) -> tuple[list[s
     for token in tokens:
         key, text = split_setting(token, 'key=value or key=SWEEP')
         value = parse_value(key, text)
+        if isinstance(value, Dimension) and has_env_reference(text):
+            raise UsageError(f'{key}={text}: a swept value cannot read the environment; read it in a fixed '
+                             f'key=${{env:NAME}} or in a --config file')
         full = full_key(key)  # a key's unique end stands for it, as on `lazylab train`
         if full in seen:
             raise UsageError(given_twice(full, seen[full], token))

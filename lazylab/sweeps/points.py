@@ -45,17 +45,19 @@ def _is_plain(value: Any) -> bool:
 
 
 def make_configs(name: str, tokens: list[str]) -> Any:
-    """`lazylab.experiments.configure.make_configs` of key=value `tokens`, `--config FILE` among them as the sweep's
-    plan appends it (TODO(sweeps): the sweep's parser passes the file on its own, as `config=`).
+    """`lazylab.experiments.configure.make_configs` of key=value `tokens`, each `--config FILE` among them as the
+    sweep's plan appends them (in order: stacked as `lazylab train` stacks them).
 
     Raises:
         UsageError, ConfigError: as `lazylab train` (an unknown experiment, a bad key, value or file).
     """
-    tokens, config = list(tokens), None
-    if '--config' in tokens:
-        at = tokens.index('--config')
-        config, tokens = tokens[at + 1], tokens[:at] + tokens[at + 2:]
-    return configure.make_configs(name, tokens, config=config)
+    settings, config, rest = [], [], iter(tokens)
+    for token in rest:
+        if token == '--config':
+            config.append(next(rest))
+        else:
+            settings.append(token)
+    return configure.make_configs(name, settings, config=config)
 
 
 class PointChecker:

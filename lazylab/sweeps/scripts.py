@@ -57,7 +57,7 @@ def folder_name(module: str) -> str:
     return Path(module).stem if module.endswith('.py') else module
 
 
-def check_script(module: str, fixed: list[str], dims: list[Dimension], *, config: Optional[str],
+def check_script(module: str, fixed: list[str], dims: list[Dimension], *, config: list[str],
                  runs_dir: str) -> None:
     """Type `dims` (each value, or the bounds of an interval) and check `fixed` against the config class of labml
     script MODULE, in a child process (see the module docstring).
@@ -67,7 +67,8 @@ def check_script(module: str, fixed: list[str], dims: list[Dimension], *, config
             value (`key=SWEEP: …`); or, when the script itself fails before `experiment.configs`, its last line.
     """
     cmd = [sys.executable, '-m', TRIAL_MODULE, '--check-labml', module, '--runs-dir', runs_dir,
-           *(['--config', config] if config else []), '--', *fixed, *(f'{d.key}={d.written}' for d in dims)]
+           *(arg for path in config for arg in ('--config', path)), '--', *fixed,
+           *(f'{d.key}={d.written}' for d in dims)]
     done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     if done.returncode != 0:
         raise UsageError(_error_line(module, done))

@@ -1,10 +1,10 @@
 """`lazylab sweep`: many configurations of one experiment (or labml script), each trial an ordinary run of its own.
 
-    lazylab sweep EXPERIMENT [key=value | key=SWEEP …] [--config FILE] [--workers N] [--trials N]
+    lazylab sweep EXPERIMENT [key=value | key=SWEEP …] [--config FILE …] [--workers N] [--trials N]
                   [--sampler grid|random|tpe] [--zip KEY,KEY…] [--metric loss.valid] [--direction minimize|maximize]
                   [--prune none|median|halving] [--storage URL_OR_FILE] [--study NAME] [--seed N]
                   [--launcher COMMAND | --launcher slurm --slurm KEY=VALUE,…] [--dry-run]
-    lazylab sweep --labml MODULE [key=value | key=SWEEP …] [--steps N] [--runs-dir DIR] [--config FILE] …
+    lazylab sweep --labml MODULE [key=value | key=SWEEP …] [--steps N] [--runs-dir DIR] [--config FILE …] …
     lazylab sweep --resume SWEEP_DIR [--workers N] [--storage URL]
 
 Everything is checked before anything is written — a mistake is one line `lazylab: error: …`, exit code 2 —, and
@@ -105,8 +105,10 @@ def resume_plan(sweep_dir: str, argv: list[str]) -> tuple[Plan, list[str]]:
     argv = [str(x) for x in record['argv']]
     if any(x == '--workers' or x.startswith('--workers=') for x in given):
         argv = _without(argv, '--workers') + ['--workers', str(a.workers)]
-    if record.get('config_copy'):
-        argv = _without(argv, '--config') + ['--config', str(path / record['config_copy'])]
+    copies = record.get('config_copy')
+    if copies:  # one file (a name) or several (a list), in the order given
+        copies = [copies] if isinstance(copies, str) else copies
+        argv = _without(argv, '--config') + [arg for c in copies for arg in ('--config', str(path / c))]
     argv = _without(argv, '--dry-run')
     plan = make_plan(argv, study=record['study'], storage=storage or None, check=False)
     if plan.sweep_dir.resolve() != path.resolve():

@@ -1,10 +1,10 @@
 """One trial of a sweep, in a process of its own: an ordinary run, in the trial's folder of the sweep directory.
 
-    python -m lazylab.sweeps.trial RUN_DIR NAME [--resume] [--swept KEY,KEY…] [--info JSON] -- key=value … [--config F]
+    python -m lazylab.sweeps.trial RUN_DIR NAME [--resume] [--swept KEY,KEY…] [--info JSON] -- key=value … [--config F…]
     python -m lazylab.sweeps.trial RUN_DIR MODULE --labml [--runs-dir DIR] [--steps N] [--resume] … -- key=value …
-    python -m lazylab.sweeps.trial --check-labml MODULE [--runs-dir DIR] [--config F] -- key=value key=SWEEP …
+    python -m lazylab.sweeps.trial --check-labml MODULE [--runs-dir DIR] [--config F …] -- key=value key=SWEEP …
 
-is `lazylab train NAME key=value … [--config F]` whose run directory is RUN_DIR (RUNS_DIR/NAME/sweep-ID/trial-NNNN),
+is `lazylab train NAME key=value … [--config F …]` whose run directory is RUN_DIR (RUNS_DIR/NAME/sweep-ID/trial-NNNN),
 so `lazylab resume/generate/plot` work on it as on any run. The swept keys are labelled `sweep` in its
 configs.yaml, and run.json gets `sweep` (the sweep directory, study and trial number) from --info.
 
@@ -17,7 +17,7 @@ Pruning: when LAZYLAB_SWEEP_REPORT is set (JSON: storage, study, number, metric,
 says so; run.json's status is then `pruned`, and the files stay. (The storage travels in the environment, not on
 the command line, so a database password is not shown by `ps`.)
 
-`--labml`: a trial of `lazylab sweep --labml` is `lazylab labml MODULE key=value … [--config F] [--steps N]
+`--labml`: a trial of `lazylab sweep --labml` is `lazylab labml MODULE key=value … [--config F …] [--steps N]
 [--runs-dir DIR]` whose run directory is RUN_DIR (lazylab.sweeps.scripts); run.json gets `sweep` as above. Such a
 run has no checkpoint lazylab resumes: `--resume` starts it again. `--check-labml` is the sweep's check of a labml
 script before anything is written: it types the settings by the script's config class and prints a report line
@@ -114,12 +114,12 @@ def parser() -> Parser:
     p.add_argument('--labml', action='store_true')
     p.add_argument('--steps', type=int)
     p.add_argument('--runs-dir', default=scripts.DEFAULT_RUNS_DIR)
-    p.add_argument('--config')
+    p.add_argument('--config', action='append', default=[])
     return p
 
 
-def settings_and_config(tokens: list[str]) -> tuple[list[str], Optional[str]]:
-    """(the key=value settings, the `--config FILE` among them) of the tokens after a trial's `--`."""
+def settings_and_config(tokens: list[str]) -> tuple[list[str], list[str]]:
+    """(the key=value settings, the `--config FILE`s among them, in order) of the tokens after a trial's `--`."""
     a, settings = parser().parse_with_settings(tokens)
     return settings, a.config
 
@@ -188,7 +188,7 @@ def run_script(run_dir: Path, module: str, tokens: list[str], *, resume: bool, i
         held.release()
 
 
-def check_labml(module: str, tokens: list[str], *, runs_dir: str, config: Optional[str]) -> None:
+def check_labml(module: str, tokens: list[str], *, runs_dir: str, config: list[str]) -> None:
     """`--check-labml`: the fixed settings among `tokens` given and the swept ones typed by labml script MODULE's
     config class (lazylab.sweeps.scripts); prints the report line.
 

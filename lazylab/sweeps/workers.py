@@ -109,10 +109,10 @@ class Sweep:
                                  f'another --study name')
             if plan.sampler != 'grid':  # two processes drawing from one seed would draw the same points
                 self.study.study.sampler = make_sampler(plan.sampler, seed + int(self.token.encode().hex()[-6:], 16))
-        if plan.config_file:
-            copy = self.dir / runs.SWEEP_CONFIG
+        for i, path in enumerate(plan.config_files):  # the files as they were: the trials read these copies
+            copy = self.dir / runs.sweep_config(i)
             if not copy.exists():
-                copy.write_bytes(user_files.read_bytes(plan.config_file, 'config file'))
+                copy.write_bytes(user_files.read_bytes(path, 'config file'))
         self._write_sweep_yaml()
         self.owners = Owners(self.dir / runs.OWNERS_DIR, self.study, self.token)
         self.owners.hold()
@@ -127,7 +127,7 @@ class Sweep:
             'command': 'lazylab sweep ' + shlex.join(argv),
             'argv': argv, 'experiment': plan.name, **({'labml': True} if plan.labml else {}),
             'fixed': [plan.redact(t) for t in plan.fixed],
-            'config_copy': runs.SWEEP_CONFIG if plan.config_file else None,
+            'config_copy': _config_copies(plan),
             'space': plan.space.describe(), 'zip': plan.space.zips, 'sampler': plan.sampler,
             'trials': plan.trials, 'metric': plan.metric, 'direction': plan.direction, 'prune': plan.prune,
             'seed': plan.seed, 'study': plan.study,
@@ -336,8 +336,8 @@ class Sweep:
         """The arguments of the trial's process after `python -m lazylab.sweeps.trial` (see that module)."""
         plan = self.plan
         settings = list(plan.fixed)
-        if plan.config_file:
-            settings += ['--config', str(self.dir / runs.SWEEP_CONFIG)]
+        for i in range(len(plan.config_files)):
+            settings += ['--config', str(self.dir / runs.sweep_config(i))]
         if plan.default_threads >= 0 and 'threads' not in plan.space.by_key:
             settings.append(f'threads={self.n_threads}')
         info = json.dumps({'dir': str(self.dir), 'study': plan.study, 'trial': job.number})
@@ -422,6 +422,12 @@ class Sweep:
     def note(self, line: str) -> None:
         """A progress line of the set-up (stderr: stdout's first line names the sweep directory)."""
         print(line, file=sys.stderr, flush=True)
+
+
+def _config_copies(plan: Plan) -> Any:
+    """sweep.yaml's `config_copy`: the name of the one --config file's copy, a list of them for several, or None."""
+    names = [runs.sweep_config(i) for i in range(len(plan.config_files))]
+    return names[0] if len(names) == 1 else (names or None)
 
 
 def redact_storage(plan: Plan) -> str:

@@ -1,7 +1,7 @@
 """The structure of lazylab.configs, read from the source with `ast`: no import circle inside the package
 (module-level and function-level imports both count), every function-level import says why in a comment, no
 function over 80 lines and no file over 600; and `lazylab.errors` is the leaf the engine's errors build on (it
-imports nothing of lazylab, and no torch)."""
+imports nothing of lazylab but the bottom leaf `lazylab.redaction`, and no torch)."""
 import ast
 import json
 import subprocess
@@ -86,7 +86,7 @@ def test_no_function_over_80_lines_and_no_file_over_600_in_lazylab_configs():
 
 # --- lazylab.errors is the leaf ---------------------------------------------------------------------------------
 
-def test_importing_lazylab_errors_imports_nothing_else_of_lazylab_and_no_torch():
+def test_importing_lazylab_errors_imports_only_the_redaction_leaf_of_lazylab_and_no_torch():
     script = textwrap.dedent('''
         import json, sys
         import lazylab.errors
@@ -95,12 +95,14 @@ def test_importing_lazylab_errors_imports_nothing_else_of_lazylab_and_no_torch()
     ''')
     done = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {'lazylab': ['lazylab', 'lazylab.errors'], 'torch': False}
+    assert json.loads(done.stdout) == {'lazylab': ['lazylab', 'lazylab.errors', 'lazylab.redaction'],
+                                       'torch': False}
 
 
-def test_errors_py_imports_no_module_of_lazylab():
+def test_errors_py_imports_only_the_redaction_leaf_and_that_imports_no_module_of_lazylab():
     imports = imports_of(ROOT / 'lazylab' / 'errors.py', ROOT)
-    assert imports and all(i.targets == () for i in imports)
+    assert imports and {t for i in imports for t in i.targets} == {'lazylab.redaction'}
+    assert all(i.targets == () for i in imports_of(ROOT / 'lazylab' / 'redaction.py', ROOT))
 
 
 @pytest.mark.parametrize('error, builtins', [

@@ -7,7 +7,8 @@ one scratch folder, so later blocks use what earlier ones made (a `lazylab resum
 
 - ```` ```python ```` blocks run in one namespace per page (`exec`), so a block uses the names of the ones before;
 - ```` ```bash ```` lines and ```` ```console ```` `$ ` lines are commands (comments dropped, continuation lines
-  joined). `lazylab …` runs in this process through `lazylab.cli.main`, a `train` (or `sweep`) with tiny sizes put
+  joined; `NAME=VALUE …` before the command sets those environment variables for it, as a shell does). `lazylab …`
+  runs in this process through `lazylab.cli.main`, a `train` (or `sweep`) with tiny sizes put
   before its own keys (as tests/test_readme_commands.py does for the README), its output into FILE after ` > FILE`;
   a few plain shell commands (`printf … > FILE`, `ls`, …) run in bash. A console block's other lines are the output:
   each must appear in what the command printed (`…` stands for anything), and an output with a `lazylab: error:`
@@ -20,6 +21,7 @@ Every fenced block names its language, so that no command hides in an unmarked b
 """
 import ast
 import glob
+import os
 import re
 import shlex
 import subprocess
@@ -245,9 +247,24 @@ def _node_exists(node: str) -> bool:
     return any(isinstance(n, ast.FunctionDef) and n.name == name for n in tree.body)
 
 
+_ASSIGNMENT = re.compile(r'[A-Za-z_][A-Za-z0-9_]*=')
+
+
+def environment_prefix(command: str) -> tuple[dict[str, str], str]:
+    """({NAME: VALUE} of the `NAME=VALUE` words a command starts with, the command after them)."""
+    env, rest = {}, command
+    while True:
+        words = shlex.split(rest)
+        if not words or not _ASSIGNMENT.match(words[0]):
+            return env, rest
+        name, _, value = words[0].partition('=')
+        env[name] = value
+        rest = rest.split(None, 1)[1] if len(words) > 1 else ''
+
+
 def runs_here(command: str) -> bool:
     """Whether the test runs `command` itself (a lazylab command or one of the plain shell commands)."""
-    words = shlex.split(command)
+    words = shlex.split(environment_prefix(command)[1])
     return bool(words) and (words[0] == 'lazylab' or words[0] in SHELL) and command not in COVERED
 
 
@@ -315,16 +332,21 @@ def _matches(expected: str, lines: list[str]) -> bool:
     return any(re.fullmatch(pattern, line) for line in lines)
 
 
-def _run_command(block: Block, command: str, expected: list[str], capsys, folder: Path):
+def _run_command(block: Block, command: str, expected: list[str], capsys, folder: Path, monkeypatch):
+    env, command = environment_prefix(command)
     words = shlex.split(command)
     if words[0] in SHELL:
-        done = subprocess.run(['bash', '-c', command], cwd=folder, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(['bash', '-c', command], cwd=folder, capture_output=True, text=True, timeout=60,
+                              env={**os.environ, **env})
         assert done.returncode == 0, (block.where, command, done.stderr)
         out, err, code = done.stdout, done.stderr, 0
     else:
         command, _, target = command.partition(' > ')  # `lazylab … > FILE`: its output into FILE, as a shell does
         capsys.readouterr()
-        code = cli.main(_argv(command))
+        with monkeypatch.context() as m:  # the command's own variables, for it alone
+            for name, value in env.items():
+                m.setenv(name, value)
+            code = cli.main(_argv(command))
         out, err = capsys.readouterr()
         if target:
             (folder / target.strip()).write_text(out, encoding='utf-8')
@@ -369,7 +391,7 @@ def test_page_code_runs(page, tmp_path, monkeypatch, capsys):
             printed = None
             for command, expected in block.commands():
                 if runs_here(command):
-                    _run_command(block, command, expected, capsys, tmp_path)
+                    _run_command(block, command, expected, capsys, tmp_path, monkeypatch)
     finally:
         torch.set_num_threads(threads)
 
@@ -388,3 +410,10 @@ def test_page_blocks_reads_fences_markers_and_console_output(tmp_path):
     assert text.output and not bash.output
     assert _matches('lazylab: error: unknown …', ["lazylab: error: unknown experiment 'nope'"])
     assert not _matches('lazylab: error: unknown …', ['lazylab: error: bad value'])
+
+
+def test_a_commands_environment_assignments_are_split_off():
+    assert environment_prefix("LR=3e-4 A= lazylab options t 'x=${env:LR}' > f.txt") == \
+        ({'LR': '3e-4', 'A': ''}, "lazylab options t 'x=${env:LR}' > f.txt")
+    assert environment_prefix('lazylab train t a=1') == ({}, 'lazylab train t a=1')
+    assert runs_here("LR=1 lazylab options t 'x=${env:LR}' --resolved") and not runs_here('LR=1 make train')

@@ -319,7 +319,7 @@ def test_help_and_usage(capsys):
     from lazylab.cli import main
     assert main(['labml', '--help']) == 0
     out = capsys.readouterr().out
-    assert out.startswith('usage: lazylab labml MODULE [key=value …] [--config FILE] [--options] [--steps N]')
+    assert out.startswith('usage: lazylab labml MODULE [key=value …] [--config FILE …] [--options] [--steps N]')
     assert re.search(r'^  --steps N +end training after N optimizer updates$', out, re.M)
     assert main(['labml']) == 2
     assert capsys.readouterr().err.startswith('lazylab: error: usage: lazylab labml MODULE')

@@ -27,6 +27,7 @@ from lazylab.errors import given_twice, shown
 from .coerce import TypeMismatch, coerce_text, conform
 from .constraints import check
 from .declarations import AGGREGATE_MARKER, ItemRef, Spec, spec_of
+from .env_refs import forget_env
 from .errors import (
     AlreadyComputedError,
     BadValueError,
@@ -245,6 +246,7 @@ def apply(st: State, p: Plan):
 def set_overrides(st: State, values: dict[str, Any], from_text: bool = False):
     """Check all of ``values``, then apply all of them (see module docstring)."""
     apply(st, plan(st, values, from_text))
+    forget_env(st, values)  # a value given again: its record of reading the environment is gone
     note_given(st, values, 'override')  # given, or set by code (see report.note_given): what a dump replays
 
 
@@ -274,6 +276,7 @@ def assign(st: State, key: str, value: Any):
     value = typed_value(st, key, value, from_text=False)
     check_given(st, key, value)
     st.assigned[key] = value
+    forget_env(st, (key,))
     note_given(st, (key,), 'assigned')
 
 

@@ -94,6 +94,7 @@ def walk(st: State, prefix: str = '') -> Iterator[tuple[str, State, str]]:
 def labml_json(st: State) -> dict[str, dict[str, Any]]:
     """labml.configs' ``_to_json`` structure (see ``BaseConfigs._to_json``)."""
     out: dict[str, dict[str, Any]] = {}
+    hidden = st.__dict__.get('redacted', {})  # secrets read from the environment: their references instead
     for path, s, key in walk(st):
         spec = s._spec  # (current: walk read s.spec)
         given = s.overrides.get(key, s.assigned.get(key))
@@ -103,10 +104,10 @@ def labml_json(st: State) -> dict[str, dict[str, Any]]:
         out[path] = {
             'name': key,
             'type': str(spec.annotations[key]),
-            'value': plain(given),
+            'value': plain(hidden.get(path, given)),
             'order': s.order.get(key, -1),
             'options': options,
-            'computed': plain(s.cache.get(key)),
+            'computed': plain(hidden[path] if path in hidden else s.cache.get(key)),
             'is_hyperparam': spec.hyperparams.get(key),
             'is_meta': spec.meta.get(key),
             'is_explicitly_specified': key in s.explicit,

@@ -23,11 +23,15 @@ A dump (``to_dict`` / ``dump``) has these sections:
 ``hyperparams``, ``meta``
     the flagged items.
 
-Replay (``load``) applies the ``given`` values only, so that everything computed from them is computed again:
-``--config RUN/configs.yaml d_model=32`` gives a 32-wide model whose every derived width follows. It also
-remembers the ``computed`` values (and the objects' types), and :func:`replay_changes`, called once the replayed
-configuration is computed, lists each one that comes out differently although nothing it was computed from was
-given a new value (the code changed, or the data), as (path, recorded, now). A dump without a ``given`` section
+A given value is written as it is given (``escape_env``: a ``${`` in its text as ``$${``), except a secret read from
+the environment (``note_env``), which is written as its reference (``api_key: ${env:API_KEY}``; the header names
+these keys). Replay (``load``) reads the references of the values it applies (``${env:NAME}``: see
+:mod:`.env_refs`), so it gives them back in the same environment; it applies the ``given`` values only, so that
+everything computed from them is computed again: ``--config RUN/configs.yaml d_model=32`` gives a 32-wide model
+whose every derived width follows. It also remembers the ``computed`` values (and the objects' types), and
+:func:`replay_changes`, called once the replayed configuration is computed, lists each one that comes out
+differently although nothing it was computed from was given a new value (the code changed, or the data), as (path,
+recorded, now). A dump without a ``given`` section
 (older dumps, or a flat ``{key: value}`` file) is applied whole, as before.
 
     text = dump(conf)               # or dump(conf, 'configs.yaml')
@@ -41,6 +45,7 @@ from typing import Any, NamedTuple, Optional, Union
 
 from lazylab import safe_yaml, user_files
 
+from .env_refs import escape_env, expand_env, note_env, redacted
 from .errors import BadValueError, UnknownItemError
 from .overrides import apply_overrides, typed_pending
 from .report import given_paths, type_name, walk
@@ -127,6 +132,7 @@ def to_dict(configs: Any, run_values: Optional[dict[str, Any]] = None) -> dict[s
     """
     st = state_of(configs)
     given_labels, set_by = given_paths(st)
+    hidden = redacted(configs)
     values: dict[str, Any] = {}
     given: dict[str, str] = {}
     computed: dict[str, str] = {}
@@ -143,10 +149,11 @@ def to_dict(configs: Any, run_values: Optional[dict[str, Any]] = None) -> dict[s
         how = given_labels[path] if is_given else _how(e.provenance, set_by.get(path))
         if e.text is _NOT_TEXT:
             objects[path] = f'{e.object_type} ({how})'
+        elif is_given:  # replay reads it back: a secret as its reference, any other text escaped
+            values[path] = hidden[path] if path in hidden else escape_env(e.text)
         else:
             values[path] = e.text
-            if not is_given:
-                computed[path] = how
+            computed[path] = how
         if is_given:
             given[path] = given_labels[path]
         elif run_values and path in run_values and e.text is not _NOT_TEXT and run_values[path] != e.value:
@@ -181,7 +188,10 @@ def dump(configs: Any, path: Optional[Union[str, os.PathLike]] = None,
         The YAML text, with a header comment saying how to replay it.
     """
     import yaml  # PyYAML only when a dump is written: importing lazylab.configs stays quick
-    text = _HEADER + yaml.safe_dump(to_dict(configs, run_values), sort_keys=False, default_flow_style=False,
+    hidden = redacted(configs)
+    header = _HEADER + (f'# Not written here (secrets): {", ".join(hidden)}; each is the ${{env:…}} reference it was '
+                        f'given as,\n# read again from the environment on replay.\n' if hidden else '')
+    text = header + yaml.safe_dump(to_dict(configs, run_values), sort_keys=False, default_flow_style=False,
                                     allow_unicode=True)
     if path is not None:
         tmp = f'{os.fspath(path)}.tmp{os.getpid()}'
@@ -223,48 +233,64 @@ def _show(value: Any) -> str:
     return repr(value)
 
 
-def load(configs: Any, source: Union[str, os.PathLike, dict[str, Any]], label: Optional[str] = None
-         ) -> dict[str, Any]:
+def _read(source: Union[str, os.PathLike, dict[str, Any]]) -> tuple[Any, str, dict[str, int]]:
+    """(the document ``source`` holds, its file's path or ``''``, {key: its line} of the values it gives when it is a
+    file): a dict as it is, a path read (bounded: ``user_files.CONFIG``) and parsed, other text parsed as YAML.
+
+    Raises:
+        BadValueError: as :func:`load`.
+    """
+    if isinstance(source, dict):
+        return source, '', {}
+    import yaml  # PyYAML only when a dump is read: importing lazylab.configs stays quick
+    text, path = str(source), ''
+    if isinstance(source, os.PathLike) or ('\n' not in text and os.path.exists(text)):
+        path = os.fspath(source)
+        raw = user_files.read_bytes(source, 'configuration YAML', user_files.CONFIG, BadValueError)
+        try:  # (the one reader of files a user names: never a FIFO, a device or a file of gigabytes)
+            text = raw.decode('utf-8')
+        except UnicodeDecodeError as e:
+            raise BadValueError(f'cannot read configuration YAML {path}: not UTF-8 text (invalid byte at '
+                                f'offset {e.start})') from None
+    try:
+        doc = safe_yaml.load(text)
+    except yaml.YAMLError as e:
+        raise BadValueError(f'cannot read configuration YAML{" " + path if path else ""}: '
+                            f'{safe_yaml.problem(e)}') from None
+    doc = {} if doc is None else doc
+    lines = safe_yaml.key_lines(text, 'values' if isinstance(doc.get('values'), dict) else '') \
+        if path and isinstance(doc, dict) else {}
+    return doc, path, lines
+
+
+def load(configs: Any, source: Union[str, os.PathLike, dict[str, Any]], label: Optional[str] = None,
+         env: bool = True) -> dict[str, Any]:
     """Replay a dump into a fresh config object (all-or-nothing); returns the values it applied, by dotted path.
 
     ``source`` is a path, YAML text, or a dict as from :func:`to_dict` (a flat ``{key: value}`` mapping without a
     ``values`` section is accepted too). With a ``given`` section only the given values are applied (labelled as
     the dump labels them, or ``label``), and the computed ones are remembered for :func:`replay_changes`;
-    without one every value is applied.
+    without one every value is applied. With ``env``, the references in the values it applies are read
+    (``${env:NAME}``, ``$${``: see :mod:`.env_refs`), and the values that read the environment are labelled
+    ``env NAME`` (:func:`~.env_refs.note_env`).
 
     Args:
         configs: a fresh config object of the dump's class (nothing given or computed yet).
         source: the dump: a file path, YAML text, or a dict.
         label: what the applied values are labelled as given by (``'--config FILE'``), instead of the dump's own
             labels.
+        env: read ``${env:…}`` references (False: the caller has read them already, and the values are applied as
+            they are).
 
     Raises:
         BadValueError: the YAML is malformed or not a mapping; the file is missing, not a regular file (a FIFO, a
-            device) or larger than ``lazylab.user_files.CONFIG`` allows.
+            device) or larger than ``lazylab.user_files.CONFIG`` allows; a malformed ``${…}`` or an unset variable
+            (``FILE:LINE: key: …``).
         UnknownItemError, UnknownOptionError, BadValueError, AlreadyComputedError: see ``apply_overrides``.
     """
-    name = label or '<dump>'
-    where = ''  # ' PATH' when the dump is a file, for messages
-    if isinstance(source, dict):
-        doc = source
-    else:
-        import yaml  # PyYAML only when a dump is read: importing lazylab.configs stays quick
-        text = str(source)
-        if isinstance(source, os.PathLike) or ('\n' not in text and os.path.exists(text)):
-            name = label or os.fspath(source)
-            where = f' {os.fspath(source)}'
-            raw = user_files.read_bytes(source, 'configuration YAML', user_files.CONFIG, BadValueError)
-            try:  # (the one reader of files a user names: never a FIFO, a device or a file of gigabytes)
-                text = raw.decode('utf-8')
-            except UnicodeDecodeError as e:
-                raise BadValueError(f'cannot read configuration YAML{where}: not UTF-8 text (invalid byte at '
-                                    f'offset {e.start})') from None
-        try:
-            doc = safe_yaml.load(text)
-        except yaml.YAMLError as e:
-            raise BadValueError(f'cannot read configuration YAML{where}: {safe_yaml.problem(e)}') from None
-        if doc is None:
-            doc = {}
+    doc, path, lines = _read(source)
+    name = label or path or '<dump>'
+    where = f' {path}' if path else ''  # for messages
     if not isinstance(doc, dict):
         raise BadValueError(f'a configuration YAML must be a mapping of keys to values{where and ":" + where}')
     if 'values' in doc:  # a dump: a key beside its sections (a setting written at the top by hand) would be lost
@@ -278,17 +304,22 @@ def load(configs: Any, source: Union[str, os.PathLike, dict[str, Any]], label: O
     if not isinstance(values, dict):
         raise BadValueError(f"the configuration YAML's 'values' must be a mapping{where and ':' + where}")
     given = doc.get('given') if 'values' in doc else None
-    if not isinstance(given, dict):
-        apply_overrides(configs, values)
-        if label is not None:
-            label_given(configs, values, label)
-        return dict(values)
-    applied = {k: values[k] for k in given if k in values}
+    applied = {k: values[k] for k in given if k in values} if isinstance(given, dict) else dict(values)
+    uses = {}
+    if env:
+        origins = {k: f'{path}:{lines[k]}' if k in lines else name for k in applied}
+        applied, uses = expand_env(applied, origins)
     apply_overrides(configs, applied)
+    if not isinstance(given, dict):
+        if label is not None:
+            label_given(configs, applied, label)
+        note_env(configs, uses)
+        return applied
     st = state_of(configs)
     labels = st.__dict__.setdefault('given', {})
     for k in applied:
         labels[k] = label if label is not None else str(given[k])
+    note_env(configs, uses)
     expected = {k: v for k, v in values.items() if k not in given}
     for k, text in (doc.get('objects') or {}).items():
         if k not in given and isinstance(text, str):
