@@ -1,22 +1,24 @@
 """flash-linear-attention's plain-PyTorch references, loaded by file path: what the tests and benchmarks of the
-gated delta rule and DeltaProduct compare against. Not used by any model.
+gated delta rule, DeltaProduct, KDA and the DPLR rule compare against. Not used by any model.
 
 fla-core (the ops of flash-linear-attention) is a test reference only: `make install` installs fla-core==0.6.0
-with --no-deps (its kernels are Triton, for GPUs; lazylab needs only three pure-PyTorch functions from it):
+with --no-deps (its kernels are Triton, for GPUs; lazylab needs only a few pure-PyTorch functions from it):
 
-    fla/ops/gated_delta_rule/naive.py     naive_recurrent_gated_delta_rule, naive_chunk_gated_delta_rule
-    fla/ops/gated_delta_product/naive.py  naive_recurrent_gated_delta_product
+    fla/ops/gated_delta_rule/naive.py                naive_recurrent_gated_delta_rule, naive_chunk_gated_delta_rule
+    fla/ops/gated_delta_product/naive.py             naive_recurrent_gated_delta_product
+    fla/ops/kda/naive.py                             naive_recurrent_kda, naive_chunk_kda
+    fla/ops/generalized_delta_rule/dplr/naive.py     dplr_recurrence, dplr_chunkwise
 
 Importing `fla` (or `fla.ops…`) would run its package `__init__` files, which import Triton. So the files are found
 through the installed distribution's record (`importlib.metadata`, which reads files and imports nothing) and each
 is executed on its own (`importlib.util.spec_from_file_location`). Their imports are checked first: torch and
 einops only, never fla itself (a later version that imported fla from them is refused, not half-loaded).
 
-fla's references compute in float32 whatever the inputs (`.to(torch.float32)`, `dtype=torch.float32`); with
-`float64=True` the module's global `torch` is a view of torch in which the names float32 and float mean float64,
-so the same code runs in float64 (its arithmetic is unchanged). Tensor.float() casts, which that view cannot
-reach (DeltaProduct's reference has them for q, k, v, β), are exact for inputs that float32 represents: draw the
-inputs in float32 and widen them.
+fla's references compute in float32 whatever the inputs (`.to(torch.float32)`, `dtype=torch.float32`, `.float()`);
+with `float64=True` the module's global `torch` is a view of torch in which the names float32 and float mean
+float64, and the file's `x.float()` calls are read as `x.to(torch.float)` (the one rewrite of its source, made on
+its syntax tree: the DPLR reference casts with `.float()` and then fills float32 outputs, which no choice of inputs
+would make exact), so the same code runs in float64 (its arithmetic is unchanged).
 """
 import ast
 import importlib.metadata
@@ -31,7 +33,9 @@ __all__ = ['FLA_VERSION', 'NAIVE_FILES', 'FlaMissing', 'naive_file', 'load_naive
 FLA_VERSION = '0.6.0'
 #: the reference files, inside the fla-core distribution
 NAIVE_FILES = {'gated_delta_rule': 'fla/ops/gated_delta_rule/naive.py',
-               'gated_delta_product': 'fla/ops/gated_delta_product/naive.py'}
+               'gated_delta_product': 'fla/ops/gated_delta_product/naive.py',
+               'kda': 'fla/ops/kda/naive.py',
+               'dplr': 'fla/ops/generalized_delta_rule/dplr/naive.py'}
 #: what those files may import
 ALLOWED_IMPORTS = ('torch', 'einops')
 
@@ -41,7 +45,7 @@ class FlaMissing(LookupError):
 
 
 def naive_file(op: str) -> Path:
-    """The installed path of the reference file of `op` ('gated_delta_rule' or 'gated_delta_product').
+    """The installed path of the reference file of `op` (a key of NAIVE_FILES: 'gated_delta_rule', 'kda', …).
 
     Raises:
         FlaMissing: fla-core is not installed, has another version, or lacks the file.
@@ -71,6 +75,17 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
+class _FloatCalls(ast.NodeTransformer):
+    """`x.float()` → `x.to(torch.float)`, which `_Float64Torch` reads as float64."""
+
+    def visit_Call(self, node: ast.Call) -> ast.Call:
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Attribute) and node.func.attr == 'float' and not node.args and not node.keywords:
+            node.func.attr = 'to'
+            node.args = [ast.Attribute(value=ast.Name(id='torch', ctx=ast.Load()), attr='float', ctx=ast.Load())]
+        return node
+
+
 class _Float64Torch(types.ModuleType):
     """torch, but for the names float32 and float, which are float64 here (see the module docstring)."""
 
@@ -79,8 +94,8 @@ class _Float64Torch(types.ModuleType):
 
 
 def load_naive(op: str, float64: bool = False) -> types.ModuleType:
-    """fla-core's reference module of `op` ('gated_delta_rule' or 'gated_delta_product'), executed from its file
-    without importing fla (see the module docstring); with `float64`, computing in float64.
+    """fla-core's reference module of `op` (a key of NAIVE_FILES), executed from its file without importing fla
+    (see the module docstring); with `float64`, computing in float64.
 
     Raises:
         FlaMissing: see `naive_file`.
@@ -93,7 +108,10 @@ def load_naive(op: str, float64: bool = False) -> types.ModuleType:
     name = f'_lazylab_fla_{op}_naive{"_float64" if float64 else ""}'
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     if float64:
+        tree = _FloatCalls().visit(ast.parse(path.read_text(encoding='utf-8'), filename=str(path)))
+        exec(compile(ast.fix_missing_locations(tree), str(path), 'exec'), module.__dict__)
         module.torch = _Float64Torch('torch')
+    else:
+        spec.loader.exec_module(module)
     return module
