@@ -51,10 +51,14 @@ option), `_chunks.py` what they share,
 `step.py` the generation step functions that `step_function()` returns; `token_wise.py` the token-wise variants
 (one step per call, as labml_nn's `token_wise.py`); `retrieval.py` the models of the associative-retrieval
 experiment; `fla_reference.py` loads flash-linear-attention's plain-PyTorch references for the tests.
+
+Two more rules' kernels (step, loop, chunked), which the modules do not offer yet: `kda.py`, Kimi Delta Attention
+(the gated delta rule with a decay per key channel), and `dplr.py`, RWKV-7's diagonal-plus-rank-one rule.
 """
 from lazylab.models.fast_weights.decay import DecayGate
 from lazylab.models.fast_weights.delta_product import delta_product_chunked, delta_product_loop, delta_product_step
 from lazylab.models.fast_weights.delta_rule import delta_rule_chunked, delta_rule_loop, delta_rule_step
+from lazylab.models.fast_weights.dplr import dplr_chunked, dplr_loop, dplr_step
 from lazylab.models.fast_weights.feature_maps import (
     DPFP,
     FEATURE_MAPS,
@@ -70,6 +74,7 @@ from lazylab.models.fast_weights.gated_delta_rule import (
 )
 from lazylab.models.fast_weights.gated_sum import gated_sum_chunked, gated_sum_loop, gated_sum_step
 from lazylab.models.fast_weights.gla import gla_chunked, gla_loop, gla_step
+from lazylab.models.fast_weights.kda import kda_chunked, kda_loop, kda_step
 from lazylab.models.fast_weights.layers import (
     FastWeightsAttention,
     FastWeightsAttentionTransformer,
@@ -114,7 +119,8 @@ __all__ = ['DPFP', 'LinearElu', 'Favor', 'L2NormSiLU', 'FEATURE_MAPS', 'make_fea
            'DecayGate', 'delta_rule_step', 'delta_rule_loop', 'delta_rule_chunked', 'sum_rule_step', 'sum_rule_loop',
            'sum_rule_chunked', 'gated_delta_rule_step', 'gated_delta_rule_loop', 'gated_delta_rule_chunked',
            'delta_product_step', 'delta_product_loop', 'delta_product_chunked', 'gated_sum_step', 'gated_sum_loop',
-           'gated_sum_chunked', 'gla_step', 'gla_loop', 'gla_chunked', 'divide_by_last_column',
+           'gated_sum_chunked', 'gla_step', 'gla_loop', 'gla_chunked', 'kda_step', 'kda_loop', 'kda_chunked',
+           'dplr_step', 'dplr_loop', 'dplr_chunked', 'divide_by_last_column',
            'join_state', 'normalise_by_attention', 'split_state', 'LayerStepFunction', 'TransformerStepFunction',
            'layer_step_function', 'one_token_inference', 'projector', 'transformer_step_function',
            'PrepareForMultiHeadAttention', 'PreNormLayer', 'check_heads', 'check_n_layers', 'clone_module_list']

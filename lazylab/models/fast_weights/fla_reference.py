@@ -1,13 +1,16 @@
 """flash-linear-attention's plain-PyTorch references, loaded by file path: what the tests and benchmarks of the
-gated delta rule, DeltaProduct, the gated sum rule and GLA compare against. Not used by any model.
+gated delta rule, DeltaProduct, the gated sum rule, GLA, KDA and the DPLR rule compare against. Not used by any
+model.
 
 fla-core (the ops of flash-linear-attention) is a test reference only: `make install` installs fla-core==0.6.0
 with --no-deps (its kernels are Triton, for GPUs; lazylab needs only a few pure-PyTorch functions from it):
 
-    fla/ops/gated_delta_rule/naive.py     naive_recurrent_gated_delta_rule, naive_chunk_gated_delta_rule
-    fla/ops/gated_delta_product/naive.py  naive_recurrent_gated_delta_product
-    fla/ops/simple_gla/naive.py           naive_recurrent_simple_gla, naive_chunk_simple_gla (the gated sum rule)
-    fla/ops/gla/naive.py                  naive_recurrent_gla
+    fla/ops/gated_delta_rule/naive.py             naive_recurrent_gated_delta_rule, naive_chunk_gated_delta_rule
+    fla/ops/gated_delta_product/naive.py          naive_recurrent_gated_delta_product
+    fla/ops/simple_gla/naive.py                   naive_recurrent_simple_gla, naive_chunk_simple_gla (gated sum)
+    fla/ops/gla/naive.py                          naive_recurrent_gla
+    fla/ops/kda/naive.py                          naive_recurrent_kda, naive_chunk_kda
+    fla/ops/generalized_delta_rule/dplr/naive.py  dplr_recurrence, dplr_chunkwise
 
 Importing `fla` (or `fla.ops…`) would run its package `__init__` files, which import Triton. So the files are found
 through the installed distribution's record (`importlib.metadata`, which reads files and imports nothing) and each
@@ -18,8 +21,9 @@ fla's references compute in float32 whatever the inputs (`.to(torch.float32)`, `
 `.float()`); with `float64=True` the module's global `torch` is a view of torch in which the names float32 and
 float mean float64, and the file is executed with every call `x.float()` read as `x.to(torch.float32)` (the same
 cast, written so that the view reaches it: the GLA references cast q, k, v and g with `.float()` before any
-arithmetic), so the same code runs in float64 (its arithmetic is unchanged). Draw the inputs in float32 and widen
-them all the same: a reference then sees the numbers it would see in float32.
+arithmetic, and the DPLR reference casts with `.float()` and then fills float32 outputs), so the same code runs in
+float64 (its arithmetic is unchanged). Draw the inputs in float32 and widen them all the same: a reference then
+sees the numbers it would see in float32.
 """
 import ast
 import importlib.metadata
@@ -36,7 +40,9 @@ FLA_VERSION = '0.6.0'
 NAIVE_FILES = {'gated_delta_rule': 'fla/ops/gated_delta_rule/naive.py',
                'gated_delta_product': 'fla/ops/gated_delta_product/naive.py',
                'simple_gla': 'fla/ops/simple_gla/naive.py',
-               'gla': 'fla/ops/gla/naive.py'}
+               'gla': 'fla/ops/gla/naive.py',
+               'kda': 'fla/ops/kda/naive.py',
+               'dplr': 'fla/ops/generalized_delta_rule/dplr/naive.py'}
 #: what those files may import
 ALLOWED_IMPORTS = ('torch', 'einops')
 
