@@ -98,6 +98,9 @@ class RunRecord(TypedDict, total=False):
     replay_changes: computed values of a replayed dump that --allow-changes accepted. sweep: the trial's sweep.
     labml_run: labml's run folder, relative to the run directory (`lazylab labml` runs).
     requeues: a Slurm job's requeues, one {'job_id', 'time' (`timestamp()`), 'signal', 'step'} each (lazylab.slurm.job).
+    flops_per_token, peak_flops: the FLOPs of a training step (forward and backward) per token, and the peak FLOP/s
+        of the devices the run trains on (one device's · processes), once counted (lazylab.experiments.flops; a
+        resume counts them again, on its machine); mfu: at the end, the run's average MFU (`mfu`), a fraction.
     """
     experiment: str
     source: dict[str, Any]
@@ -123,6 +126,15 @@ class RunRecord(TypedDict, total=False):
     sweep: dict[str, Any]
     labml_run: str
     requeues: list[dict[str, Any]]
+    flops_per_token: float
+    peak_flops: float
+    mfu: float
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float) -> float:
+    """Model FLOPs utilization: the FLOP/s the training does (its FLOPs per token · tokens per second) over the
+    peak FLOP/s of its devices (PaLM, Chowdhery et al. 2022, appendix B); a fraction (0.031 is 3.1%)."""
+    return flops_per_token * tokens_per_s / peak_flops
 
 
 def timestamp() -> str:
@@ -385,6 +397,16 @@ class Run:
             seconds += (r['tokens'] - before) / r['tokens_per_s']
             before = r['tokens']
         return tokens / seconds
+
+    def mfu(self) -> Optional[float]:
+        """The run's MFU: run.json's flops_per_token and peak_flops with the run's speed (`tokens_per_s`); None
+        when run.json has not both (a run from before MFU, one whose FLOPs could not be counted, a labml run)."""
+        counted = [self.info.get(k) for k in ('flops_per_token', 'peak_flops')]
+        speed = self.tokens_per_s()
+        if speed is None or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                                    for v in counted):
+            return None
+        return mfu(counted[0], speed, counted[1])
 
     def seconds(self) -> Optional[float]:
         """Its wall-clock seconds over all resumes (the last record's)."""

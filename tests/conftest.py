@@ -14,9 +14,12 @@ Fixtures (test files cannot import a conftest under --import-mode=importlib, so 
 Every test leaves torch's thread count as it found it (a run's `threads=1` would otherwise stay for the rest of
 the session), and starts with no secret hidden from messages (lazylab.redaction.conceal).
 """
+import atexit
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from types import SimpleNamespace
 
@@ -31,6 +34,13 @@ if os.environ.get('PYTEST_XDIST_WORKER'):
     os.environ.setdefault('MKL_NUM_THREADS', '1')
 
 from lazylab.testing import TINY, keep_threads  # noqa: E402  (after the thread settings above)
+
+# Every run measures the machine's peak FLOP/s once (MFU: lazylab.experiments.flops) and caches it: the tests' runs,
+# and the processes they start, use a cache file of this session's, never the user's (set before any test module
+# copies os.environ for its processes).
+_PEAK_CACHE = tempfile.mkdtemp(prefix='lazylab-test-peak-')
+os.environ['LAZYLAB_PEAK_FLOPS_CACHE'] = os.path.join(_PEAK_CACHE, 'peak_flops.json')
+atexit.register(shutil.rmtree, _PEAK_CACHE, True)
 
 os.environ.setdefault('LABML_DISABLE_GIT', '1')
 

@@ -129,8 +129,8 @@ def quick_start_output() -> tuple[str, str]:
 
 
 FIRST_LINE = ('transformer: # parameters, ', 'on cpu → RUN_DIR')
-LAST_LINE = ("done: step #, valid loss # nats/char, accuracy #, # tokens/s (the run's average); stopped …; "
-             'run dir RUN_DIR')
+LAST_LINE = ("done: step #, valid loss # nats/char, accuracy #, # tokens/s (the run's average), MFU #%; "
+             'stopped …; run dir RUN_DIR')
 
 
 def test_the_quick_start_output_has_the_shape_of_a_run():

@@ -9,12 +9,13 @@ configs.yaml and run.json), the training lock taken (`training_lock`) and the tr
 
 run.json (`lazylab.runs.RunRecord`): experiment, source (where the experiment came from, for resume), run_id, uuid,
 argv, created; the lazylab, torch and Python versions, the device, the git commit of the lazylab source when it is a
-git checkout, the parameter count, `loss_label` (the task's loss and its unit, for plots); `status` (running, then
-completed, pruned — stopped by a sweep's pruner —, failed with its one-line `error`, interrupted by Ctrl-C or killed
-by SIGTERM — with `signal` and `checkpoint_step`, the step `lazylab resume` continues from), and at the end `steps`
-(optimizer steps taken) and `finished`. At the end configs.yaml is written again with `total_steps` /
-`optimizer.total_steps` as the run took them (the time budget fits them as it goes; the configuration's own values
-move to its `computed_before_run` section).
+git checkout, the parameter count, `loss_label` (the task's loss and its unit, for plots); `flops_per_token` and
+`peak_flops` once the trainer counted them (MFU: lazylab.experiments.flops); `status` (running, then completed,
+pruned — stopped by a sweep's pruner —, failed with its one-line `error`, interrupted by Ctrl-C or killed by SIGTERM
+— with `signal` and `checkpoint_step`, the step `lazylab resume` continues from), and at the end `steps` (optimizer
+steps taken), `mfu` (the run's average, when counted) and `finished`. At the end configs.yaml is written again with
+`total_steps` / `optimizer.total_steps` as the run took them (the time budget fits them as it goes; the
+configuration's own values move to its `computed_before_run` section).
 
 The first line of a run says what it is (parameters, length, batch, device, folder); the last says how it ended
 and why it stopped (max_steps, the epochs, the time budget, the task's target, a sweep's pruner): `summary`.
@@ -340,6 +341,8 @@ def finish_run(conf, run_dir: Path, status: str, last: dict[str, Any], error: Op
     if last.get('step') is not None:
         extra['steps'] = int(last['step'])
         dump(conf, run_dir / CONFIGS_YAML, run_values=_run_values(conf, last))
+    if last.get('mfu_avg') is not None:  # the run's average (its flops_per_token and peak_flops are there already)
+        extra['mfu'] = last['mfu_avg']
     if error is not None:
         extra['error'] = error
     update_record(run_dir, **extra)

@@ -12,6 +12,9 @@ A record (one JSON object per line of metrics.jsonl):
                                                wall-clock seconds over all resumes
     loss.train, accuracy.train, tokens_per_s   when steps were taken since the last record: the mean loss of
                                                those steps, the fraction of right predictions, their speed
+    mfu                                        with tokens_per_s, once the run's FLOPs per token are counted
+                                               (flops.py): flops_per_token · tokens_per_s / peak_flops, a
+                                               fraction (0.031 is shown as MFU 3.1%)
     loss.valid, accuracy.valid                 on validation records, with any metric of the task's own
                                                (`Task.evaluate`'s keys with a dot, e.g. accuracy.valid_2x)
 
@@ -28,8 +31,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lazylab import user_files
-from lazylab.errors import TrainingError, point_at_devnull
-from lazylab.runs import METRICS_JSONL, SAMPLES_TXT, write_text
+from lazylab.errors import LazylabError, TrainingError, point_at_devnull
+from lazylab.runs import METRICS_JSONL, RUN_JSON, SAMPLES_TXT, mfu, update_record, write_text
 
 
 class RunningMetrics:
@@ -160,8 +163,9 @@ class Progress:
             if self.clock() - self.last_line < self.every_s:
                 return
         self.last_line = self.clock()
+        utilization = [f'MFU {percent(record["mfu"])}'] if 'mfu' in record else []  # once the FLOPs are counted
         parts = [f'epoch {pos.epoch + (pos.batch > 0)} step {pos.step:,}{self.total(pos)}',
-                 f'{record.get("tokens_per_s", 0):,.0f} tok/s', f'ETA {_minutes(eta)}']
+                 f'{record.get("tokens_per_s", 0):,.0f} tok/s', *utilization, f'ETA {_minutes(eta)}']
         if 'loss.train' in record:
             parts.append(f'train loss {record["loss.train"]:.3f} acc {record["accuracy.train"]:.3f}')
         if 'loss.valid' in record:
@@ -176,6 +180,11 @@ class Progress:
     def text(self, line: str) -> None:
         self.stream.write(('\r\033[K' if self.tty else '') + line + '\n')
         self.stream.flush()
+
+
+def percent(fraction: float) -> str:
+    """A fraction as the progress line, the done line and `lazylab compare` show MFU: 0.0314 → '3.1%'."""
+    return f'{100 * fraction:.1f}%'
 
 
 #: how far (a fraction of the shown estimate) the fitted step count may move before the progress line shows it
@@ -213,21 +222,37 @@ class RunLog:
         self.run_dir, self.labml_run, self.enabled = Path(run_dir), labml_run, enabled
         self.metrics = MetricsLog(self.run_dir / METRICS_JSONL)
         self.progress = Progress(total_steps, estimated=estimated)
+        self.counted: Optional[tuple[float, float]] = None  # (flops_per_token, peak_flops), once counted
         if enabled and resumed_at is not None:
             self.metrics.drop_after(resumed_at)
             drop_samples_after(self.run_dir / SAMPLES_TXT, resumed_at)
 
     def write(self, record: dict[str, Any], pos, eta: float) -> dict[str, Any]:
         """Append `record` to metrics.jsonl, send its metrics to labml, show it (with `eta` seconds to go) on the
-        progress line, which gets a line of its own when the record holds a validation. Returns `record`."""
+        progress line, which gets a line of its own when the record holds a validation. Returns `record` (with its
+        `mfu`, once the FLOPs are counted)."""
         if self.enabled:
+            if self.counted is not None and 'tokens_per_s' in record:
+                flops_per_token, peak = self.counted
+                items = list(record.items())
+                at = list(record).index('tokens_per_s') + 1  # beside the speed it is computed from
+                record = dict([*items[:at], ('mfu', mfu(flops_per_token, record['tokens_per_s'], peak)), *items[at:]])
             self.metrics.write(record)
             if self.labml_run is not None:
                 self.labml_run.log(record['step'], {k: v for k, v in record.items()
-                                                    if '.' in k or k in ('lr', 'tokens_per_s')})
+                                                    if '.' in k or k in ('lr', 'tokens_per_s', 'mfu')})
             self.progress.total_steps = pos.total_steps
             self.progress.show(pos, record, eta=eta, newline='loss.valid' in record)
         return record
+
+    def utilization(self, flops_per_token: float, peak_flops: float) -> None:
+        """The run's FLOPs per token (of a training step) and the peak FLOP/s of its devices: from now on every record
+        with a speed has its `mfu`, and run.json both numbers (when the run directory has a run.json; a run.json that
+        cannot be written now only lacks them)."""
+        self.counted = (flops_per_token, peak_flops)
+        if self.enabled and (self.run_dir / RUN_JSON).is_file():
+            with contextlib.suppress(OSError, LazylabError):
+                update_record(self.run_dir, flops_per_token=flops_per_token, peak_flops=peak_flops)
 
     def sample(self, pos, text: Optional[str]) -> None:
         """Print a sampled text on one line ('⏎' for newlines) and append it to samples.txt (None: nothing)."""

@@ -3,11 +3,12 @@
     feedback: 1,234,567 parameters, 10 minutes (the step count is fitted to them after the first steps; at most
         24,600 steps) of 32×64 characters on cpu → runs/feedback/20261201-143005-9f3a
     …
-    done: step 636, valid loss 1.5212 nats/char, accuracy 0.551, 10,422 tokens/s (the run's average); stopped by
-        the time budget (max_minutes=10); run dir runs/feedback/20261201-143005-9f3a
+    done: step 636, valid loss 1.5212 nats/char, accuracy 0.551, 10,422 tokens/s (the run's average), MFU 3.1%;
+        stopped by the time budget (max_minutes=10); run dir runs/feedback/20261201-143005-9f3a
 
-Why it stopped comes from the trainer's `stopped` (trainer.train: 'max_steps', 'epochs', 'time', 'target') or the
-reason a sweep's hook gave ('pruned').
+MFU (lazylab.experiments.flops) is the run's average, shown once the run's FLOPs are counted. Why it stopped comes
+from the trainer's `stopped` (trainer.train: 'max_steps', 'epochs', 'time', 'target') or the reason a sweep's hook
+gave ('pruned').
 """
 from pathlib import Path
 from typing import Any, Optional
@@ -18,6 +19,7 @@ from lazylab.configs import inspect
 from lazylab.errors import plural
 from lazylab.experiments import distributed
 from lazylab.experiments.configure import device
+from lazylab.experiments.metrics import percent
 
 
 def parameter_count(model: torch.nn.Module) -> int:
@@ -42,13 +44,17 @@ def first_line(name: str, conf, run_dir: Path) -> str:
 
 def last_line(conf, run_dir: Path, last: dict[str, Any], hook_reason: Optional[str] = None) -> str:
     """How the run ended and why it stopped: `done: step 636, valid loss 1.5212 nats/char, accuracy 0.551, 10,422
-    tokens/s (the run's average); stopped by the time budget (max_minutes=10); run dir RUN_DIR`."""
+    tokens/s (the run's average), MFU 3.1%; stopped by the time budget (max_minutes=10); run dir RUN_DIR` (no MFU
+    when the run's FLOPs were not counted)."""
     why = stop_reason(conf, last, hook_reason)
     if 'loss.valid' not in last:
         return f'stopped at step {last["step"]:,}: {why}; run dir {run_dir}'
     speed = last.get('tokens_per_s_avg', last.get('tokens_per_s', 0))
+    utilization = last.get('mfu_avg', last.get('mfu'))
+    utilization = f', MFU {percent(utilization)}' if utilization is not None else ''
     return (f'done: step {last["step"]:,}, valid loss {last["loss.valid"]:.4f} {conf.task.loss_unit}, accuracy '
-            f'{last["accuracy.valid"]:.3f}, {speed:,.0f} tokens/s (the run\'s average); {why}; run dir {run_dir}')
+            f'{last["accuracy.valid"]:.3f}, {speed:,.0f} tokens/s (the run\'s average){utilization}; {why}; run dir '
+            f'{run_dir}')
 
 
 def stop_reason(conf, last: dict[str, Any], hook_reason: Optional[str] = None) -> str:

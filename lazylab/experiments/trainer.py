@@ -16,6 +16,7 @@ live beside this file:
     budget.py      TimeBudget: the clock, `max_minutes`, and the step count fitted to it
     checkpoint.py  Checkpointer, Position: checkpoint.pt (atomic writes, weights_only reads), resume
     metrics.py     RunningMetrics, RunLog: metrics.jsonl records, the progress line, samples.txt, labml
+    flops.py       StepFlops: the FLOPs of the first full-length step; peak_flops: the machine's (MFU)
 
 What `train` reads from the resolved config `c` (any `TrainerConfigs`; the contract is in its docstring): `c.model`
 (on `c.device`), `c.optimizer.optimizer` / `c.optimizer.scheduler` (a torch optimizer, an optimizers.ScheduledLR),
@@ -23,9 +24,9 @@ What `train` reads from the resolved config `c` (any `TrainerConfigs`; the contr
 
 Run directory (written by rank 0 only):
     configs.yaml     the replayable config dump (written before training starts, by the caller)
-    run.json         experiment name, run id, labml uuid, command line
+    run.json         experiment name, run id, labml uuid, command line; flops_per_token and peak_flops once counted
     metrics.jsonl    one JSON record per logged step: step, tokens, epoch, loss.train, accuracy.train, lr,
-                     tokens_per_s, time; plus loss.valid, accuracy.valid on validation records
+                     tokens_per_s, mfu (once counted), time; plus loss.valid, accuracy.valid on validation records
     samples.txt      a sampled text at every validation
     checkpoint.pt    model, optimizer, scheduler, RNG states, data position, step (temp file + rename)
     labml/           labml's own records of the run (see tracking.py)
@@ -46,8 +47,10 @@ the files are complete as at any checkpoint (the run can be resumed). Under torc
 and every process gets its answer. `lazylab.sweeps` passes a hook that reports the metric to Optuna and answers
 whether its pruner stops the trial; nothing else of the loop is exposed.
 """
+import contextlib
 import math
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Optional
 
@@ -76,10 +79,11 @@ from lazylab.errors import (
 from lazylab.experiments import distributed
 from lazylab.experiments.budget import CALIBRATION_STEPS, TimeBudget
 from lazylab.experiments.checkpoint import Checkpointer, Position, load_checkpoint, save_checkpoint
+from lazylab.experiments.flops import StepFlops, peak_flops
 from lazylab.experiments.metrics import MetricsLog, Progress, RunLog, RunningMetrics, read_metrics
 from lazylab.experiments.task import Batch, BatchLoss, SeqLenWarmup, Task, evaluate
 from lazylab.models.sampling import NonFiniteLogitsError
-from lazylab.runs import CHECKPOINT_PT
+from lazylab.runs import CHECKPOINT_PT, mfu
 
 #: the trainer's one hook: (step, validation record) -> a reason to stop now (truthy) or None to go on
 ValidationHook = Callable[[int, dict[str, Any]], Any]
@@ -133,6 +137,7 @@ class TrainerConfigs(BaseConfigs):
     valid_batches: PositiveInt = 16                    # batches in each interleaved validation
     checkpoint_minutes: NonNegativeFloat = 0.0         # also a checkpoint every this many minutes (0: at validations)
     final_valid_batches: NonNegativeInt = 0            # batches in the final validation (0: the whole validation split)
+    peak_tflops: NonNegativeFloat = 0.0                # a device's peak TFLOP/s, for MFU (0: measured once, cached)
     runs_dir: PathStr = 'runs'                         # runs go to RUNS_DIR/NAME/RUN_ID/
     dashboard: str = ''                                # labml app URL ('' → .labml.yaml's app_url, if any)
 
@@ -215,10 +220,19 @@ class Training:
         self.agreed_stop: Optional[int] = None  # under torchrun: the stop signal this step's all-reduce agreed on
         self.agreed_save = False                # ... and whether a checkpoint is due by the clock
         self.saved_at = time.time()             # when the last checkpoint was written (checkpoint_minutes)
+        # MFU (flops.py): the FLOPs of this call's first full-length step, over the peak of the run's devices
+        # (not under torch.compile: a counting mode would make it run the step eagerly, another step than the run's)
+        self.flops = StepFlops(enabled=distributed.is_main_process() and not c.compile)
+        peak = peak_flops(self.device, c.dtype, tflops=c.peak_tflops) if self.flops.due else None
+        self.peak = peak * self.world_size if peak is not None else None
+
+    def full_length(self) -> bool:
+        """This step's sequences are not cut short by a sequence-length warm-up."""
+        return not self.warmup.active or self.warmup.length(self.pos.step) >= self.c.seq_len
 
     def batch(self, x: torch.Tensor, y: torch.Tensor) -> Batch:
         """The batch on the device, cut to this step's length during a sequence-length warm-up."""
-        if self.warmup.active and self.warmup.length(self.pos.step) < self.c.seq_len:
+        if not self.full_length():
             x, y = self.task.shorten(x, y, self.warmup.length(self.pos.step))
         return x.to(self.device), y.to(self.device)
 
@@ -246,6 +260,18 @@ class Training:
                                      f'{not_finite_cause(self.c)}')
         check_finite(loss, f'training loss is {loss} at step {self.pos.step + 1}', self.ckpt)
         return loss, BatchLoss(batch.loss, int(correct), int(count)), int(tokens), late > 0
+
+    @contextlib.contextmanager
+    def counting_flops(self, x: torch.Tensor) -> Iterator[None]:
+        """Around the forward and backward passes of a step: the first full-length one of this call is counted
+        (flops.StepFlops: bit for bit the same step), and from then on the records and run.json have MFU."""
+        if not (self.flops.due and self.full_length()):
+            yield
+            return
+        with self.flops.counting(tokens=x.numel()):
+            yield
+        if self.flops.per_token is not None and self.peak is not None:
+            self.log.utilization(self.flops.per_token, self.peak)
 
     def step_done(self, loss: float, counts: BatchLoss, tokens: int, seconds: float, lr: float) -> None:
         """After the optimizer step: where training stands, the running metrics, the clock."""
@@ -331,20 +357,24 @@ class Training:
 
     def end(self, late: bool) -> dict[str, Any]:
         """The last record, with `tokens_per_s_avg` (the run's average over all its steps and resumes, validation
-        not counted) and `stopped`: why training ended."""
+        not counted), `mfu_avg` (its MFU, once the FLOPs are counted) and `stopped`: why training ended."""
         pos = self.pos
         self.stopped = self.stopped or self.stop_reason(late)
         out = dict(self.last, stopped=self.stopped) if self.last else {}
         if out and pos.train_seconds > 0:
             out['tokens_per_s_avg'] = pos.tokens / pos.train_seconds
+            if self.log.counted is not None:
+                flops_per_token, peak = self.log.counted
+                out['mfu_avg'] = mfu(flops_per_token, out['tokens_per_s_avg'], peak)
         return out
 
 
 def train(c, run_dir: Path, *, resume: bool = False, checkpoint: Optional[dict[str, Any]] = None,
           labml_run=None, on_validation: Optional[ValidationHook] = None) -> dict[str, Any]:
     """Train `c.model` on `c.task`; returns the last metrics record (with the final validation) plus
-    `tokens_per_s_avg` (the run's average) and `stopped` (why it ended: 'max_steps', 'epochs', 'time' for the time
-    budget, 'target' for the task's `converged`); {} when a resumed run had already finished.
+    `tokens_per_s_avg` (the run's average), `mfu_avg` (its MFU, once counted: flops.py) and `stopped` (why it ended:
+    'max_steps', 'epochs', 'time' for the time budget, 'target' for the task's `converged`); {} when a resumed run had
+    already finished.
 
     Args:
         c: a resolved experiment config (see the module docstring for what is read).
@@ -371,11 +401,12 @@ def train(c, run_dir: Path, *, resume: bool = False, checkpoint: Optional[dict[s
                 for x, y in task.batches(pos.epoch, start=pos.batch):
                     step_started = time.time()
                     x, y = t.batch(x, y)
-                    with t.autocast():
-                        batch = task.loss(t.step_model, x, y)
-                    loss, counts, tokens, late = t.mean_loss(batch, x, noted)  # over every process
-                    optimizer.zero_grad(set_to_none=True)
-                    batch.loss.backward()
+                    with t.counting_flops(x):  # the first full-length step's FLOPs, forward and backward (MFU)
+                        with t.autocast():
+                            batch = task.loss(t.step_model, x, y)
+                        loss, counts, tokens, late = t.mean_loss(batch, x, noted)  # over every process
+                        optimizer.zero_grad(set_to_none=True)
+                        batch.loss.backward()
                     if c.grad_norm_clip > 0:
                         torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_norm_clip)
                     lr = optimizer.param_groups[0]['lr']  # the rate this update uses (logged as `lr`)

@@ -7,17 +7,18 @@ A PATH is a run directory, a sweep directory (its trial-NNNN runs), or a folder 
 has one row per run: the configuration keys whose values differ between the runs (only keys that some run was given
 — on the command line, in a preset, a --config file or by the sweep —, so the values computed from them do not crowd
 the table), the final and best value of the metric (`loss.valid` unless --metric), the steps taken, the training
-speed (tokens over training seconds), the parameter count, the run's time and its status: completed, pruned, failed,
-running, interrupted (a sweep trial whose process is gone: `lazylab sweep --resume` continues it), dead (a run
-whose run.json says running but whose process is gone: killed by SIGKILL or the out-of-memory killer, or its machine
-stopped; a line after the table says whether `lazylab resume` can continue it), or damaged (a file of it cannot be
-read whole: a run.json or trial.json that is not a JSON object, a configs.yaml that is not a dump, a metrics.jsonl
-line that is not a record — its last line cut off by a crash, say —; a warning line on stderr names the file, and
-the table shows what could be read). Runs of several experiments get an `experiment` column, and their keys that
-differ include those set by each experiment's defaults; a run whose experiment no file names (a damaged run.json)
-shows `—` there and counts as none of them. Rows are sorted by the final metric, best
-first (--sort KEY sorts by any column; --sort=-KEY descending). --csv writes every column at full precision; --plot
-draws the metric's curve of every run against tokens seen, one labelled line per run.
+speed (tokens over training seconds), its MFU (model FLOPs utilization: run.json's flops_per_token · that speed /
+its peak_flops; `—` for a run whose FLOPs were not counted), the parameter count, the run's time and its status:
+completed, pruned, failed, running, interrupted (a sweep trial whose process is gone: `lazylab sweep --resume`
+continues it), dead (a run whose run.json says running but whose process is gone: killed by SIGKILL or the
+out-of-memory killer, or its machine stopped; a line after the table says whether `lazylab resume` can continue it),
+or damaged (a file of it cannot be read whole: a run.json or trial.json that is not a JSON object, a configs.yaml
+that is not a dump, a metrics.jsonl line that is not a record — its last line cut off by a crash, say —; a warning
+line on stderr names the file, and the table shows what could be read). Runs of several experiments get an
+`experiment` column, and their keys that differ include those set by each experiment's defaults; a run whose
+experiment no file names (a damaged run.json) shows `—` there and counts as none of them. Rows are sorted by the
+final metric, best first (--sort KEY sorts by any column; --sort=-KEY descending). --csv writes every column at full
+precision; --plot draws the metric's curve of every run against tokens seen, one labelled line per run.
 
 `lazylab diff RUN_A RUN_B` lists every key whose value differs (given and computed ones), both values and where
 each came from (user, preset, --config FILE, sweep, default, option NAME, assigned while computing ITEM, …), then
@@ -34,6 +35,7 @@ from typing import Any, Optional
 
 from lazylab.configs import suggestion
 from lazylab.errors import UsageError, plural
+from lazylab.experiments.metrics import percent
 from lazylab.experiments.plot import check_output, loss_label
 from lazylab.runs import (
     CHECKPOINT_PT,
@@ -48,11 +50,11 @@ from lazylab.runs import (
 )
 
 _MISSING = object()
-FIXED_COLUMNS = ('final', 'best', 'steps', 'tok/s', 'params', 'time', 'status')
+FIXED_COLUMNS = ('final', 'best', 'steps', 'tok/s', 'MFU', 'params', 'time', 'status')
 
 
 def _direction(paths: list[str], metric: str) -> str:
-    """The direction a sweep among `paths` optimizes `metric` in; else maximize for accuracies and speeds.
+    """The direction a sweep among `paths` optimizes `metric` in; else maximize for accuracies, speeds and MFU.
 
     Raises:
         UsageError: a damaged sweep.yaml.
@@ -64,7 +66,7 @@ def _direction(paths: list[str], metric: str) -> str:
                 raise UsageError(f'{p / "sweep.yaml"} is damaged (not a YAML mapping)')
             if record.get('metric') == metric and record.get('direction'):
                 return record['direction']
-    return 'maximize' if metric.startswith(('accuracy', 'tokens')) else 'minimize'
+    return 'maximize' if metric.startswith(('accuracy', 'tokens', 'mfu')) else 'minimize'
 
 
 def differing_keys(runs: list[Run]) -> list[str]:
@@ -122,7 +124,7 @@ def compare(paths: list[str], metric: str = 'loss.valid', sort: Optional[str] = 
         metric: the metrics.jsonl key of the `final` and `best` columns, e.g. 'loss.valid', 'accuracy.valid'.
         sort: the column to sort by (`-KEY`: descending; the metric's name stands for `final`); runs without a
             value go last. None: by the final metric, best first (the direction a sweep among `paths` optimizes
-            it in, else maximize for accuracies and speeds).
+            it in, else maximize for accuracies, speeds and MFU).
 
     Raises:
         UsageError: no runs, a path that is not a run or sweep, a metric no run has (see `check_metric`), an
@@ -145,7 +147,7 @@ def compare(paths: list[str], metric: str = 'loss.valid', sort: Optional[str] = 
             row['experiment'] = r.experiment
         for k in keys:
             row[k] = r.values.get(k, _type_of(r.objects.get(k)))
-        row.update({'final': final, 'best': best, 'steps': r.steps(), 'tok/s': r.tokens_per_s(),
+        row.update({'final': final, 'best': best, 'steps': r.steps(), 'tok/s': r.tokens_per_s(), 'MFU': r.mfu(),
                     'params': r.info.get('parameters'), 'time': r.seconds(), 'status': r.status})
         rows.append(row)
     columns = [name, *(['experiment'] if several else []), *keys, *FIXED_COLUMNS]
@@ -197,6 +199,8 @@ def _cell(column: str, v: Any) -> str:
         return f'{v:.4f}'
     if column in ('tok/s',):
         return f'{v:,.0f}'
+    if column == 'MFU':
+        return percent(v)
     if column in ('params', 'steps'):
         return f'{v:,}'
     if column == 'time':
@@ -213,7 +217,7 @@ def format_table(t: Table) -> str:
     heads = [t.metric if c == 'final' else c for c in t.columns]
     cells = [[_cell(c, row[c]) for c in t.columns] for row in t.rows]
     widths = [max(len(h), *(len(line[i]) for line in cells)) for i, h in enumerate(heads)]
-    numeric = {'final', 'best', 'steps', 'tok/s', 'params', 'time'}
+    numeric = {'final', 'best', 'steps', 'tok/s', 'MFU', 'params', 'time'}
 
     def line(parts: list[str]) -> str:
         return '  '.join(p.rjust(w) if c in numeric else p.ljust(w)

@@ -11,7 +11,7 @@ import pytest
 pytestmark = pytest.mark.timeout(300)
 
 #: what a metrics record holds that depends on the clock, not on the computation
-CLOCK = ('time', 'tokens_per_s')
+CLOCK = ('time', 'tokens_per_s', 'mfu')
 
 
 def records(run_dir: Path) -> list[dict]:

@@ -247,7 +247,7 @@ def test_runs_of_two_experiments_show_the_experiment_and_the_keys_each_sets_itse
     assert out[0].endswith('(2 runs; keys that differ: 2; 2 more keys only some of the 2 experiments have: lazylab '
                            'diff lists them)')
     assert out[1].split() == ['run', 'experiment', 'model', 'threads', 'loss.valid', 'best', 'steps', 'tok/s',
-                              'params', 'time', 'status']  # (the keys in the first run's dump order)
+                              'MFU', 'params', 'time', 'status']  # (the keys in the first run's dump order)
     assert [x.split()[1:4] for x in out[2:4]] == [['feedback', 'feedback_transformer_kv', '1'],
                                                  ['transformer', 'transformer', '0']]
     # within one experiment the defaults are the same for every run: only given keys count, and no column is added

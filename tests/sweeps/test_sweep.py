@@ -147,7 +147,8 @@ def test_compare_shows_exactly_the_swept_keys(glu_sweep, tools, tmp_path, capsys
     assert cli.main(args) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f'lazylab compare {d}      (4 trials; keys that differ: 2)'
-    assert out[1].split() == ['trial', *SWEPT, 'loss.valid', 'best', 'steps', 'tok/s', 'params', 'time', 'status']
+    assert out[1].split() == ['trial', *SWEPT, 'loss.valid', 'best', 'steps', 'tok/s', 'MFU', 'params', 'time',
+                              'status']
     assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
     table = compare.compare([str(d)])
     assert table.keys == SWEPT
