@@ -66,7 +66,6 @@ OWN_FILES = frozenset({RUN_JSON, CONFIGS_YAML, METRICS_JSONL, SAMPLES_TXT, CHECK
                        SWEEP_YAML, STUDY_JOURNAL, SWEEP_CONFIG})
 
 
-
 def sweep_config(i: int) -> str:
     """The name of the copy of a sweep's `i`-th --config file in its directory: config.yaml, config-2.yaml, …"""
     return SWEEP_CONFIG if i == 0 else f'config-{i + 1}.yaml'
@@ -98,9 +97,8 @@ class RunRecord(TypedDict, total=False):
     replay_changes: computed values of a replayed dump that --allow-changes accepted. sweep: the trial's sweep.
     labml_run: labml's run folder, relative to the run directory (`lazylab labml` runs).
     requeues: a Slurm job's requeues, one {'job_id', 'time' (`timestamp()`), 'signal', 'step'} each (lazylab.slurm.job).
-    flops_per_token, peak_flops: the FLOPs of a training step (forward and backward) per token, and the peak FLOP/s
-        of the devices the run trains on (one device's · processes), once counted (lazylab.experiments.flops; a
-        resume counts them again, on its machine); mfu: at the end, the run's average MFU (`mfu`), a fraction.
+    flops_per_token, peak_flops: a training step's FLOPs per token and its devices' peak FLOP/s (one's · processes),
+        once counted (lazylab.experiments.flops; a resume counts again); mfu: the run's average MFU, at the end.
     """
     experiment: str
     source: dict[str, Any]
@@ -401,12 +399,9 @@ class Run:
     def mfu(self) -> Optional[float]:
         """The run's MFU: run.json's flops_per_token and peak_flops with the run's speed (`tokens_per_s`); None
         when run.json has not both (a run from before MFU, one whose FLOPs could not be counted, a labml run)."""
-        counted = [self.info.get(k) for k in ('flops_per_token', 'peak_flops')]
-        speed = self.tokens_per_s()
-        if speed is None or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
-                                    for v in counted):
-            return None
-        return mfu(counted[0], speed, counted[1])
+        flops, peak, speed = self.info.get('flops_per_token'), self.info.get('peak_flops'), self.tokens_per_s()
+        counted = all(type(v) in (int, float) and v > 0 for v in (flops, peak))  # a bool is no count
+        return mfu(flops, speed, peak) if counted and speed is not None else None
 
     def seconds(self) -> Optional[float]:
         """Its wall-clock seconds over all resumes (the last record's)."""

@@ -26,7 +26,7 @@ from lazylab.errors import CheckpointError, UsageError
 from lazylab.experiments import checkpoint as checkpoint_module
 from lazylab.experiments.checkpoint import load_checkpoint, save_checkpoint
 from lazylab.runs import CHECKPOINT_PT as CHECKPOINT
-from lazylab.testing import TINY, lazylab_argv, lazylab_env, tiny
+from lazylab.testing import TINY, lazylab_argv, lazylab_env, tiny, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 ENOSPC = os.strerror(errno.ENOSPC)  # 'No space left on device'
@@ -429,7 +429,11 @@ def test_a_run_directory_that_turns_read_only_mid_run_ends_it_at_once_with_one_l
         run = _only_run(tmp_path / 'runs')
         subprocess.run(['mount', '--bind', str(run), str(run)], check=True)
         mounted = run
-        subprocess.run(['mount', '-o', 'remount,ro,bind', str(run)], check=True)
+        # a read-only remount fails (EBUSY) while the run has a file open for writing through the new mount:
+        # try again until it lands between two writes
+        wait_until(lambda: subprocess.run(['mount', '-o', 'remount,ro,bind', str(run)],
+                                          stderr=subprocess.DEVNULL).returncode == 0,
+                   30, 'a read-only remount between two writes', every=0.01)
         out, err = proc.communicate(timeout=60)  # within seconds; a minute only guards against a hang
     finally:
         if proc.poll() is None:
