@@ -3,7 +3,7 @@
 # a 2-core CPU. Short trials first (2 minutes each, two at a time, one thread each); the best few are then confirmed
 # as full 10-minute runs of `lazylab train EXPERIMENT …` with the default threads, on an otherwise idle machine.
 #
-#     scripts/recipes.sh fast_weights            # one search: about 90 minutes of this machine
+#     scripts/recipes.sh fast_weights            # one search: at most 80 minutes of this machine
 #     scripts/recipes.sh fast_weights --dry-run  # check the command and print the plan; nothing runs
 #     lazylab sweep --resume runs/fast_weights/sweep-…   # go on with a search that was stopped
 #     lazylab compare runs/fast_weights/sweep-… --sort final   # its table; `lazylab dashboard` shows the study
