@@ -11,10 +11,10 @@ ROOT = Path(__file__).resolve().parents[1]
 LAZYLAB = Path(sys.executable).with_name('lazylab')  # the environment's console script (make install puts it there)
 
 
-def recipes(*args: str, runs_dir: Path) -> subprocess.CompletedProcess:
+def recipes(*args: str, runs_dir: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     assert LAZYLAB.is_file(), f'{LAZYLAB}: lazylab is not installed in this environment'
     return subprocess.run(['bash', str(ROOT / 'scripts' / 'recipes.sh'), *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, 'LAZYLAB': str(LAZYLAB), 'OMP_NUM_THREADS': '1'},
+                          timeout=300, env={**(env or os.environ), 'LAZYLAB': str(LAZYLAB), 'OMP_NUM_THREADS': '1'},
                           cwd=runs_dir)
 
 
@@ -26,12 +26,19 @@ def recipes(*args: str, runs_dir: Path) -> subprocess.CompletedProcess:
 def test_each_recipe_search_is_a_tpe_sweep_that_lazylab_accepts(tmp_path, experiment, own):
     done = recipes(experiment, '--dry-run', runs_dir=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert 'sampler tpe, 80 trials, metric loss.valid (minimize), pruning median' in done.stdout
-    assert 'every trial: max_minutes=2 threads=1 valid_interval=100' in done.stdout
+    assert 'sampler tpe, 32 trials, metric loss.valid (minimize), pruning median' in done.stdout
+    assert 'every trial: max_minutes=5 threads=1 valid_interval=100' in done.stdout
     swept = [line.split(':')[0].strip() for line in done.stdout.splitlines() if line.startswith('  ')]
     assert swept == ['optimizer.learning_rate', 'optimizer.warmup', 'd_model', 'n_layers', 'heads', 'd_ff',
                      'batch_size', 'dropout', *own]
     assert list(tmp_path.iterdir()) == []  # a dry run makes no sweep directory
+
+
+def test_the_transformers_first_search_is_replayed_by_its_trial_count_and_length(tmp_path):
+    env = {**os.environ, 'RECIPE_TRIALS': '80', 'RECIPE_MINUTES': '2'}
+    done = recipes('transformer', '--dry-run', runs_dir=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    assert 'sampler tpe, 80 trials' in done.stdout and 'every trial: max_minutes=2 threads=1' in done.stdout
 
 
 def test_an_unknown_experiment_is_one_line_and_exit_2(tmp_path):
